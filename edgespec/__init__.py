@@ -1,0 +1,59 @@
+"""edgespec: lossless speculative decoding for quantized local LLMs.
+
+    import edgespec
+    engine = edgespec.load()                      # SmolLM2-135M-Instruct, n-gram prompt lookup, γ auto
+    out = engine.generate("The capital of France is", max_tokens=32)
+    print(out.text, out.stats.decode_tokens_per_s, out.stats.acceptance_rate)
+"""
+
+from __future__ import annotations
+
+import os
+
+from .engine import MODES, Completion, Engine, StreamChunk
+from .errors import (
+    ContextOverflowError,
+    EdgespecError,
+    InvalidParameterError,
+    ModelLoadError,
+    VocabMismatchError,
+)
+from .llama_backend import ContextOptions, LlamaModel
+from .models import DEFAULT_MODEL, resolve
+from .sampling import SamplingParams
+from .stats import GenerationStats
+
+__version__ = "0.1.0"
+
+
+def load(target: str | os.PathLike[str] = DEFAULT_MODEL, draft: str | os.PathLike[str] | None = None,
+         mode: str | None = None, gamma: int | str = "auto", n_ctx: int = 4096, device: str = "cpu",
+         n_threads: int | None = None, exact_numerics: bool = True) -> Engine:
+    """Load a target model (a name such as ``smollm2-135m:q8_0`` or a GGUF path) and its drafters.
+
+    ``mode`` is the default drafter: ``ngram`` (prompt lookup, no second model), ``draft`` (needs
+    ``draft=``, a GGUF with the target's vocabulary) or ``none``. ``gamma`` is ``"auto"`` (chosen each
+    step from measured costs and acceptance) or a fixed number of draft tokens. ``exact_numerics``
+    keeps logits batch-invariant, which greedy losslessness depends on (README, "Exact numerics").
+    """
+    options = ContextOptions(n_ctx=n_ctx, n_threads=n_threads, device=device, exact_numerics=exact_numerics)
+    target_model = LlamaModel(resolve(target), options)
+    try:
+        draft_model = LlamaModel(resolve(draft), options) if draft is not None else None
+    except BaseException:
+        target_model.close()
+        raise
+    try:
+        return Engine(target_model, draft_model, mode=mode, gamma=gamma)
+    except BaseException:
+        target_model.close()
+        if draft_model is not None:
+            draft_model.close()
+        raise
+
+
+__all__ = [
+    "DEFAULT_MODEL", "MODES", "Completion", "ContextOptions", "ContextOverflowError", "EdgespecError",
+    "Engine", "GenerationStats", "InvalidParameterError", "LlamaModel", "ModelLoadError", "SamplingParams",
+    "StreamChunk", "VocabMismatchError", "load",
+]

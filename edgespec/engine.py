@@ -1,0 +1,261 @@
+"""The speculative decoding loop.
+
+prompt → tokens → drafter proposes → γ controller picks how many to verify → target verifies them in
+one pass → accept/rollback in the KV arena → γ controller learns → text is streamed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arena import KVArena
+from .chat import ChatTemplate, Message
+from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
+from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from .gamma import MAX_GAMMA, CostCurve, GammaController
+from .llama_backend import LlamaModel
+from .sampling import SamplingParams, sample
+from .stats import GenerationStats
+from .text import TextStream
+from .verify import verify_greedy, verify_sampled
+
+MODES = ("ngram", "draft", "none")
+_CALIBRATION_TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model "
+                     "then verifies in a single batched forward pass. ") * 4
+
+
+@dataclass
+class StreamChunk:
+    """What one verify step added to the output."""
+
+    text: str
+    tokens: list[int]
+    drafted: int  # draft tokens verified in this step (γ)
+    accepted: int  # of those, how many the target kept: tokens[:accepted] came from the drafter
+    finish_reason: str | None = None  # "stop" or "length" on the last chunk
+    stats: GenerationStats | None = None  # on the last chunk
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats
+
+
+class Engine:
+    """A target model plus its drafters, sharing one KV arena. Create it with ``edgespec.load``."""
+
+    def __init__(self, target: LlamaModel, draft: LlamaModel | None = None, mode: str | None = None,
+                 gamma: int | str = "auto") -> None:
+        self.target = target
+        self.draft_model = draft
+        caches = {"target": target}
+        if draft is not None:
+            target.check_same_vocab(draft)
+            caches["draft"] = draft
+        self.arena = KVArena(caches)
+        self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+        if draft is not None:
+            self.drafters["draft"] = DraftModelDrafter(self.arena, "draft")
+        self.mode = mode or ("draft" if draft is not None else "ngram")
+        self._check_mode(self.mode)
+        self.gamma = _check_gamma(gamma)
+        self._controller: GammaController | None = None
+        template = target.chat_template
+        self.chat_template = (ChatTemplate(template, target.token_text(target.bos).decode("utf-8", "replace"),
+                                           target.token_text(target.eos).decode("utf-8", "replace"))
+                              if template else None)
+
+    # -- public API -----------------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], **kwargs: object) -> Completion:
+        """Generate a completion; keyword arguments as for ``stream``."""
+        pieces: list[str] = []
+        tokens: list[int] = []
+        for chunk in self.stream(prompt, **kwargs):  # type: ignore[arg-type]
+            pieces.append(chunk.text)
+            tokens.extend(chunk.tokens)
+        assert chunk.finish_reason is not None and chunk.stats is not None
+        return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
+
+    def chat(self, messages: Sequence[Message], **kwargs: object) -> Completion:
+        return self.generate(self.chat_tokens(messages), **kwargs)
+
+    def stream_chat(self, messages: Sequence[Message], **kwargs: object) -> Iterator[StreamChunk]:
+        return self.stream(self.chat_tokens(messages), **kwargs)  # type: ignore[arg-type]
+
+    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
+        if self.chat_template is None:
+            raise EdgespecError(f"{self.target.path.name} has no chat template; pass a plain prompt instead")
+        text = self.chat_template.render(messages)
+        # The template writes special tokens (BOS, <|im_start|>) as text: parse them, add nothing.
+        return self.target.tokenize(text, add_special=False, parse_special=True)
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+
+    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
+               stop: Sequence[str] = (), mode: str | None = None,
+               gamma: int | str | None = None) -> Iterator[StreamChunk]:
+        """Generate token by token, yielding one chunk per verify step.
+
+        Greedy (temperature 0) output is identical to the target decoding alone; sampled output follows
+        the target's distribution exactly. Closing the generator cancels the generation.
+        """
+        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
+        mode = mode or self.mode
+        self._check_mode(mode)
+        gamma = self.gamma if gamma is None else _check_gamma(gamma)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if isinstance(stop, str):
+            stop = [stop]
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not tokens:
+            raise InvalidParameterError("the prompt is empty")
+        n_ctx = self.arena.n_ctx
+        if len(tokens) >= n_ctx:
+            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; "
+                                       "shorten the prompt or load the model with a larger n_ctx")
+        bad = [t for t in tokens if not 0 <= t < self.target.n_vocab]
+        if bad:
+            raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
+        controller = self._get_controller() if gamma == "auto" else None
+        drafter = None if mode == "none" else self.drafters[mode]
+        return self._run(tokens, params, max_tokens, stop, drafter, gamma, controller, mode)
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
+             drafter: Drafter | None, gamma: int | str, controller: GammaController | None,
+             mode: str) -> Iterator[StreamChunk]:
+        arena, target = self.arena, self.target
+        rng = params.rng()
+        stats = GenerationStats(mode=mode, prompt_tokens=len(prompt))
+        text = TextStream(target.piece, stop)
+        out: list[int] = []
+        start = time.perf_counter()
+        arena.reset(prompt)
+        if drafter is not None:
+            drafter.begin(arena.tokens)
+        draft = Draft([])
+        logits = arena.extend("target", [], 1)
+        n_accepted, next_token = 0, _pick(logits[0], params, rng)
+        stats.prefill_s = time.perf_counter() - start
+
+        while True:
+            # Accept the draft's first n_accepted tokens, then the target's own token, one at a time so
+            # that EOS, a stop string or max_tokens cut exactly where they occur.
+            bookkeeping_start = time.perf_counter()
+            new: list[int] = []
+            pieces: list[str] = []
+            finish = None
+            for token in draft.tokens[:n_accepted] + [next_token]:
+                if target.is_eog(token):
+                    finish = "stop"
+                    break
+                new.append(token)
+                out.append(token)
+                pieces.append(text.push(token))
+                if text.stopped:
+                    finish = "stop"
+                elif len(out) == max_tokens:
+                    finish = "length"
+                if finish:
+                    break
+            arena.commit(new)
+            if finish is None and len(arena.tokens) >= arena.n_ctx:
+                finish = "length"  # the context is full: nothing more can be decoded
+            from_draft = min(n_accepted, len(new))
+            if finish is not None:
+                pieces.append(text.flush())
+                stats.generated_tokens = len(out)
+                stats.decode_s = time.perf_counter() - start - stats.prefill_s
+                yield StreamChunk("".join(pieces), new, len(draft), from_draft, finish, stats)
+                return
+            if controller is not None:
+                controller.observe_overhead(time.perf_counter() - bookkeeping_start)
+            yield StreamChunk("".join(pieces), new, len(draft), from_draft)
+
+            # Draft, choose γ, verify.
+            step_start = time.perf_counter()
+            room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens), MAX_GAMMA)
+            draft = self._propose(drafter, gamma, controller, room, params, rng)
+            drafted_at = time.perf_counter()
+            logits = arena.extend("target", draft.tokens, len(draft) + 1)
+            if params.greedy:
+                n_accepted, next_token = verify_greedy(draft.tokens, logits)
+            else:
+                n_accepted, next_token = verify_sampled(draft.tokens, draft.probs, logits, params, rng)
+            verified_at = time.perf_counter()
+            stats.record_step(len(draft), n_accepted)
+            stats.draft_s += drafted_at - step_start
+            stats.verify_s += verified_at - drafted_at
+            if controller is not None:
+                controller.observe(drafter.name if drafter else None, draft.key, len(draft), n_accepted,
+                                   drafted_at - step_start, verified_at - drafted_at)
+
+    def _propose(self, drafter: Drafter | None, gamma: int | str, controller: GammaController | None,
+                 room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """The draft to verify this step, already cut to the chosen γ (empty: decode plainly)."""
+        if drafter is None or room <= 0:
+            return Draft([])
+        context = self.arena.tokens
+        if drafter.costs_per_token:  # each draft token costs a forward pass: choose γ before drafting
+            k = gamma if controller is None else controller.choose(drafter.name, 0, room, draft_cost_sunk=False)
+            return drafter.propose(context, min(int(k), room), params, rng)
+        draft = drafter.propose(context, room, params, rng)  # free to draft: choose γ by cutting it
+        k = gamma if controller is None else controller.choose(drafter.name, draft.key, len(draft), True)
+        return draft.truncated(int(k))
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def _get_controller(self) -> GammaController:
+        if self._controller is None:
+            self._controller = GammaController(self.calibrate())
+        return self._controller
+
+    def calibrate(self) -> CostCurve:
+        """Measure what one target pass over k tokens costs on this machine, k = 1..MAX_GAMMA+1."""
+        arena = self.arena
+        arena.reset(self.tokenize(_CALIBRATION_TEXT))
+        arena.extend("target", [], 1)
+        filler = arena.tokens[-1]
+
+        def run(k: int) -> None:
+            arena.extend("target", [filler] * k, k)
+            arena.commit([])  # rolls the k tokens back
+
+        return CostCurve.measure(run)
+
+    def _check_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode != "none" and mode not in self.drafters:
+            raise InvalidParameterError(f"mode {mode!r} needs a draft model: load one with draft=PATH")
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
+
+
+def _check_gamma(gamma: int | str) -> int | str:
+    if gamma == "auto":
+        return gamma
+    if isinstance(gamma, str) and gamma.isdigit():
+        gamma = int(gamma)
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or not 0 <= gamma <= MAX_GAMMA:
+        raise InvalidParameterError(f"gamma must be 'auto' or an integer in 0..{MAX_GAMMA}, got {gamma!r}")
+    return gamma
+
+
+def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """The target's token from one row of logits: argmax when greedy, else a sample."""
+    if params.greedy:
+        return int(logits.argmax())
+    return sample(params.probs(logits)[0], rng)

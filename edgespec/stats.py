@@ -1,0 +1,71 @@
+"""What one generation did and how fast: the numbers users and benchmarks read."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .gamma import MAX_GAMMA
+
+
+@dataclass
+class GenerationStats:
+    mode: str = "none"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0  # prompt processing up to and including the first token
+    decode_s: float = 0.0  # everything after the first token
+    draft_s: float = 0.0
+    verify_s: float = 0.0  # target passes after the first token
+    steps: int = 0  # target passes after the first token
+    drafted: int = 0  # draft tokens sent to verification
+    accepted: int = 0  # of those, accepted
+    gamma_sum: int = 0
+    # per draft position j: how often it was verified and how often accepted
+    position_trials: list[int] = field(default_factory=lambda: [0] * MAX_GAMMA)
+    position_accepts: list[int] = field(default_factory=lambda: [0] * MAX_GAMMA)
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.gamma_sum += drafted
+        for j in range(min(drafted, accepted + 1)):
+            self.position_trials[j] += 1
+        for j in range(accepted):
+            self.position_accepts[j] += 1
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second of decoding (prefill excluded)."""
+        return (self.generated_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        """All generated tokens per second, prefill included."""
+        total = self.prefill_s + self.decode_s
+        return self.generated_tokens / total if total > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """α: the fraction of verified draft tokens the target accepted."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        """τ: tokens produced per target pass after the first token (1.0 = no speculation)."""
+        return (self.generated_tokens - 1) / self.steps if self.steps else 0.0
+
+    @property
+    def gamma_mean(self) -> float:
+        return self.gamma_sum / self.steps if self.steps else 0.0
+
+    def acceptance_by_position(self) -> list[float | None]:
+        return [a / t if t else None for a, t in zip(self.position_accepts, self.position_trials, strict=True)]
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        del d["position_trials"], d["position_accepts"], d["gamma_sum"]
+        d.update(decode_tokens_per_s=self.decode_tokens_per_s, total_tokens_per_s=self.total_tokens_per_s,
+                 acceptance_rate=self.acceptance_rate, mean_accepted_per_step=self.mean_accepted_per_step,
+                 gamma_mean=self.gamma_mean, acceptance_by_position=self.acceptance_by_position())
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}

@@ -1,0 +1,54 @@
+"""The acceptance rules that make speculative decoding lossless.
+
+Both functions take the target's logits for the k+1 positions of one verify pass (row i is the target's
+distribution for the token after draft token i-1; row 0 follows the last committed token) and return
+``(n_accepted, next_token)``: the first ``n_accepted`` draft tokens are kept and ``next_token`` comes from
+the target, so every verify pass yields at least one token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .sampling import SamplingParams, sample
+
+
+def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
+    """Keep the longest prefix of the draft that equals the target's argmax, then the target's own argmax."""
+    best = target_logits.argmax(axis=1)
+    n = 0
+    while n < len(draft) and best[n] == draft[n]:
+        n += 1
+    return n, int(best[n])
+
+
+def verify_sampled(
+    draft: Sequence[int],
+    draft_probs: np.ndarray | None,
+    target_logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Leviathan et al. 2023 / Chen et al. 2023 speculative sampling.
+
+    Draft token x_i is accepted with probability min(1, p_i(x) / q_i(x)); at the first rejection the
+    replacement is drawn from norm(max(0, p_i - q_i)). If all are accepted, a bonus token is drawn from
+    p_k. ``draft_probs`` is None for drafters that propose deterministically (n-gram lookup): q is then
+    one-hot, so acceptance is p_i(x) and the residual is p_i with x removed.
+    """
+    p = params.probs(target_logits)
+    for i, token in enumerate(draft):
+        q_x = 1.0 if draft_probs is None else float(draft_probs[i, token])
+        if rng.random() * q_x < p[i, token]:  # u < p/q without dividing by a possibly tiny q
+            continue
+        if draft_probs is None:
+            residual = p[i].copy()
+            residual[token] = 0.0
+        else:
+            residual = np.maximum(p[i] - draft_probs[i], 0.0)
+        if residual.sum() <= 0.0:  # p == q up to rounding: a rejection had probability ~0
+            residual = p[i]
+        return i, sample(residual, rng)
+    return len(draft), sample(p[len(draft)], rng)

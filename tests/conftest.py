@@ -1,0 +1,39 @@
+"""Shared fixtures: real models from the PyPI packages, loaded once per session."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import edgespec
+from edgespec.engine import Engine
+
+SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
+
+
+def spec_bench(categories: list[str], per_category: int = 1) -> list[dict]:
+    """The first questions of each category, in file order (fixed, not tuned)."""
+    questions = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
+    chosen = []
+    for category in categories:
+        chosen += [q for q in questions if q["category"] == category][:per_category]
+    return chosen
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    """The default model (SmolLM2-135M Q4_0) with n-gram lookup."""
+    e = edgespec.load(n_ctx=4096)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def pair_engine() -> Iterator[Engine]:
+    """Two-model speculation: SmolLM2 Q8_0 verifies, SmolLM2 Q4_0 drafts."""
+    e = edgespec.load("smollm2-135m:q8_0", draft="smollm2-135m:q4_0", n_ctx=4096)
+    yield e
+    e.close()

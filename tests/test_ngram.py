@@ -1,0 +1,54 @@
+"""Prompt lookup: the incremental index must propose exactly what a full rescan would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.drafters import NgramDrafter
+from edgespec.errors import InvalidParameterError
+from edgespec.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+RNG = np.random.default_rng(0)
+
+
+def rescan(context: list[int], n_max: int, n_min: int, limit: int) -> tuple[list[int], int]:
+    """Reference: longest suffix first, most recent earlier occurrence, by brute force."""
+    for n in range(min(n_max, len(context)), n_min - 1, -1):
+        suffix = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == suffix:
+                return context[start + n:start + n + limit], n
+    return [], 0
+
+
+def test_proposes_the_continuation_of_the_longest_match() -> None:
+    d = NgramDrafter(n_max=3)
+    context = [1, 2, 3, 4, 5, 9, 9, 2, 3]
+    d.begin(context)
+    draft = d.propose(context, 4, GREEDY, RNG)
+    assert draft.tokens == [4, 5, 9, 9] and draft.key == 2
+
+
+def test_no_match_proposes_nothing() -> None:
+    d = NgramDrafter()
+    d.begin([1, 2, 3])
+    assert d.propose([1, 2, 3], 8, GREEDY, RNG).tokens == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_incremental_index_equals_rescan(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = [int(t) for t in rng.integers(0, 6, size=300)]  # small alphabet: many repeats
+    d = NgramDrafter(n_max=4, n_min=1)
+    d.begin(tokens[:50])
+    for end in range(50, 300, 7):  # the sequence grows in uneven steps, as accepted tokens do
+        context = tokens[:end]
+        draft = d.propose(context, 5, GREEDY, RNG)
+        assert (draft.tokens, draft.key if draft.tokens else 0) == rescan(context, 4, 1, 5)
+
+
+def test_bad_parameters() -> None:
+    with pytest.raises(InvalidParameterError):
+        NgramDrafter(n_max=2, n_min=3)
