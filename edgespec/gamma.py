@@ -9,8 +9,9 @@ maximises   E[tokens | k] − λ · E[seconds | k]   where λ is the rate the en
   E[seconds | k] = verify(k+1) + draft_cost·k + overhead
 
 k = 0 (plain decoding) is always a candidate, so speculation only happens when it is expected to pay.
-Acceptance a_j is tracked per drafter and per draft "key" (n-gram match length), with decay so it follows
-the text being generated. The verify-cost curve is calibrated at load and refined online.
+Acceptance a_j is tracked per drafter, per draft "key" (n-gram match length) and per streak (whether the
+drafter's previous draft was accepted whole: inside a copied passage the next draft is likely right too),
+with decay so it follows the text being generated. The verify-cost curve is calibrated at load and refined online.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ _DECAY = 0.97  # per observation: acceptance statistics remember roughly the las
 _PRIOR_MEAN = 0.6  # optimistic enough that a new drafter or key gets tried
 _PRIOR_WEIGHT = 2.0
 _EMA = 0.1
+# Every this many declined drafts of a key, verify one token anyway: estimates of a key that is never tried
+# would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%.
+_EXPLORE_EVERY = 32
 
 
 @dataclass
@@ -90,7 +94,9 @@ class GammaController:
     def __init__(self, curve: CostCurve) -> None:
         self.curve = curve
         self._pooled: dict[str, _Acceptance] = {}
-        self._keyed: dict[tuple[str, int], _Acceptance] = {}
+        self._keyed: dict[tuple[str, int, bool], _Acceptance] = {}
+        self._streak: dict[str, bool] = {}  # per drafter: was its last verified draft accepted whole?
+        self._declined: dict[tuple[str, int, bool], int] = {}
         self._draft_cost: dict[str, float] = {}  # seconds per drafted token, per drafter
         self._overhead = 0.0  # seconds per step outside drafting and verifying
         self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
@@ -105,8 +111,11 @@ class GammaController:
     def acceptance(self, drafter: str, key: int) -> np.ndarray:
         pooled = self._pooled.get(drafter, _Acceptance())
         prior = pooled.rates(np.full(MAX_GAMMA, _PRIOR_MEAN))
-        keyed = self._keyed.get((drafter, key))
+        keyed = self._keyed.get(self._key(drafter, key))
         return keyed.rates(prior) if keyed else prior
+
+    def _key(self, drafter: str, key: int) -> tuple[str, int, bool]:
+        return drafter, key, self._streak.get(drafter, False)
 
     def choose(self, drafter: str, key: int, available: int, draft_cost_sunk: bool) -> int:
         """How many of ``available`` draft tokens to verify (0: decode plainly this step)."""
@@ -119,7 +128,14 @@ class GammaController:
         seconds = self.curve.shape[1:available + 2] * self.curve.scale + self._overhead
         if not draft_cost_sunk:
             seconds = seconds + ks * self._draft_cost.get(drafter, 0.0)
-        return int(np.argmax(tokens - self.rate() * seconds))
+        k = int(np.argmax(tokens - self.rate() * seconds))
+        if k == 0:
+            stats_key = self._key(drafter, key)
+            self._declined[stats_key] = self._declined.get(stats_key, 0) + 1
+            if self._declined[stats_key] >= _EXPLORE_EVERY:
+                self._declined[stats_key] = 0
+                return 1
+        return k
 
     # -- learning ---------------------------------------------------------------------------------------
     def observe(self, drafter: str | None, key: int, drafted: int, accepted: int,
@@ -134,7 +150,8 @@ class GammaController:
         per_token = draft_s / drafted
         self._draft_cost[drafter] = per_token if cost is None else cost + _EMA * (per_token - cost)
         self._pooled.setdefault(drafter, _Acceptance()).observe(drafted, accepted)
-        self._keyed.setdefault((drafter, key), _Acceptance()).observe(drafted, accepted)
+        self._keyed.setdefault(self._key(drafter, key), _Acceptance()).observe(drafted, accepted)
+        self._streak[drafter] = accepted == drafted
 
     def observe_overhead(self, seconds: float) -> None:
         """Time spent per step outside drafting and verifying (accepting, detokenizing, bookkeeping)."""

