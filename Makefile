@@ -38,6 +38,7 @@ test: lint
 	$(BIN)/pytest -q
 
 bench: setup
+	$(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/spec_bench.py
 
 clean:
