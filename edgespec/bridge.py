@@ -151,6 +151,9 @@ class Session:
             self.error(rid, e.code or "bad_request", e.message)
         except EdgespecError as e:
             self.error(rid, _code(e), str(e))
+        except Exception:  # a bug in one command must not end the session
+            log.exception("bridge command %r failed", request.get("cmd"))
+            self.error(rid, "internal_error", "internal error; see the bridge's stderr")
 
     # -- commands -------------------------------------------------------------------------------------
     def load(self, rid: object, request: dict[str, Any]) -> None:
@@ -164,6 +167,10 @@ class Session:
                 worker = self.bridge.pool.load(spec)
             except EdgespecError as e:
                 self.error(rid, "load_failed", str(e))
+                return
+            except Exception as e:  # llama.cpp or the file system may fail in ways we did not name
+                log.exception("loading %s failed", spec.model)
+                self.error(rid, "load_failed", f"could not load {spec.model!r}: {e}")
                 return
             worker.ready.wait()
             self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.arena.n_ctx,
