@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from .engine import Engine, StreamChunk
+from .engine import StreamChunk
 from .errors import EdgespecError
 from .server.openai_api import ApiError, draft_chars, parse_chat, parse_completion
 from .server.pool import ModelPool, ModelSpec
@@ -179,16 +179,11 @@ class Session:
         threading.Thread(target=run, name=f"edgespec-load-{rid}", daemon=True).start()
 
     def generate(self, rid: object, request: dict[str, Any]) -> None:
-        chat = request["cmd"] == "chat"
-        req = (parse_chat if chat else parse_completion)({"temperature": 0.0, **request})
+        parse = parse_chat if request["cmd"] == "chat" else parse_completion
+        req = parse({"temperature": 0.0, **request})  # greedy unless asked: the demo shows exact output
         worker = self.bridge.pool.get(req.model)
         piece = worker.engine.target.piece
         pieces: list[str] = []
-
-        def start(engine: Engine) -> Iterator[StreamChunk]:
-            if chat:
-                return engine.stream_chat(req.prompt, **req.kwargs)  # type: ignore[arg-type]
-            return engine.stream(req.prompt, **req.kwargs)  # type: ignore[arg-type]
 
         def on_chunk(chunk: StreamChunk) -> None:
             pieces.append(chunk.text)
@@ -209,7 +204,7 @@ class Session:
                 assert error is not None
                 self.error(rid, _code(error), str(error))
 
-        job = Job(start, on_chunk, on_end)
+        job = Job(req.start, on_chunk, on_end)
         with self._lock:
             if rid in self._inflight:
                 raise ApiError(400, f"request id {rid!r} is already in flight", code="duplicate_id")

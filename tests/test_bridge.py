@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import socket
 import subprocess
 import threading
@@ -15,7 +16,7 @@ from typing import IO, Any
 import pytest
 
 from edgespec.engine import Engine
-from tests.live import ROOT, child_env, edgespec_command
+from tests.live import ROOT, child_env, edgespec_command, free_port
 
 ENDINGS = {"stats", "cancelled", "error"}
 PROMPT = "List the days of the week, one per line:\nMonday\nTuesday\n"
@@ -77,7 +78,11 @@ def bridge() -> Iterator[tuple[subprocess.Popen[bytes], Lines]]:
 
 
 def _generation(lines: Lines, rid: object) -> tuple[str, dict[str, Any]]:
-    events = lines.until(rid, ENDINGS)
+    return _streamed(lines.until(rid, ENDINGS))
+
+
+def _streamed(events: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Token events then one stats event, as the protocol says: (the text, the stats event)."""
     *tokens, end = events
     assert end["event"] == "stats", end
     assert all(e["event"] == "token" and 0 <= e["accepted"] <= len(e["tokens"]) for e in tokens)
@@ -198,3 +203,38 @@ def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path,
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK (javac and java)")
+def test_android_app_protocol_client_against_a_tcp_bridge(tmp_path: Path, engine: Engine) -> None:
+    """The app's own Java client (android_demo/…/bridge/*.java), compiled here, drives a real bridge."""
+    sources = [*sorted((ROOT / "android_demo/app/src/main/java/org/edgespec/bridge").glob("*.java")),
+               ROOT / "tests/java/BridgeClientCheck.java"]
+    subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(tmp_path), *map(str, sources)], check=True, timeout=120)
+    port = free_port()
+    proc = subprocess.Popen(edgespec_command(*BRIDGE, "--port", str(port)), cwd=ROOT, env=child_env(),
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"event": "listening", "address": f"tcp:127.0.0.1:{port}",
+                                                      "protocol": 1}
+        prompt = "In French, « naïve café » is written"  # non-ASCII both ways
+        run = subprocess.run(["java", "-cp", str(tmp_path), "BridgeClientCheck", str(port), prompt],
+                             capture_output=True, timeout=120)
+        assert run.returncode == 0, run.stderr.decode()
+        assert proc.wait(timeout=30) == 0  # the client's shutdown stopped the bridge
+    finally:
+        proc.kill()
+        proc.wait()
+    events = [json.loads(line) for line in run.stdout.decode("utf-8").splitlines()]
+    by_id: dict[object, list[dict[str, Any]]] = {}
+    for event in events[1:]:
+        by_id.setdefault(event["id"], []).append(event)
+    assert events[0] == {"event": "ready", "protocol": 1, "models": ["smollm2-135m"]}
+    text, end = _streamed(by_id["r1"])  # the Java client numbers its requests r1, r2, ...
+    assert text == engine.generate(prompt, max_tokens=24, mode="none", gamma=0).text
+    assert end["stats"]["generated_tokens"] == 24
+    assert by_id["r2"][0]["event"] == "token" and by_id["r2"][-1] == {"id": "r2", "event": "cancelled"}
+    assert by_id["r3"] == [{"id": "r3", "event": "ok", "target": "r2"}]
+    assert by_id["r4"][0]["models"]["smollm2-135m"]["requests"] == {"done": 1, "cancelled": 1}
+    assert by_id["r5"] == [{"id": "r5", "event": "bye"}]

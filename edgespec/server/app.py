@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from importlib.resources import files
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -59,13 +59,7 @@ class _Generation:
         self.events: asyncio.Queue[_Event] = asyncio.Queue()
         self.worker = worker
         piece = worker.engine.target.piece
-
-        def start(engine: Any) -> Any:
-            if req.chat:
-                return engine.stream_chat(req.prompt, **req.kwargs)
-            return engine.stream(req.prompt, **req.kwargs)
-
-        self.job = Job(start,
+        self.job = Job(req.start,
                        lambda c: loop.call_soon_threadsafe(self.events.put_nowait, (c, draft_chars(c, piece))),
                        lambda outcome, err: loop.call_soon_threadsafe(self.events.put_nowait, (outcome, err)))
         worker.submit(self.job)

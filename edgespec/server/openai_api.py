@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import StreamChunk
+from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from ..stats import GenerationStats
 from .pool import ModelNotFoundError
@@ -59,6 +59,12 @@ class GenerationRequest:
     prompt: list[dict[str, str]] | str | list[int]
     stream: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def start(self, engine: Engine) -> Iterator[StreamChunk]:
+        """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
+        if self.chat:
+            return engine.stream_chat(self.prompt, **self.kwargs)  # type: ignore[arg-type]
+        return engine.stream(self.prompt, **self.kwargs)  # type: ignore[arg-type]
 
 
 def parse_chat(body: object) -> GenerationRequest:
