@@ -23,8 +23,9 @@ public final class BridgeClientCheck {
             });
             String generate = client.generate(args[1], Map.of("max_tokens", 24));
             printUntil(generate, Set.of("stats", "cancelled", "error"));
-            String chat = client.chat(List.of(Map.of("role", "user", "content", "Count from 1 to 500.")),
-                                      Map.of("max_tokens", 2000));
+            String chat = client.newId();  // as the app does: the id is known before the first token
+            client.chat(chat, List.of(Map.of("role", "user", "content", "Count from 1 to 500.")),
+                        Map.of("max_tokens", 2000));
             printUntil(chat, Set.of("token"));
             client.cancel(chat);
             printUntil(chat, Set.of("stats", "cancelled", "error"));

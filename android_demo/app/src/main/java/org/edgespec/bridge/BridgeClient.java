@@ -113,38 +113,48 @@ public final class BridgeClient implements Closeable {
         return new Event(fields);
     }
 
+    /**
+     * A fresh request id. Take one before sending when events may race the send's return, e.g. a UI
+     * that must know which reply it is showing before the first token arrives.
+     */
+    public String newId() { return "r" + nextId.getAndIncrement(); }
+
     /** Stream a completion of {@code prompt}; {@code options}: max_tokens, temperature, stop, ... Returns the id. */
     public String generate(String prompt, Map<String, Object> options) throws IOException {
         Map<String, Object> fields = new LinkedHashMap<>(options);
         fields.put("prompt", prompt);
-        return send("generate", fields);
+        return send(newId(), "generate", fields);
     }
 
-    /** Stream a chat reply; each message is {"role": ..., "content": ...}. Returns the id. */
-    public String chat(List<Map<String, String>> messages, Map<String, Object> options) throws IOException {
+    /** Stream a chat reply under {@code id}; each message is {"role": ..., "content": ...}. */
+    public String chat(String id, List<Map<String, String>> messages, Map<String, Object> options)
+            throws IOException {
         Map<String, Object> fields = new LinkedHashMap<>(options);
         fields.put("messages", messages);
-        return send("chat", fields);
+        return send(id, "chat", fields);
+    }
+
+    public String chat(List<Map<String, String>> messages, Map<String, Object> options) throws IOException {
+        return chat(newId(), messages, options);
     }
 
     public String cancel(String target) throws IOException {
         Map<String, Object> fields = new LinkedHashMap<>();
         fields.put("target", target);
-        return send("cancel", fields);
+        return send(newId(), "cancel", fields);
     }
 
     public String load(String model) throws IOException {
         Map<String, Object> fields = new LinkedHashMap<>();
         fields.put("model", model);
-        return send("load", fields);
+        return send(newId(), "load", fields);
     }
 
-    public String stats() throws IOException { return send("stats", new LinkedHashMap<>()); }
+    public String stats() throws IOException { return send(newId(), "stats", new LinkedHashMap<>()); }
 
-    public String shutdown() throws IOException { return send("shutdown", new LinkedHashMap<>()); }
+    public String shutdown() throws IOException { return send(newId(), "shutdown", new LinkedHashMap<>()); }
 
-    private String send(String cmd, Map<String, Object> fields) throws IOException {
-        String id = "r" + nextId.getAndIncrement();
+    private String send(String id, String cmd, Map<String, Object> fields) throws IOException {
         Map<String, Object> request = new LinkedHashMap<>();
         request.put("id", id);
         request.put("cmd", cmd);
