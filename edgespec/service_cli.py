@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from .engine import MODES
+from .errors import EdgespecError
 from .server.pool import ModelPool, ModelSpec
 
 
@@ -47,17 +48,18 @@ def _spec(args: argparse.Namespace) -> ModelSpec:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .server.app import create_app
+    try:
+        from .server.app import create_app, run
+    except ModuleNotFoundError as e:
+        raise EdgespecError(f"edgespec serve needs the server extra ({e.name} is missing): "
+                            "pip install 'edgespec[server]'") from e
 
     pool = ModelPool(args.max_queue)
     pool.load(_spec(args))
     app = create_app(pool, api_key=args.api_key, cors_origins=args.cors_origin, max_body=args.max_body)
     print(f"edgespec: serving {args.model} on http://{args.host}:{args.port}/ (ready when /health says ok)",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=args.shutdown_timeout)
+    run(app, pool, args.host, args.port, args.shutdown_timeout)
     return 0
 
 

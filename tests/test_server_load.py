@@ -133,3 +133,16 @@ def test_graceful_shutdown_finishes_in_flight_stream() -> None:
             assert s.stop() == 0  # SIGINT while streaming: the stream completes, then the server exits
             rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_graceful_shutdown_cancels_what_cannot_finish_with_a_proper_ending() -> None:
+    with LiveServer.start("--gamma", "4", "--shutdown-timeout", "1") as s:
+        body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000, "temperature": 0, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            started = time.monotonic()
+            assert s.stop() == 0
+            assert time.monotonic() - started < 10
+            rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["error"]["code"] == "cancelled"

@@ -14,8 +14,10 @@ import contextlib
 import hmac
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from importlib.resources import files
+from types import FrameType
 from typing import TypeVar
 
 from starlette.applications import Starlette
@@ -26,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn import Config, Server
 
 from ..engine import StreamChunk
 from ..errors import EdgespecError
@@ -303,3 +306,27 @@ def _lifespan(pool: ModelPool) -> Callable[[Starlette], contextlib.AbstractAsync
         await asyncio.to_thread(pool.close)
 
     return lifespan
+
+
+class _DrainingServer(Server):
+    """On a stop signal uvicorn lets open streams run for its graceful-shutdown timeout, then cuts them.
+    Cancel their generations a little before that instead, so each stream still ends properly (an error
+    event, then [DONE]) and the client can tell a shutdown from a network fault."""
+
+    def __init__(self, config: Config, pool: ModelPool, grace: float) -> None:
+        super().__init__(config)
+        self._drain = threading.Timer(max(0.0, grace - 0.5), pool.cancel_all)
+        self._drain.daemon = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self._drain.is_alive() and not self._drain.finished.is_set():
+            self._drain.start()
+        super().handle_exit(sig, frame)
+
+
+def run(app: ASGIApp, pool: ModelPool, host: str, port: int, shutdown_timeout: float) -> None:
+    config = Config(app, host=host, port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=shutdown_timeout)
+    # uvicorn re-raises the stop signal once it has shut down; Ctrl-C is how a server ends, not an error.
+    with contextlib.suppress(KeyboardInterrupt):
+        _DrainingServer(config, pool, shutdown_timeout).run()

@@ -62,9 +62,11 @@ class GenerationRequest:
 
     def start(self, engine: Engine) -> Iterator[StreamChunk]:
         """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
+        # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is full.
+        kwargs = {"max_tokens": engine.arena.n_ctx, **self.kwargs}
         if self.chat:
-            return engine.stream_chat(self.prompt, **self.kwargs)  # type: ignore[arg-type]
-        return engine.stream(self.prompt, **self.kwargs)  # type: ignore[arg-type]
+            return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
+        return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
 
 
 def parse_chat(body: object) -> GenerationRequest:

@@ -72,6 +72,10 @@ class ModelPool:
     def queue_depths(self) -> dict[str, int]:
         return {w.name: w.depth for w in self.workers}
 
+    def cancel_all(self) -> None:
+        for w in self.workers:
+            w.cancel_all()
+
     def close(self) -> None:
         with self._lock:
             workers, self._workers = list(self._workers.values()), {}

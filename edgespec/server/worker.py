@@ -72,8 +72,8 @@ class EngineWorker:
                 raise EdgespecError(f"model {self.name!r} is shutting down")
             if len(self._pending) >= self.max_queue:
                 self.metrics.count_request(self.name, "rejected")
-                retry = max(1, math.ceil(self._mean_job_s * len(self._pending) / 2))
-                raise QueueFullError(self.name, retry)
+                # A place opens when the running generation ends: about one mean generation from now.
+                raise QueueFullError(self.name, max(1, math.ceil(self._mean_job_s)))
             self._pending.append(job)
             self._cond.notify()
 
@@ -87,14 +87,18 @@ class EngineWorker:
             self.metrics.count_request(self.name, CANCELLED)
             job.on_end(CANCELLED, None)
 
+    def cancel_all(self) -> None:
+        with self._cond:
+            jobs = [*self._pending, *([self._running] if self._running else [])]
+        for job in jobs:
+            self.cancel(job)
+
     def close(self, timeout: float = 30.0) -> None:
         """Cancel everything queued or running, stop the thread and free the model."""
         with self._cond:
             self._stopping = True
-            jobs = [*self._pending, *([self._running] if self._running else [])]
             self._cond.notify()
-        for job in jobs:
-            self.cancel(job)
+        self.cancel_all()
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.engine.close()
