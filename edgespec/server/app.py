@@ -15,7 +15,7 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from importlib.resources import files
 from types import FrameType
 from typing import TypeVar
@@ -119,12 +119,14 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
     routes = [Route("/", index), Route("/health", health), Route("/metrics", metrics),
               Route("/v1/models", models), Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"])]
+    # CORS outside the key check, so that a browser can read a 401 too.
     middleware = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                              allow_headers=["Authorization", "Content-Type"])] if cors_origins else []
-    app = Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
-                    exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
-                                        HTTPException: _http_error, Exception: _internal_error})
-    return ApiKeyMiddleware(app, api_key) if api_key else app  # type: ignore[return-value]
+    if api_key:
+        middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
+    return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
+                     exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
+                                         HTTPException: _http_error, Exception: _internal_error})
 
 
 async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
@@ -151,7 +153,8 @@ def _raise_if_ended(event: _Event) -> None:
                        code="cancelled")
 
 
-async def _sse(gen: _Generation, req: GenerationRequest, rid: str, model: str, first: _Event) -> AsyncIterator[bytes]:
+async def _sse(gen: _Generation, req: GenerationRequest, rid: str, model: str,
+               first: _Event) -> AsyncGenerator[bytes, None]:
     if req.chat:
         yield _data(chunk_body(req, rid, model, None, first=True))
     event = first
@@ -178,7 +181,7 @@ class EventStream(Response):
     iterator without telling us; here a watcher task reads ``http.disconnect`` while events are written.
     """
 
-    def __init__(self, events: AsyncIterator[bytes], on_disconnect: Callable[[], None]) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], on_disconnect: Callable[[], None]) -> None:
         # Not Response.__init__: it would declare a Content-Length for an empty body.
         self.status_code, self.background = 200, None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
@@ -197,7 +200,7 @@ class EventStream(Response):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await writer
-            await _close(self.events)
+            await self.events.aclose()
 
     async def _write(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -207,12 +210,6 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away while we wrote (ASGI 2.4 servers raise)
             self.on_disconnect()
-
-
-async def _close(events: AsyncIterator[bytes]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 async def _wait_disconnect(receive: Receive) -> None:
