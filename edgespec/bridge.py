@@ -141,7 +141,8 @@ class Session:
         commands: dict[str, Callable[[object, dict[str, Any]], None]] = {
             "load": self.load, "generate": self.generate, "chat": self.generate, "cancel": self.cancel,
             "stats": self.stats, "shutdown": self.shutdown}
-        command = commands.get(request.get("cmd"))  # type: ignore[arg-type]
+        cmd = request.get("cmd")
+        command = commands.get(cmd) if isinstance(cmd, str) else None
         if command is None:
             self.error(rid, "unknown_command", f"unknown cmd {request.get('cmd')!r}; one of {', '.join(commands)}")
             return
@@ -219,7 +220,7 @@ class Session:
     def cancel(self, rid: object, request: dict[str, Any]) -> None:
         target = request.get("target")
         with self._lock:
-            entry = self._inflight.get(target)
+            entry = self._inflight.get(target) if isinstance(target, str | int) else None
         if entry is None:
             raise ApiError(400, f"no request {target!r} is in flight", code="unknown_id")
         worker, job = entry
