@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from .engine import StreamChunk
 from .errors import EdgespecError
-from .server.openai_api import ApiError, draft_chars, parse_chat, parse_completion
+from .server.openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
 from .server.pool import ModelPool, ModelSpec
 from .server.worker import CANCELLED, DONE, EngineWorker, Job
 
@@ -130,8 +130,8 @@ class Session:
 
     def handle(self, line: bytes) -> None:
         try:
-            request = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            request = load_json(line)
+        except ValueError as e:
             self.error(None, "bad_json", f"not a JSON line: {e}")
             return
         rid = request.get("id") if isinstance(request, dict) else None

@@ -137,6 +137,8 @@ def test_malformed_lines_get_errors_and_the_bridge_keeps_running(
 
     lines.send_raw(b"this is not json")
     error("bad_json")
+    lines.send_raw(b'{"id": 0, "cmd": "generate", "prompt": "\\udfff"}')
+    assert "surrogate" in error("bad_json")
     lines.send_raw(b'["generate"]')
     error("bad_request")
     lines.send(cmd="generate", prompt="no id")

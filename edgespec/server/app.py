@@ -38,6 +38,7 @@ from .openai_api import (
     chunk_body,
     completion_body,
     draft_chars,
+    load_json,
     new_id,
     parse_chat,
     parse_completion,
@@ -244,8 +245,8 @@ async def _read_json(request: Request, limit: int) -> object:
         if len(body) > limit:
             raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return load_json(body)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
         raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
 
 

@@ -6,6 +6,7 @@ mode, γ) are the engine's to check, so the server and the library reject exactl
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -48,6 +49,20 @@ class ApiError(Exception):
         name = str(e).split(" ", 1)[0]
         param = name if isinstance(e, InvalidParameterError) and name in _ENGINE_PARAMS else None
         return cls(400, str(e), param=param, code="invalid_value")
+
+
+def load_json(data: bytes) -> object:
+    """Parse a request body or line; ValueError if it is not JSON or holds text that is not Unicode.
+
+    JSON may spell lone UTF-16 surrogates ("\\ud800"): no tokenizer can encode them, so they are
+    refused here as bad input rather than failing later inside the model.
+    """
+    value = json.loads(data)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the JSON holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text") from None
+    return value
 
 
 @dataclass
