@@ -38,7 +38,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{port}"
 
     @classmethod
-    def start(cls, *args: str, timeout: float = 90.0) -> LiveServer:
+    def start(cls, *args: str, timeout: float = 300.0) -> LiveServer:
         port = free_port()
         log = open(ARTIFACTS.joinpath(f"serve-{port}.log"), "wb")  # noqa: SIM115  (closed with the process)
         proc = subprocess.Popen(edgespec_command("serve", "--port", str(port), *args), cwd=ROOT, env=child_env(),

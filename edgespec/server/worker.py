@@ -48,8 +48,6 @@ class Job:
 
 class EngineWorker:
     def __init__(self, name: str, engine: Engine, metrics: Metrics, max_queue: int = 16) -> None:
-        if max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.name, self.engine, self.metrics, self.max_queue = name, engine, metrics, max_queue
         self.ready = threading.Event()
         self._pending: deque[Job] = deque()
