@@ -149,3 +149,16 @@ def test_api_key_and_cors(secured: LiveServer) -> None:
     assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "http://ui.localhost"
     other = httpx.options(url, headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_two_model_speculation_served() -> None:
+    """--draft with a second model: mode "draft" by default, still exactly the target's greedy output."""
+    with LiveServer.start("--model", "smollm2-135m:q8_0", "--draft", "smollm2-135m:q4_0", "--gamma", "3") as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert client.models.list().data[0].model_extra["modes"] == ["none", "ngram", "draft"]
+        target_only = client.completions.create(model="smollm2-135m:q8_0", prompt=PROMPT, max_tokens=N,
+                                                temperature=0, extra_body={"speculative": {"mode": "none"}})
+        drafted = client.completions.create(model="smollm2-135m:q8_0", prompt=PROMPT, max_tokens=N, temperature=0)
+        assert drafted.choices[0].text == target_only.choices[0].text
+        assert drafted.usage.speculative["mode"] == "draft"  # type: ignore[union-attr]
+        assert drafted.usage.speculative["drafted"] > 0  # type: ignore[union-attr]
