@@ -31,7 +31,7 @@ class MainActivity : Activity() {
     private val transcript = SpannableStringBuilder()
     private val messages = mutableListOf<Map<String, String>>()
     private val reply = StringBuilder()
-    private var client: BridgeClient? = null
+    @Volatile private var client: BridgeClient? = null  // set by the connecting thread
     private var current: String? = null  // the id of the reply being streamed
 
     override fun onCreate(savedInstanceState: Bundle?) {
@@ -123,7 +123,7 @@ class MainActivity : Activity() {
             try {
                 bridge.chat(id, history, mapOf<String, Any>("max_tokens" to 256))
             } catch (e: IOException) {
-                runOnUiThread { finish("send failed: ${e.message}") }
+                runOnUiThread { endReply("send failed: ${e.message}") }
             }
         }
     }
@@ -151,18 +151,18 @@ class MainActivity : Activity() {
             "stats" -> {
                 @Suppress("UNCHECKED_CAST")
                 val s = event.fields["stats"] as Map<String, Any?>
-                finish(String.format(
+                endReply(String.format(
                     "%s tokens · %.1f tok/s · acceptance %.0f%% · %.2f tokens/step · mode %s",
                     s["generated_tokens"], (s["decode_tokens_per_s"] as Number).toDouble(),
                     100 * (s["acceptance_rate"] as Number).toDouble(),
                     (s["mean_accepted_per_step"] as Number).toDouble(), s["mode"]))
             }
-            "cancelled" -> finish("stopped")
-            "error" -> finish("error: ${event.fields["message"]}")
+            "cancelled" -> endReply("stopped")
+            "error" -> endReply("error: ${event.fields["message"]}")
         }
     }
 
-    private fun finish(line: String) {
+    private fun endReply(line: String) {
         messages += mapOf("role" to "assistant", "content" to reply.toString())
         current = null
         status.text = line
