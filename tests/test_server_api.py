@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -86,6 +87,8 @@ def test_models_health_and_metrics(client: openai.OpenAI, server: LiveServer) ->
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     client.completions.create(model="smollm2-135m", prompt="a b c a b c a b c a b", max_tokens=16, temperature=0)
     text = httpx.get(server.url + "/metrics").text
+    sample = re.compile(r'^[a-z_]+\{(?:[a-z_]+="[^"]*",?)+\} -?[0-9.e+-]+$')  # Prometheus text format 0.0.4
+    assert all(sample.match(line) for line in text.splitlines() if not line.startswith("# ")), text
     for name in ("edgespec_requests_total", "edgespec_generated_tokens_total", "edgespec_drafts_total",
                  "edgespec_draft_tokens_total", "edgespec_accepted_tokens_total", "edgespec_queue_depth",
                  'edgespec_draft_acceptance{model="smollm2-135m",position="1"}'):
