@@ -42,6 +42,15 @@ def pair_engine() -> Iterator[Engine]:
 
 # -- live servers and bridges: real subprocesses on 127.0.0.1 -------------------------------------------
 @pytest.fixture(scope="session")
+def solo_engine() -> Iterator[Engine]:
+    """The default model on one thread, as the live servers run it (tests/live.py says why): the reference
+    outputs that served ones must equal."""
+    e = edgespec.load(n_ctx=4096, n_threads=1)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
 def server() -> Iterator[LiveServer]:
     """`edgespec serve` on the default model, as a user would start it (γ auto, n-gram lookup)."""
     with LiveServer.start() as s:

@@ -23,8 +23,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def edgespec_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "edgespec.cli", *args]
+def edgespec_command(command: str, *args: str) -> list[str]:
+    # One llama.cpp thread per test process: on a shared two-core machine, two-thread processes beside other
+    # busy work stall in llama.cpp's spinning thread barriers (we measured 100× slowdowns); one thread only
+    # shares the CPU, and leaves a core to whoever else is running.
+    return [sys.executable, "-m", "edgespec.cli", command, "--threads", "1", *args]
 
 
 def child_env() -> dict[str, str]:

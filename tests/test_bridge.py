@@ -92,20 +92,21 @@ def _streamed(events: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
 
 
 def test_generate_and_chat_stream_target_only_output(bridge: tuple[subprocess.Popen[bytes], Lines],
-                                                     engine: Engine) -> None:
+                                                     solo_engine: Engine) -> None:
     _, lines = bridge
     lines.send(id=1, cmd="generate", prompt=PROMPT, max_tokens=24)
     text, end = _generation(lines, 1)
-    assert text == engine.generate(PROMPT, max_tokens=24, mode="none", gamma=0).text
+    assert text == solo_engine.generate(PROMPT, max_tokens=24, mode="none", gamma=0).text
     assert end["finish_reason"] == "length" and end["stats"]["generated_tokens"] == 24
     assert end["stats"]["mode"] == "ngram" and end["stats"]["accepted"] > 0
     messages = [{"role": "user", "content": "Say hello."}]
     lines.send(id="c", cmd="chat", messages=messages, max_tokens=16, speculative={"mode": "none"})
     text, end = _generation(lines, "c")
-    assert text == engine.chat(messages, max_tokens=16, mode="none", gamma=0).text and end["stats"]["mode"] == "none"
+    assert text == solo_engine.chat(messages, max_tokens=16, mode="none", gamma=0).text
+    assert end["stats"]["mode"] == "none"
 
 
-def test_concurrent_ids_cancel_and_stats(bridge: tuple[subprocess.Popen[bytes], Lines], engine: Engine) -> None:
+def test_concurrent_ids_cancel_and_stats(bridge: tuple[subprocess.Popen[bytes], Lines], solo_engine: Engine) -> None:
     _, lines = bridge
     prompts = {"a": "The capital of France is", "b": "Water boils at", "long": "1, 2, 3, 4, 5,"}
     lines.send(id="long", cmd="generate", prompt=prompts["long"], max_tokens=3000)
@@ -119,7 +120,7 @@ def test_concurrent_ids_cancel_and_stats(bridge: tuple[subprocess.Popen[bytes], 
     # The two waiting behind it then run, in order, each exactly as it would alone.
     for rid in ("a", "b"):
         text, _ = _generation(lines, rid)
-        assert text == engine.generate(prompts[rid], max_tokens=16, mode="none", gamma=0).text
+        assert text == solo_engine.generate(prompts[rid], max_tokens=16, mode="none", gamma=0).text
     lines.send(id=9, cmd="stats")
     counters = lines.until(9, {"metrics"})[0]["models"]["smollm2-135m"]
     assert counters["requests"] == {"cancelled": 1, "done": 2} and counters["queue_depth"] == 0
@@ -175,7 +176,7 @@ def test_malformed_lines_get_errors_and_the_bridge_keeps_running(
     assert proc.wait(timeout=30) == 0
 
 
-def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path, engine: Engine) -> None:
+def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path, solo_engine: Engine) -> None:
     path = tmp_path / "bridge.sock"
     proc = subprocess.Popen(edgespec_command(*BRIDGE, "--socket", str(path)), cwd=ROOT, env=child_env(),
                             stdout=subprocess.PIPE)
@@ -200,7 +201,7 @@ def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path,
         second.send(id=1, cmd="generate", prompt=PROMPT, max_tokens=12)
         q8_text, _ = _generation(first, 1)
         q4_text, _ = _generation(second, 1)
-        assert q4_text == engine.generate(PROMPT, max_tokens=12, mode="none", gamma=0).text
+        assert q4_text == solo_engine.generate(PROMPT, max_tokens=12, mode="none", gamma=0).text
         assert q8_text.strip()
         second.send(id=2, cmd="shutdown")
         assert second.until(2, {"bye"})[-1]["event"] == "bye"
@@ -212,7 +213,7 @@ def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path,
 
 
 @pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK (javac and java)")
-def test_android_app_protocol_client_against_a_tcp_bridge(tmp_path: Path, engine: Engine) -> None:
+def test_android_app_protocol_client_against_a_tcp_bridge(tmp_path: Path, solo_engine: Engine) -> None:
     """The app's own Java client (android_demo/…/bridge/*.java), compiled here, drives a real bridge."""
     sources = [*sorted((ROOT / "android_demo/app/src/main/java/org/edgespec/bridge").glob("*.java")),
                ROOT / "tests/java/BridgeClientCheck.java"]
@@ -238,7 +239,7 @@ def test_android_app_protocol_client_against_a_tcp_bridge(tmp_path: Path, engine
         by_id.setdefault(event["id"], []).append(event)
     assert events[0] == {"event": "ready", "protocol": 1, "models": ["smollm2-135m"]}
     text, end = _streamed(by_id["r1"])  # the Java client numbers its requests r1, r2, ...
-    assert text == engine.generate(prompt, max_tokens=24, mode="none", gamma=0).text
+    assert text == solo_engine.generate(prompt, max_tokens=24, mode="none", gamma=0).text
     assert end["stats"]["generated_tokens"] == 24
     assert by_id["r2"][0]["event"] == "token" and by_id["r2"][-1] == {"id": "r2", "event": "cancelled"}
     assert by_id["r3"] == [{"id": "r3", "event": "ok", "target": "r2"}]

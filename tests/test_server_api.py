@@ -19,7 +19,7 @@ N = 32
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _target_only(engine: Engine, prompt: str | list[dict[str, str]], **kw: object) -> str:
@@ -28,12 +28,12 @@ def _target_only(engine: Engine, prompt: str | list[dict[str, str]], **kw: objec
     return engine.generate(prompt, max_tokens=N, mode="none", gamma=0, **kw).text
 
 
-def test_chat_stream_equals_non_stream_equals_target_only(client: openai.OpenAI, engine: Engine) -> None:
+def test_chat_stream_equals_non_stream_equals_target_only(client: openai.OpenAI, solo_engine: Engine) -> None:
     full = client.chat.completions.create(model="smollm2-135m", messages=MESSAGES, max_tokens=N, temperature=0)
     chunks = list(client.chat.completions.create(model="smollm2-135m", messages=MESSAGES, max_tokens=N,
                                                  temperature=0, stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert full.choices[0].message.content == streamed == _target_only(engine, MESSAGES)
+    assert full.choices[0].message.content == streamed == _target_only(solo_engine, MESSAGES)
     assert full.choices[0].finish_reason == chunks[-1].choices[0].finish_reason
     assert chunks[0].choices[0].delta.role == "assistant"
     spec = full.usage.model_extra["speculative"]  # type: ignore[union-attr]
@@ -41,20 +41,20 @@ def test_chat_stream_equals_non_stream_equals_target_only(client: openai.OpenAI,
     assert chunks[-1].usage is not None and chunks[-1].usage.model_extra["speculative"]["generated_tokens"] > 0
 
 
-def test_completion_stream_equals_non_stream_equals_target_only(client: openai.OpenAI, engine: Engine) -> None:
+def test_completion_stream_equals_non_stream_equals_target_only(client: openai.OpenAI, solo_engine: Engine) -> None:
     full = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=N, temperature=0)
     chunks = list(client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=N, temperature=0,
                                             stream=True))
     streamed = "".join(c.choices[0].text for c in chunks)
-    assert full.choices[0].text == streamed == _target_only(engine, PROMPT)
+    assert full.choices[0].text == streamed == _target_only(solo_engine, PROMPT)
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == N  # type: ignore[union-attr]
     # Every event says how many of its tokens came from the drafter; together they match the final stats.
     accepted = sum(c.model_extra["edgespec"]["accepted"] for c in chunks)  # type: ignore[index]
     assert accepted <= chunks[-1].usage.model_extra["speculative"]["accepted"]  # type: ignore[union-attr]
 
 
-def test_per_request_speculative_override(client: openai.OpenAI, engine: Engine) -> None:
-    reference = _target_only(engine, PROMPT)
+def test_per_request_speculative_override(client: openai.OpenAI, solo_engine: Engine) -> None:
+    reference = _target_only(solo_engine, PROMPT)
     for spec in ({"mode": "none"}, {"mode": "ngram", "gamma": 4}):
         out = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=N, temperature=0,
                                         extra_body={"speculative": spec})
@@ -67,8 +67,8 @@ def test_per_request_speculative_override(client: openai.OpenAI, engine: Engine)
     assert "draft model" in e.value.body["message"]  # type: ignore[index]
 
 
-def test_stop_strings_seed_and_sampling(client: openai.OpenAI, engine: Engine) -> None:
-    reference = _target_only(engine, PROMPT)
+def test_stop_strings_seed_and_sampling(client: openai.OpenAI, solo_engine: Engine) -> None:
+    reference = _target_only(solo_engine, PROMPT)
     out = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=N, temperature=0,
                                     stop=["Friday"])
     assert out.choices[0].finish_reason == "stop" and out.choices[0].text == reference[: reference.index("Friday")]
@@ -157,7 +157,7 @@ def test_api_key_and_cors(secured: LiveServer) -> None:
 def test_two_model_speculation_served() -> None:
     """--draft with a second model: mode "draft" by default, still exactly the target's greedy output."""
     with LiveServer.start("--model", "smollm2-135m:q8_0", "--draft", "smollm2-135m:q4_0", "--gamma", "3") as s:
-        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         assert client.models.list().data[0].model_extra["modes"] == ["none", "ngram", "draft"]
         target_only = client.completions.create(model="smollm2-135m:q8_0", prompt=PROMPT, max_tokens=N,
                                                 temperature=0, extra_body={"speculative": {"mode": "none"}})

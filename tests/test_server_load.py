@@ -35,13 +35,13 @@ def _stream_chat(url: str, content: str) -> tuple[str, str]:
     return "".join(text), finish
 
 
-def test_eight_concurrent_streams_match_their_solo_output(server: LiveServer, engine: Engine) -> None:
+def test_eight_concurrent_streams_match_their_solo_output(server: LiveServer, solo_engine: Engine) -> None:
     prompts = [f"Write one sentence about {t}." for t in TOPICS]
     with ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(_stream_chat, server.url, p) for p in prompts]
         results = [f.result(timeout=180) for f in futures]
     for prompt, (text, finish) in zip(prompts, results, strict=True):
-        solo = engine.chat([{"role": "user", "content": prompt}], max_tokens=N, mode="none", gamma=0)
+        solo = solo_engine.chat([{"role": "user", "content": prompt}], max_tokens=N, mode="none", gamma=0)
         assert (text, finish) == (solo.text, solo.finish_reason)
     assert server.metric('edgespec_queue_depth{model="smollm2-135m"}') == 0
 
