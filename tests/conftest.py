@@ -10,6 +10,7 @@ import pytest
 
 import edgespec
 from edgespec.engine import Engine
+from tests.live import LiveServer
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 
@@ -37,3 +38,20 @@ def pair_engine() -> Iterator[Engine]:
     e = edgespec.load("smollm2-135m:q8_0", draft="smollm2-135m:q4_0", n_ctx=4096)
     yield e
     e.close()
+
+
+# -- live servers and bridges: real subprocesses on 127.0.0.1 -------------------------------------------
+@pytest.fixture(scope="session")
+def solo_engine() -> Iterator[Engine]:
+    """The default model on one thread, as the live servers run it (tests/live.py says why): the reference
+    outputs that served ones must equal."""
+    e = edgespec.load(n_ctx=4096, n_threads=1)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[LiveServer]:
+    """`edgespec serve` on the default model, as a user would start it (γ auto, n-gram lookup)."""
+    with LiveServer.start() as s:
+        yield s

@@ -1,0 +1,330 @@
+"""The OpenAI-compatible HTTP server (Starlette): /v1/chat/completions, /v1/completions, /v1/models,
+/health, /metrics and the chat page at /.
+
+A request is parsed, queued on its model's worker and answered from the worker's chunks, which cross
+from the worker thread into the event loop through an asyncio queue. The HTTP status is decided by the
+first event (so a prompt too long for the context is a 400 even when streaming); after that the reply
+streams as server-sent events. A client that goes away cancels its job, queued or running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from importlib.resources import files
+from types import FrameType
+from typing import TypeVar
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn import Config, Server
+
+from ..engine import StreamChunk
+from ..errors import EdgespecError
+from .openai_api import (
+    ApiError,
+    GenerationRequest,
+    chunk_body,
+    completion_body,
+    draft_chars,
+    load_json,
+    new_id,
+    parse_chat,
+    parse_completion,
+)
+from .pool import ModelPool
+from .worker import CANCELLED, FAILED, EngineWorker, Job
+
+log = logging.getLogger("edgespec.server")
+T = TypeVar("T")
+_Event = tuple[StreamChunk, int] | tuple[str, EdgespecError | None]  # (chunk, draft chars) or (outcome, error)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its reply could start."""
+
+
+class _Generation:
+    """A job on a worker whose chunks arrive in this event loop, in order, ending with (outcome, error)."""
+
+    def __init__(self, worker: EngineWorker, req: GenerationRequest) -> None:
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue[_Event] = asyncio.Queue()
+        self.worker = worker
+        piece = worker.engine.target.piece
+        self.job = Job(req.start,
+                       lambda c: loop.call_soon_threadsafe(self.events.put_nowait, (c, draft_chars(c, piece))),
+                       lambda outcome, err: loop.call_soon_threadsafe(self.events.put_nowait, (outcome, err)))
+        worker.submit(self.job)
+
+    def cancel(self) -> None:
+        self.worker.cancel(self.job)
+
+
+def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Iterable[str] = (),
+               max_body: int = 1 << 20) -> Starlette:
+    page = files("edgespec.server").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    async def index(_: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def health(_: Request) -> Response:
+        models = {w.name: {"ready": w.ready.is_set(), "queue_depth": w.depth} for w in pool.workers}
+        ready = bool(models) and all(m["ready"] for m in models.values())
+        return JSONResponse({"status": "ok" if ready else "loading", "models": models}, 200 if ready else 503)
+
+    async def metrics(_: Request) -> Response:
+        return PlainTextResponse(pool.metrics.prometheus(pool.queue_depths()),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": w.name, "object": "model", "created": 0, "owned_by": "edgespec",
+             "n_ctx": w.engine.arena.n_ctx, "modes": ["none", *w.engine.drafters], "mode": w.engine.mode}
+            for w in pool.workers]})
+
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, parse_chat(await _read_json(request, max_body)))
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, parse_completion(await _read_json(request, max_body)))
+
+    async def _generate(request: Request, req: GenerationRequest) -> Response:
+        worker = pool.get(req.model)
+        gen = _Generation(worker, req)
+        rid, name = new_id(req.chat), worker.name
+        try:
+            if not req.stream:
+                return JSONResponse(await _unless_disconnected(request, _collect(gen, req, rid, name)))
+            first = await _unless_disconnected(request, gen.events.get())
+        except ClientGone:
+            gen.cancel()
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        except BaseException:
+            gen.cancel()
+            raise
+        _raise_if_ended(first)
+        return EventStream(_sse(gen, req, rid, name, first), on_disconnect=gen.cancel)
+
+    routes = [Route("/", index), Route("/health", health), Route("/metrics", metrics),
+              Route("/v1/models", models), Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"])]
+    # CORS outside the key check, so that a browser can read a 401 too.
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                             allow_headers=["Authorization", "Content-Type"])] if cors_origins else []
+    if api_key:
+        middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
+    return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
+                     exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
+                                         HTTPException: _http_error, Exception: _internal_error})
+
+
+async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
+    pieces: list[str] = []
+    while True:
+        event = await gen.events.get()
+        _raise_if_ended(event)
+        chunk = event[0]
+        assert isinstance(chunk, StreamChunk)
+        pieces.append(chunk.text)
+        if chunk.stats is not None:
+            assert chunk.finish_reason is not None
+            return completion_body(req, rid, model, "".join(pieces), chunk.finish_reason, chunk.stats)
+
+
+def _raise_if_ended(event: _Event) -> None:
+    """An (outcome, error) event before the last chunk: the job failed or was cancelled (shutdown)."""
+    outcome, error = event
+    if outcome == FAILED:
+        assert error is not None
+        raise ApiError.from_engine(error)
+    if outcome == CANCELLED:
+        raise ApiError(503, "the generation was cancelled: the server is shutting down", type="server_error",
+                       code="cancelled")
+
+
+async def _sse(gen: _Generation, req: GenerationRequest, rid: str, model: str,
+               first: _Event) -> AsyncGenerator[bytes, None]:
+    if req.chat:
+        yield _data(chunk_body(req, rid, model, None, first=True))
+    event = first
+    while isinstance(event[0], StreamChunk):
+        chunk, n_draft = event
+        assert isinstance(n_draft, int)
+        yield _data(chunk_body(req, rid, model, chunk, n_draft))
+        event = await gen.events.get()
+    try:
+        _raise_if_ended(event)
+    except ApiError as e:  # too late for a status code: the error becomes the last event
+        yield _data(e.body())
+    yield b"data: [DONE]\n\n"
+
+
+def _data(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+class EventStream(Response):
+    """A server-sent-event reply that calls ``on_disconnect`` the moment the client goes away.
+
+    Starlette's StreamingResponse only notices a disconnect on its next write (ASGI 2.4) or cancels the
+    iterator without telling us; here a watcher task reads ``http.disconnect`` while events are written.
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None], on_disconnect: Callable[[], None]) -> None:
+        # Not Response.__init__: it would declare a Content-Length for an empty body.
+        self.status_code, self.background = 200, None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no")]
+        self.events, self.on_disconnect = events, on_disconnect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = asyncio.ensure_future(self._write(send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({writer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not writer.done():
+                self.on_disconnect()
+            for task in (writer, watcher):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await writer
+            await self.events.aclose()
+
+    async def _write(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for data in self.events:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away while we wrote (ASGI 2.4 servers raise)
+            self.on_disconnect()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, or raise ClientGone if the client disconnects first (e.g. while queued)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    try:
+        return load_json(body)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+class ApiKeyMiddleware:
+    """``Authorization: Bearer KEY`` on the API and metrics; the page and /health stay open."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        protected = scope["type"] == "http" and scope.get("method") != "OPTIONS" and \
+            (path.startswith("/v1/") or path == "/metrics")
+        if protected:
+            auth = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, given = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
+                error = ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                                 type="authentication_error", code="invalid_api_key")
+                await _error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _error_response(e: ApiError) -> Response:
+    return JSONResponse(e.body(), e.status, headers=e.headers)
+
+
+async def _api_error(_: Request, e: Exception) -> Response:
+    assert isinstance(e, ApiError)
+    return _error_response(e)
+
+
+async def _engine_error(_: Request, e: Exception) -> Response:
+    assert isinstance(e, EdgespecError)
+    return _error_response(ApiError.from_engine(e))
+
+
+async def _http_error(_: Request, e: Exception) -> Response:
+    assert isinstance(e, HTTPException)
+    return _error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None))
+
+
+async def _internal_error(_: Request, e: Exception) -> Response:
+    log.error("unhandled error", exc_info=e)
+    return _error_response(ApiError(500, "internal server error; see the server log", type="server_error",
+                                    code="internal_error"))
+
+
+def _lifespan(pool: ModelPool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        # uvicorn has let in-flight streams finish (up to its graceful-shutdown timeout): cancel the rest.
+        await asyncio.to_thread(pool.close)
+
+    return lifespan
+
+
+class _DrainingServer(Server):
+    """On a stop signal uvicorn lets open streams run for its graceful-shutdown timeout, then cuts them.
+    Cancel their generations a little before that instead, so each stream still ends properly (an error
+    event, then [DONE]) and the client can tell a shutdown from a network fault."""
+
+    def __init__(self, config: Config, pool: ModelPool, grace: float) -> None:
+        super().__init__(config)
+        self._drain = threading.Timer(max(0.0, grace - 0.5), pool.cancel_all)
+        self._drain.daemon = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self._drain.is_alive() and not self._drain.finished.is_set():
+            self._drain.start()
+        super().handle_exit(sig, frame)
+
+
+def run(app: ASGIApp, pool: ModelPool, host: str, port: int, shutdown_timeout: float) -> None:
+    config = Config(app, host=host, port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=shutdown_timeout)
+    # uvicorn re-raises the stop signal once it has shut down; Ctrl-C is how a server ends, not an error.
+    with contextlib.suppress(KeyboardInterrupt):
+        _DrainingServer(config, pool, shutdown_timeout).run()

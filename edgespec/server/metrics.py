@@ -1,0 +1,86 @@
+"""Counters for every served model, as a JSON snapshot (bridge ``stats``) and as Prometheus text (``/metrics``)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+
+from ..gamma import MAX_GAMMA
+from ..stats import GenerationStats
+
+_COUNTERS = {  # snapshot key → (Prometheus name, help)
+    "prompt_tokens": ("edgespec_prompt_tokens_total", "Prompt tokens of finished generations."),
+    "generated_tokens": ("edgespec_generated_tokens_total", "Tokens generated, cancelled generations included."),
+    "steps": ("edgespec_verify_steps_total", "Target verify passes after the first token."),
+    "drafts": ("edgespec_drafts_total", "Verify passes that checked at least one draft token."),
+    "draft_tokens": ("edgespec_draft_tokens_total", "Draft tokens sent to verification."),
+    "accepted_tokens": ("edgespec_accepted_tokens_total", "Draft tokens the target accepted."),
+}
+
+
+class _ModelCounters:
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()  # by outcome: done, cancelled, error, rejected
+        self.totals: Counter[str] = Counter()
+        self.position_trials = [0] * MAX_GAMMA
+        self.position_accepts = [0] * MAX_GAMMA
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: defaultdict[str, _ModelCounters] = defaultdict(_ModelCounters)
+
+    def count_request(self, model: str, outcome: str) -> None:
+        with self._lock:
+            self._models[model].requests[outcome] += 1
+
+    def record(self, model: str, outcome: str, stats: GenerationStats | None, generated: int) -> None:
+        """One generation ended; ``stats`` only when it finished (a cancelled one has none)."""
+        with self._lock:
+            m = self._models[model]
+            m.requests[outcome] += 1
+            m.totals["generated_tokens"] += generated
+            if stats is None:
+                return
+            m.totals.update(prompt_tokens=stats.prompt_tokens, steps=stats.steps, draft_tokens=stats.drafted,
+                            accepted_tokens=stats.accepted)
+            # A step drafted something iff its first position was tried.
+            m.totals["drafts"] += stats.position_trials[0]
+            for j in range(MAX_GAMMA):
+                m.position_trials[j] += stats.position_trials[j]
+                m.position_accepts[j] += stats.position_accepts[j]
+
+    def snapshot(self, queue_depths: Mapping[str, int]) -> dict[str, dict[str, object]]:
+        with self._lock:
+            names = sorted(set(self._models) | set(queue_depths))
+            return {name: self._model_snapshot(self._models[name], queue_depths.get(name, 0)) for name in names}
+
+    @staticmethod
+    def _model_snapshot(m: _ModelCounters, depth: int) -> dict[str, object]:
+        return {"requests": dict(m.requests), **{k: m.totals[k] for k in _COUNTERS}, "queue_depth": depth,
+                "acceptance_by_position": [round(a / t, 6) if t else None
+                                           for a, t in zip(m.position_accepts, m.position_trials, strict=True)]}
+
+    def prometheus(self, queue_depths: Mapping[str, int]) -> str:
+        snap = self.snapshot(queue_depths)
+        lines = ["# HELP edgespec_requests_total Generations by outcome (done, cancelled, error, rejected).",
+                 "# TYPE edgespec_requests_total counter"]
+        lines += [f'edgespec_requests_total{{model="{_esc(name)}",outcome="{outcome}"}} {n}'
+                  for name, s in snap.items() for outcome, n in sorted(s["requests"].items())]  # type: ignore[union-attr]
+        for key, (metric, text) in _COUNTERS.items():
+            lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter"]
+            lines += [f'{metric}{{model="{_esc(name)}"}} {s[key]}' for name, s in snap.items()]
+        lines += ["# HELP edgespec_queue_depth Generations waiting or running.", "# TYPE edgespec_queue_depth gauge"]
+        lines += [f'edgespec_queue_depth{{model="{_esc(name)}"}} {s["queue_depth"]}' for name, s in snap.items()]
+        lines += ["# HELP edgespec_draft_acceptance Fraction of draft tokens accepted at each draft position "
+                  "(1 = first), among those verified there.", "# TYPE edgespec_draft_acceptance gauge"]
+        for name, s in snap.items():
+            lines += [f'edgespec_draft_acceptance{{model="{_esc(name)}",position="{j + 1}"}} {rate}'
+                      for j, rate in enumerate(s["acceptance_by_position"]) if rate is not None]  # type: ignore[arg-type]
+        return "\n".join(lines) + "\n"
+
+
+def _esc(label: str) -> str:
+    return label.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,248 @@
+"""OpenAI request bodies → engine arguments, and engine output → OpenAI response objects.
+
+Only JSON *types* are checked here; value ranges (temperature >= 0, max_tokens >= 1, top_p in (0, 1],
+mode, γ) are the engine's to check, so the server and the library reject exactly the same things.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import Engine, StreamChunk
+from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from ..stats import GenerationStats
+from .pool import ModelNotFoundError
+from .worker import InternalError, QueueFullError
+
+_ENGINE_PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "mode", "gamma")
+
+
+class ApiError(Exception):
+    """An error response: HTTP status plus OpenAI's ``{"error": {message, type, param, code}}`` body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    @classmethod
+    def from_engine(cls, e: EdgespecError) -> ApiError:
+        if isinstance(e, QueueFullError):
+            return cls(429, str(e), type="rate_limit_error", code="queue_full",
+                       headers={"Retry-After": str(e.retry_after)})
+        if isinstance(e, ModelNotFoundError):
+            return cls(404, str(e), param="model", code="model_not_found")
+        if isinstance(e, ContextOverflowError):
+            return cls(400, str(e), param="messages", code="context_length_exceeded")
+        if isinstance(e, InternalError):
+            return cls(500, str(e), type="server_error", code="internal_error")
+        # The engine's messages start with the parameter's name ("top_p must be in (0, 1]...").
+        name = str(e).split(" ", 1)[0]
+        param = name if isinstance(e, InvalidParameterError) and name in _ENGINE_PARAMS else None
+        return cls(400, str(e), param=param, code="invalid_value")
+
+
+def load_json(data: bytes) -> object:
+    """Parse a request body or line; ValueError if it is not JSON or holds text that is not Unicode.
+
+    JSON may spell lone UTF-16 surrogates ("\\ud800"): no tokenizer can encode them, so they are
+    refused here as bad input rather than failing later inside the model.
+    """
+    value = json.loads(data)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the JSON holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text") from None
+    return value
+
+
+@dataclass
+class GenerationRequest:
+    """A validated request: ``prompt`` is chat messages, text or token ids; ``kwargs`` go to ``Engine.stream``."""
+
+    chat: bool
+    model: str | None
+    prompt: list[dict[str, str]] | str | list[int]
+    stream: bool = False
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def start(self, engine: Engine) -> Iterator[StreamChunk]:
+        """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
+        # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is full.
+        kwargs = {"max_tokens": engine.arena.n_ctx, **self.kwargs}
+        if self.chat:
+            return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
+        return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
+
+
+def parse_chat(body: object) -> GenerationRequest:
+    body = _object(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", param="messages", code="invalid_type")
+    return GenerationRequest(True, _model(body), [_message(m, i) for i, m in enumerate(messages)],
+                             _flag(body, "stream"), _sampling(body))
+
+
+def parse_completion(body: object) -> GenerationRequest:
+    body = _object(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # the client libraries send a one-element batch
+    is_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) and prompt) and not (is_ids and prompt):
+        raise ApiError(400, "'prompt' must be a non-empty string or array of token ids (one prompt per request)",
+                       param="prompt", code="invalid_type")
+    if body.get("echo"):
+        raise ApiError(400, "'echo' is not supported", param="echo", code="unsupported")
+    return GenerationRequest(False, _model(body), prompt, _flag(body, "stream"), _sampling(body))
+
+
+def _object(body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_type")
+    return body
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", param="model", code="invalid_type")
+    return model
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{key}' must be true or false", param=key, code="invalid_type")
+    return value
+
+
+def _message(m: object, i: int) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise ApiError(400, f"{param} needs a string 'role'", param=param, code="invalid_type")
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: only text can be read by a text model
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise ApiError(400, f"{param}: only text content parts are supported", param=param, code="unsupported")
+        content = "".join(p["text"] for p in content)
+    if content is None and m["role"] == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise ApiError(400, f"{param} needs string 'content'", param=param, code="invalid_type")
+    return {"role": m["role"], "content": content}
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise ApiError(400, "only n=1 is supported: send one request per completion", param="n", code="unsupported")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported")
+    kw: dict[str, Any] = {}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        kw["max_tokens"] = _typed(max_tokens, int, "max_tokens")
+    kw["temperature"] = float(_typed(body.get("temperature", 1.0), float, "temperature"))  # OpenAI's default
+    for key, kind in (("top_p", float), ("top_k", int), ("min_p", float)):
+        if body.get(key) is not None:
+            kw[key] = _typed(body[key], kind, key)
+    if body.get("seed") is not None:
+        kw["seed"] = _typed(body["seed"], int, "seed")
+        if kw["seed"] < 0:  # numpy's generator takes non-negative seeds only
+            raise ApiError(400, "seed must be >= 0", param="seed", code="invalid_value")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 16:
+            raise ApiError(400, "'stop' must be a string or an array of at most 16 strings", param="stop",
+                           code="invalid_type")
+        kw["stop"] = stop
+    spec = body.get("speculative")  # edgespec's extension, like llama.cpp's per-request speculative.*
+    if spec is not None:
+        if not isinstance(spec, dict) or set(spec) - {"mode", "gamma"}:
+            raise ApiError(400, "'speculative' must be an object with 'mode' and/or 'gamma'", param="speculative",
+                           code="invalid_type")
+        if spec.get("mode") is not None:
+            kw["mode"] = _typed(spec["mode"], str, "speculative.mode")
+        if spec.get("gamma") is not None:
+            gamma = spec["gamma"]
+            kw["gamma"] = gamma if gamma == "auto" else _typed(gamma, int, "speculative.gamma")
+    return kw
+
+
+def _typed(value: object, kind: type, param: str) -> Any:
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        names = {int: "an integer", float: "a number", str: "a string"}
+        raise ApiError(400, f"'{param}' must be {names[kind]}", param=param, code="invalid_type")
+    return value
+
+
+# -- responses --------------------------------------------------------------------------------------------
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(stats: GenerationStats) -> dict[str, object]:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens, "speculative": stats.to_dict()}
+
+
+def completion_body(req: GenerationRequest, rid: str, model: str, text: str, finish: str,
+                    stats: GenerationStats) -> dict[str, object]:
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if req.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage(stats)}
+
+
+def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk | None, draft_chars: int = 0,
+               first: bool = False) -> dict[str, object]:
+    """One SSE event. ``chunk`` None: the chat stream's opening event (role only). The last one carries usage.
+
+    ``edgespec`` tells the chat page which text came from the drafter: the first ``draft_chars``
+    characters of this event's text belong to the draft tokens the target accepted.
+    """
+    text = chunk.text if chunk else ""
+    finish = chunk.finish_reason if chunk else None
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if req.chat:
+        choice["delta"] = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+    else:
+        choice["text"] = text
+    body: dict[str, object] = {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+                               "created": int(time.time()), "model": model, "choices": [choice]}
+    if chunk is not None:
+        body["edgespec"] = {"tokens": len(chunk.tokens), "drafted": chunk.drafted, "accepted": chunk.accepted,
+                            "draft_chars": draft_chars}
+        if chunk.stats is not None:
+            body["usage"] = usage(chunk.stats)
+    return body
+
+
+def draft_chars(chunk: StreamChunk, piece: Callable[[int], bytes]) -> int:
+    """How many leading characters of the chunk's text the accepted draft tokens spelled.
+
+    Approximate where the chunk also releases text held back from an earlier step (a partial stop
+    string or character): good enough for colouring, never used for the output itself.
+    """
+    drafted = b"".join(piece(t) for t in chunk.tokens[: chunk.accepted]).decode("utf-8", "ignore")
+    return min(len(drafted), len(chunk.text))

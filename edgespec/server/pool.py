@@ -1,0 +1,83 @@
+"""The models a server or bridge has loaded: one engine and one worker thread per model name."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .. import load
+from ..errors import EdgespecError, InvalidParameterError
+from .metrics import Metrics
+from .worker import EngineWorker
+
+
+class ModelNotFoundError(EdgespecError):
+    """A request named a model that is not loaded."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load, as on the command line: ``draft`` is ``ngram``, ``none`` or a draft model name/path."""
+
+    model: str
+    draft: str = "ngram"
+    mode: str | None = None  # the default mode; None: "draft" with a draft model, else what --draft says
+    gamma: int | str = "auto"
+    ctx: int = 4096
+    threads: int | None = None
+    device: str = "cpu"
+    fast_numerics: bool = False
+
+    def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
+        has_draft = self.draft not in ("ngram", "none")
+        engine = load(self.model, draft=self.draft if has_draft else None,
+                      mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
+                      n_ctx=self.ctx, n_threads=self.threads, device=self.device,
+                      exact_numerics=not self.fast_numerics)
+        return EngineWorker(self.model, engine, metrics, max_queue)
+
+
+class ModelPool:
+    def __init__(self, max_queue: int = 16) -> None:
+        if max_queue < 1:
+            raise InvalidParameterError(f"max_queue must be >= 1, got {max_queue}")
+        self.max_queue = max_queue
+        self.metrics = Metrics()
+        self._workers: dict[str, EngineWorker] = {}
+        self._lock = threading.Lock()
+
+    def load(self, spec: ModelSpec) -> EngineWorker:
+        """Load a model under its name; loading a name again returns the engine already there."""
+        with self._lock:  # held while loading: two clients loading one name must not get two engines
+            if spec.model not in self._workers:
+                self._workers[spec.model] = spec.load_worker(self.metrics, self.max_queue)
+            return self._workers[spec.model]
+
+    def get(self, name: str | None) -> EngineWorker:
+        """The named model; with no name, the only (or first) one loaded."""
+        with self._lock:
+            if name is None and self._workers:
+                return next(iter(self._workers.values()))
+            if name in self._workers:
+                return self._workers[name]
+            loaded = ", ".join(self._workers) or "none"
+        raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {loaded})" if name else
+                                 "no model is loaded; send a load command first")
+
+    @property
+    def workers(self) -> list[EngineWorker]:
+        with self._lock:
+            return list(self._workers.values())
+
+    def queue_depths(self) -> dict[str, int]:
+        return {w.name: w.depth for w in self.workers}
+
+    def cancel_all(self) -> None:
+        for w in self.workers:
+            w.cancel_all()
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._workers = list(self._workers.values()), {}
+        for w in workers:
+            w.close()

@@ -1,0 +1,77 @@
+"""The ``serve`` and ``bridge`` subcommands, registered into the main parser by ``add_service_commands``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from .engine import MODES
+from .errors import EdgespecError
+from .server.pool import ModelPool, ModelSpec
+
+
+def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callable[[argparse.ArgumentParser], None]
+                         ) -> None:
+    """``add_model_args`` is the CLI's own --model/--draft/--gamma/--ctx/... so every command loads alike."""
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a chat page")
+    add_model_args(s)
+    s.add_argument("--mode", choices=MODES, default=None,
+                   help="default drafter for requests (default: 'draft' with a draft model, else --draft)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", default=os.environ.get("EDGESPEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (default: $EDGESPEC_API_KEY)")
+    s.add_argument("--max-queue", type=int, default=16, help="requests that may wait per model (then 429)")
+    s.add_argument("--cors-origin", action="append", default=[],
+                   help="allow browser pages from this origin (repeatable; '*' for any)")
+    s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (then 413)")
+    s.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight streams may take to finish on shutdown before they are cancelled")
+    s.set_defaults(func=_serve)
+
+    b = sub.add_parser("bridge", help="JSON lines over stdin/stdout or a local socket (docs/bridge-protocol.md)")
+    add_model_args(b)
+    b.add_argument("--mode", choices=MODES, default=None, help="default drafter, as for serve")
+    b.add_argument("--no-preload", action="store_true", help="load nothing until a 'load' command")
+    where = b.add_mutually_exclusive_group()
+    where.add_argument("--socket", metavar="PATH", help="listen on this unix socket instead of stdin/stdout")
+    where.add_argument("--port", type=int, help="listen on 127.0.0.1:PORT instead of stdin/stdout")
+    b.add_argument("--max-queue", type=int, default=16, help="requests that may wait per model")
+    b.set_defaults(func=_bridge)
+
+
+def _spec(args: argparse.Namespace) -> ModelSpec:
+    return ModelSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
+                     args.fast_numerics)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from .server.app import create_app, run
+    except ModuleNotFoundError as e:
+        raise EdgespecError(f"edgespec serve needs the server extra ({e.name} is missing): "
+                            "pip install 'edgespec[server]'") from e
+
+    pool = ModelPool(args.max_queue)
+    pool.load(_spec(args))
+    app = create_app(pool, api_key=args.api_key, cors_origins=args.cors_origin, max_body=args.max_body)
+    print(f"edgespec: serving {args.model} on http://{args.host}:{args.port}/ (ready when /health says ok)",
+          file=sys.stderr, flush=True)
+    run(app, pool, args.host, args.port, args.shutdown_timeout)
+    return 0
+
+
+def _bridge(args: argparse.Namespace) -> int:
+    from .bridge import Bridge
+
+    pool = ModelPool(args.max_queue)
+    bridge = Bridge(pool, _spec(args))
+    if not args.no_preload:
+        pool.load(_spec(args))
+    if args.socket:
+        return bridge.serve_unix(args.socket)
+    if args.port is not None:
+        return bridge.serve_tcp(args.port)
+    return bridge.serve_stdio()

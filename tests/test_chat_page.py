@@ -1,0 +1,41 @@
+"""The chat page at / in headless Chromium: a prompt streams a reply, drafted text is marked, stats show."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.live import ARTIFACTS, LiveServer
+
+CHROMIUM = shutil.which("chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs the system chromium (make setup installs it)")
+def test_chat_page_streams_reply_with_draft_marks_and_stats(server: LiveServer) -> None:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 700})
+            page.goto(server.url + "/")
+            page.wait_for_selector("#model option[value='smollm2-135m']", state="attached", timeout=10_000)
+            page.fill("#max-tokens", "48")
+            page.fill("#prompt", "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.")
+            page.click("#send")
+            reply = page.locator(".msg.assistant").last
+            stats = reply.locator(".stats")
+            stats.filter(has_text="acceptance").wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "chat_page.png"))
+            text = reply.locator(".body").inner_text()
+            line = stats.inner_text()
+            assert "quick brown fox" in text
+            assert "tok/s" in line and "mode ngram" in line and "48 tokens" in line
+            # Prompt lookup drafts the repeated sentence: some of the reply is marked as drafted text.
+            drafted = reply.locator(".body .draft").all_inner_texts()
+            assert drafted and all(d in text for d in drafted)
+            assert page.inner_text("#send") == "Send"  # the stream ended
+        finally:
+            browser.close()
