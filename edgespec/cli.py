@@ -8,10 +8,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import load
 from .engine import Completion, Engine
 from .errors import EdgespecError
 from .models import DEFAULT_MODEL, cache_dir, families
+from .server.pool import ModelSpec
 from .service_cli import add_service_commands
 from .stats import GenerationStats
 
@@ -36,11 +36,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Engine:
-    draft = args.draft
-    mode = draft if draft in ("ngram", "none") else "draft"
-    return load(args.model, draft=None if mode != "draft" else draft, mode=mode, gamma=args.gamma,
-                n_ctx=args.ctx, n_threads=args.threads, device=args.device,
-                exact_numerics=not args.fast_numerics)
+    return ModelSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
+                     args.fast_numerics).load_engine()
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from .. import load
+from ..engine import Engine
 from ..errors import EdgespecError, InvalidParameterError
 from .metrics import Metrics
 from .worker import EngineWorker
@@ -28,13 +29,15 @@ class ModelSpec:
     device: str = "cpu"
     fast_numerics: bool = False
 
-    def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
+    def load_engine(self) -> Engine:
         has_draft = self.draft not in ("ngram", "none")
-        engine = load(self.model, draft=self.draft if has_draft else None,
-                      mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
-                      n_ctx=self.ctx, n_threads=self.threads, device=self.device,
-                      exact_numerics=not self.fast_numerics)
-        return EngineWorker(self.model, engine, metrics, max_queue)
+        return load(self.model, draft=self.draft if has_draft else None,
+                    mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
+                    n_ctx=self.ctx, n_threads=self.threads, device=self.device,
+                    exact_numerics=not self.fast_numerics)
+
+    def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
+        return EngineWorker(self.model, self.load_engine(), metrics, max_queue)
 
 
 class ModelPool:
