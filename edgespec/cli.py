@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .engine import Completion, Engine
+from .engine import Engine, collect
 from .errors import EdgespecError
 from .models import DEFAULT_MODEL, cache_dir, families
 from .server.pool import ModelSpec
@@ -31,7 +31,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "metal"])
     p.add_argument("--fast-numerics", action="store_true",
-                   help="F16 KV cache and flash attention: faster on some machines, but greedy output may "
+                   help="F16 KV cache and flash attention (the usual fast path on GPUs), but greedy output may "
                         "drift from target-only decoding at long contexts")
 
 
@@ -48,16 +48,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.json:
         result = engine.generate(prompt, **kwargs)
     else:
-        pieces: list[str] = []
-        tokens: list[int] = []
-        for chunk in engine.stream(prompt, **kwargs):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-            pieces.append(chunk.text)
-            tokens.extend(chunk.tokens)
-        sys.stdout.write("\n")
-        assert chunk.stats is not None and chunk.finish_reason is not None
-        result = Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
+        result = collect(engine.stream(prompt, **kwargs), on_text=lambda text: print(text, end="", flush=True))
+        print()
         print(_stats_line(result.stats), file=sys.stderr)
     report: dict[str, object] = {"text": result.text, "tokens": result.tokens,
                                  "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}

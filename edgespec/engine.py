@@ -7,7 +7,7 @@ one pass → accept/rollback in the KV arena → γ controller learns → text i
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,13 +75,7 @@ class Engine:
     # -- public API -----------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **kwargs: object) -> Completion:
         """Generate a completion; keyword arguments as for ``stream``."""
-        pieces: list[str] = []
-        tokens: list[int] = []
-        for chunk in self.stream(prompt, **kwargs):  # type: ignore[arg-type]
-            pieces.append(chunk.text)
-            tokens.extend(chunk.tokens)
-        assert chunk.finish_reason is not None and chunk.stats is not None
-        return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
+        return collect(self.stream(prompt, **kwargs))  # type: ignore[arg-type]
 
     def chat(self, messages: Sequence[Message], **kwargs: object) -> Completion:
         return self.generate(self.chat_tokens(messages), **kwargs)
@@ -242,6 +236,19 @@ class Engine:
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
+
+
+def collect(chunks: Iterable[StreamChunk], on_text: Callable[[str], None] | None = None) -> Completion:
+    """Gather a stream into one Completion, handing each piece of text to ``on_text`` as it arrives."""
+    pieces: list[str] = []
+    tokens: list[int] = []
+    for chunk in chunks:
+        if on_text is not None:
+            on_text(chunk.text)
+        pieces.append(chunk.text)
+        tokens.extend(chunk.tokens)
+    assert chunk.finish_reason is not None and chunk.stats is not None  # the last chunk always has both
+    return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
 
 
 def _check_gamma(gamma: int | str) -> int | str:

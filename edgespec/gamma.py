@@ -26,6 +26,7 @@ MAX_GAMMA = 16
 _DECAY = 0.97  # per observation: acceptance statistics remember roughly the last 30 drafts of a key
 _PRIOR_MEAN = 0.6  # optimistic enough that a new drafter or key gets tried
 _PRIOR_WEIGHT = 2.0
+_PRIOR = np.full(MAX_GAMMA, _PRIOR_MEAN)
 _EMA = 0.1
 # Every this many declined drafts of a key, verify one token anyway: estimates of a key that is never tried
 # would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%.
@@ -109,8 +110,8 @@ class GammaController:
         return 1.0 / self.curve.seconds(1)
 
     def acceptance(self, drafter: str, key: int) -> np.ndarray:
-        pooled = self._pooled.get(drafter, _Acceptance())
-        prior = pooled.rates(np.full(MAX_GAMMA, _PRIOR_MEAN))
+        pooled = self._pooled.get(drafter)
+        prior = pooled.rates(_PRIOR) if pooled else _PRIOR
         keyed = self._keyed.get(self._key(drafter, key))
         return keyed.rates(prior) if keyed else prior
 

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -89,6 +90,19 @@ def _streamed(events: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     text = "".join(e["text"] for e in tokens)
     assert text == end["text"]
     return text, end
+
+
+@contextmanager
+def listening_bridge(*where: str, address: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A bridge listening on a socket (``--socket PATH`` or ``--port N``) that announced ``address``."""
+    proc = subprocess.Popen(edgespec_command(*BRIDGE, *where), cwd=ROOT, env=child_env(), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"event": "listening", "address": address, "protocol": 1}
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_generate_and_chat_stream_target_only_output(bridge: tuple[subprocess.Popen[bytes], Lines],
@@ -178,12 +192,7 @@ def test_malformed_lines_get_errors_and_the_bridge_keeps_running(
 
 def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path, solo_engine: Engine) -> None:
     path = tmp_path / "bridge.sock"
-    proc = subprocess.Popen(edgespec_command(*BRIDGE, "--socket", str(path)), cwd=ROOT, env=child_env(),
-                            stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline()) == {"event": "listening", "address": f"unix:{path}",
-                                                      "protocol": 1}
+    with listening_bridge("--socket", str(path), address=f"unix:{path}") as proc:
         sessions = []
         for _ in range(2):
             sock = socket.socket(socket.AF_UNIX)
@@ -207,9 +216,6 @@ def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path,
         assert second.until(2, {"bye"})[-1]["event"] == "bye"
         assert proc.wait(timeout=30) == 0
         assert not path.exists()
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK (javac and java)")
@@ -219,29 +225,9 @@ def test_android_app_protocol_client_against_a_tcp_bridge(tmp_path: Path, solo_e
                ROOT / "tests/java/BridgeClientCheck.java"]
     subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(tmp_path), *map(str, sources)], check=True, timeout=120)
     port = free_port()
-    proc = subprocess.Popen(edgespec_command(*BRIDGE, "--port", str(port)), cwd=ROOT, env=child_env(),
-                            stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline()) == {"event": "listening", "address": f"tcp:127.0.0.1:{port}",
-                                                      "protocol": 1}
+    with listening_bridge("--port", str(port), address=f"tcp:127.0.0.1:{port}") as proc:
         prompt = "In French, « naïve café » is written"  # non-ASCII both ways
         run = subprocess.run(["java", "-cp", str(tmp_path), "BridgeClientCheck", str(port), prompt],
                              capture_output=True, timeout=120)
         assert run.returncode == 0, run.stderr.decode()
         assert proc.wait(timeout=30) == 0  # the client's shutdown stopped the bridge
-    finally:
-        proc.kill()
-        proc.wait()
-    events = [json.loads(line) for line in run.stdout.decode("utf-8").splitlines()]
-    by_id: dict[object, list[dict[str, Any]]] = {}
-    for event in events[1:]:
-        by_id.setdefault(event["id"], []).append(event)
-    assert events[0] == {"event": "ready", "protocol": 1, "models": ["smollm2-135m"]}
-    text, end = _streamed(by_id["r1"])  # the Java client numbers its requests r1, r2, ...
-    assert text == solo_engine.generate(prompt, max_tokens=24, mode="none", gamma=0).text
-    assert end["stats"]["generated_tokens"] == 24
-    assert by_id["r2"][0]["event"] == "token" and by_id["r2"][-1] == {"id": "r2", "event": "cancelled"}
-    assert by_id["r3"] == [{"id": "r3", "event": "ok", "target": "r2"}]
-    assert by_id["r4"][0]["models"]["smollm2-135m"]["requests"] == {"done": 1, "cancelled": 1}
-    assert by_id["r5"] == [{"id": "r5", "event": "bye"}]
