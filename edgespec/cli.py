@@ -8,6 +8,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from export.cli import add_export_command
+
 from .engine import Engine, collect
 from .errors import EdgespecError
 from .models import DEFAULT_MODEL, cache_dir, families
@@ -113,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_models)
     add_service_commands(sub, _add_generation_args)
+    add_export_command(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")

@@ -1,0 +1,27 @@
+"""The export step: turns a model the user has (a GGUF file, a local Hugging Face folder, or a model name
+from ``models/``) into every artefact the runtime can use — re-quantized GGUF, layer-skip drafts, ONNX with
+INT8/INT4 weights — each with a quality report in its manifest.
+
+The runtime never imports this package's heavy dependencies (torch, transformers, onnx): they live in the
+``edgespec[export]`` extra and are imported inside the functions that need them, through ``require``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from edgespec.errors import EdgespecError
+
+
+class MissingExtraError(EdgespecError):
+    """An export path needs a package from an extra that is not installed."""
+
+
+def require(module: str, extra: str = "export") -> ModuleType:
+    """Import ``module`` or tell the user which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(f"this export needs {module.split('.')[0]!r}, which is not installed: "
+                                f"pip install 'edgespec[{extra}]'") from e
