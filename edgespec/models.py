@@ -12,6 +12,7 @@ import ctypes
 import importlib.metadata as md
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,8 +124,12 @@ def resolve(model: str | os.PathLike[str]) -> Path:
     return known[name].prepare(quant or None)
 
 
-def quantize(src: Path, dst: Path, quant: str) -> Path:
-    """Re-quantize a GGUF with llama.cpp (allow_requantize), writing atomically."""
+def quantize(src: Path, dst: Path, quant: str | None, prune_layers: Sequence[int] = ()) -> Path:
+    """Re-quantize a GGUF with llama.cpp (allow_requantize), writing atomically.
+
+    ``quant=None`` copies the tensors as they are (only_copy); ``prune_layers`` drops those blocks and
+    renumbers the rest (the layer-skip drafts of ``edgespec export draft``).
+    """
     import llama_cpp as lc
 
     from .llama_backend import check_gguf, physical_cores
@@ -133,12 +138,19 @@ def quantize(src: Path, dst: Path, quant: str) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     params = lc.llama_model_quantize_default_params()
-    params.ftype = QUANTS[quant]
+    if quant is None:
+        params.only_copy = True
+    else:
+        params.ftype = QUANTS[quant]
     params.allow_requantize = True
     params.nthread = physical_cores()
+    # llama.cpp walks the list in order until -1 and assumes it ascending (it renumbers past prune[0]).
+    pruned = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(prune_layers), -1)
+    if prune_layers:
+        params.prune_layers = ctypes.cast(pruned, ctypes.POINTER(ctypes.c_int32))
     try:
         if lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-            raise ModelLoadError(f"llama.cpp could not quantize {src} to {quant}")
+            raise ModelLoadError(f"llama.cpp could not quantize {src} to {quant or 'a copy'}")
         tmp.replace(dst)
     finally:
         tmp.unlink(missing_ok=True)
