@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-_COMMANDS: tuple[str, ...] = ()  # modules of this package, e.g. "gguf", each with register(subparsers)
+# modules of this package, each with register(subparsers)
+_COMMANDS: tuple[str, ...] = ("gguf", "draft", "pair")
 
 
 def add_export_command(sub: argparse._SubParsersAction) -> None:

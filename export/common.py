@@ -1,0 +1,120 @@
+"""What every ``edgespec export`` command shares: the SRC argument, quality options, progress, the summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgespec.errors import ModelLoadError
+from edgespec.models import families, resolve
+
+from . import ggufio, manifest, quality
+from .files import human_size
+
+EXPORT_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_k_m")
+# Upper bounds of bits per weight, for the free-space check (Q4_K_M keeps some tensors in Q6_K / Q8_0).
+BITS_PER_WEIGHT = {"f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_k_m": 8.5}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model to export from, as a GGUF: a file, a model name from ``models/``, or a converted HF folder."""
+
+    path: Path
+    name: str | None
+    info: ggufio.GgufInfo
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "name": self.name, "architecture": self.info.architecture,
+                "n_layers": self.info.n_layers}
+
+
+def resolve_source(text: str, threads: int | None = None) -> Source:
+    path = Path(text).expanduser()
+    name = None
+    if path.is_dir():
+        from .hf_to_gguf import convert_cached
+
+        path = convert_cached(path)
+    elif not path.exists():
+        if os.sep in text or text.endswith(".gguf"):
+            raise ModelLoadError(f"model file not found: {path}")
+        if text.partition(":")[0] not in families():
+            raise ModelLoadError(f"unknown model {text!r}: give a GGUF file, a Hugging Face folder or one of "
+                                 f"{', '.join(sorted(families()))}")
+        name, path = text, resolve(text)
+    return Source(path.resolve(), name, ggufio.info(path))
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
+    p.add_argument("--prompts", type=int, default=4, help="fixed Spec-Bench prompts for the quality report")
+    p.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt for the quality report")
+    p.add_argument("--no-quality", action="store_true", help="skip the quality report")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+
+
+class Steps:
+    """A progress bar over the named stages of an export (tqdm, on stderr)."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, disable=None,
+                        bar_format="{desc}: {n}/{total} {bar} {elapsed}  {postfix}")
+        self.started = time.perf_counter()
+        self._open = False
+
+    def __call__(self, what: str) -> None:
+        if self._open:
+            self.bar.update(1)
+        self._open = True
+        self.bar.set_postfix_str(what)
+
+    def close(self) -> float:
+        self.bar.close()
+        return time.perf_counter() - self.started
+
+
+@dataclass
+class Made:
+    method: str
+    quant: str | None
+    kept_layers: list[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def record(kind: str, artefact: Path, source: Source, made: Made,
+           report: quality.QualityReport | None) -> dict[str, Any]:
+    """Write the artefact's manifest (beside it and in the registry) and return it."""
+    art = ggufio.info(artefact)
+    entry: dict[str, Any] = {
+        "format": manifest.FORMAT, "kind": kind, "artefact": str(artefact.resolve()),
+        "file_bytes": art.file_bytes, "architecture": art.architecture, "n_layers": art.n_layers,
+        "source": source.to_dict(),
+        "made": {"method": made.method, "quant": made.quant, "kept_layers": made.kept_layers,
+                 "tools": manifest.tool_versions("gguf"), "created": manifest.now(), **made.extra},
+        "quality": report.to_dict() if report else None,
+    }
+    entry["manifest"] = str(manifest.save(entry))
+    return entry
+
+
+def summary(entry: dict[str, Any], seconds: float) -> str:
+    q = entry["quality"]
+    text = (f"wrote {entry['artefact']} ({human_size(entry['file_bytes'])}, {entry['architecture']}, "
+            f"{entry['n_layers']} layers) in {seconds:.1f} s")
+    if q:
+        text += " · " + quality.QualityReport(**q).line()
+    return text + f" · manifest {entry['manifest']}"
+
+
+def emit(args: argparse.Namespace, entry: dict[str, Any], seconds: float) -> int:
+    print(json.dumps(entry, indent=2, ensure_ascii=False) if args.json else summary(entry, seconds))
+    return 0

@@ -1,0 +1,46 @@
+"""``edgespec export gguf SRC --quant Q --out FILE``: re-quantize (or convert, then quantize) to one GGUF."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from edgespec.models import quantize
+
+from . import quality
+from .common import BITS_PER_WEIGHT, EXPORT_QUANTS, Made, Source, Steps, add_common_args, emit, record, resolve_source
+from .files import ensure_space
+
+
+def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tokens: int = 32,
+                with_quality: bool = True, threads: int | None = None, steps: Steps | None = None) -> dict:
+    """Write ``source`` quantized to ``quant`` at ``out``, with its manifest; returns the manifest entry."""
+    progress = steps or (lambda _: None)
+    info = source.info
+    ensure_space(out, int(info.n_params * BITS_PER_WEIGHT[quant] / 8) + info.file_bytes - info.tensor_bytes)
+    progress(f"llama.cpp quantize → {quant}")
+    quantize(source.path, out, quant)
+    report = (quality.report(out, source.path, n_prompts, n_tokens, n_threads=threads, progress=progress)
+              if with_quality else None)
+    return record("gguf", out, source, Made("llama_model_quantize", quant), report)
+
+
+def _run(args: argparse.Namespace) -> int:
+    steps = Steps(2 if args.no_quality else 5, f"export gguf {args.quant}")
+    steps("reading the source")
+    source = resolve_source(args.src, args.threads)
+    try:
+        entry = export_gguf(source, args.quant, args.out, args.prompts, args.tokens, not args.no_quality,
+                            args.threads, steps)
+    finally:
+        seconds = steps.close()
+    return emit(args, entry, seconds)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gguf", help="re-quantize a GGUF file, model name or Hugging Face folder into one GGUF")
+    p.add_argument("src", help="a GGUF file, a model name (see `edgespec models`) or a Hugging Face folder")
+    p.add_argument("--quant", required=True, choices=EXPORT_QUANTS)
+    p.add_argument("--out", required=True, type=Path, help="the GGUF file to write")
+    add_common_args(p)
+    p.set_defaults(func=_run)
