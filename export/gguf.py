@@ -13,14 +13,16 @@ from .files import ensure_space
 
 
 def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tokens: int = 32,
-                with_quality: bool = True, threads: int | None = None, steps: Steps | None = None) -> dict:
-    """Write ``source`` quantized to ``quant`` at ``out``, with its manifest; returns the manifest entry."""
+                with_quality: bool = True, threads: int | None = None, steps: Steps | None = None,
+                draft_of: Path | None = None) -> dict:
+    """Write ``source`` quantized to ``quant`` at ``out``, with its manifest; returns the manifest entry.
+    ``draft_of``: the target this file drafts for, whose α and c the report then includes."""
     progress = steps or (lambda _: None)
     info = source.info
     ensure_space(out, int(info.n_params * BITS_PER_WEIGHT[quant] / 8) + info.file_bytes - info.tensor_bytes)
     progress(f"llama.cpp quantize → {quant}")
     quantize(source.path, out, quant)
-    report = (quality.report(out, source.path, n_prompts, n_tokens, n_threads=threads, progress=progress)
+    report = (quality.report(out, source.path, n_prompts, n_tokens, draft_of, threads, progress)
               if with_quality else None)
     return record("gguf", out, source, Made("llama_model_quantize", quant), report)
 

@@ -155,9 +155,11 @@ def seconds_per_token(model: LlamaModel, n_tokens: int = 16) -> float:
 def cost_ratio(draft: LlamaModel, target: LlamaModel, rounds: int = 3) -> float:
     """c = draft / target time per decoded token; interleaved rounds, the fastest of each, so that load from
     other processes on a shared machine hits both sides alike."""
-    d = min(seconds_per_token(draft) for _ in range(rounds))
-    t = min(seconds_per_token(target) for _ in range(rounds))
-    return d / t
+    d, t = [], []
+    for _ in range(rounds):
+        d.append(seconds_per_token(draft))
+        t.append(seconds_per_token(target))
+    return min(d) / min(t)
 
 
 def decode_speed(model: LlamaModel, n_tokens: int = 64) -> float:

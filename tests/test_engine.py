@@ -92,6 +92,6 @@ def test_cli_streams_text_and_stats() -> None:
 def test_cli_lists_models() -> None:
     result = subprocess.run([sys.executable, "-m", "edgespec.cli", "models", "--json"], capture_output=True,
                             text=True, timeout=120)
-    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    rows = {r["name"]: r for r in json.loads(result.stdout)["families"]}
     assert rows["smollm2-135m"]["installed"] is True
     assert rows["smollm2-135m"]["default"] == "smollm2-135m:q4_0"
