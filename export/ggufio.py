@@ -6,6 +6,7 @@ tests check that both give the same logits. It also reads back which source laye
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -42,8 +43,18 @@ class GgufInfo:
 
 def reader(path: Path) -> Any:
     """A ``gguf.GGUFReader`` (memory-mapped), or a clear error for a file that is not a valid GGUF."""
-    gguf = require("gguf")
+    require("gguf")
     check_gguf(path)
+    stat = path.stat()
+    return _cached_reader(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_reader(path: Path, _mtime_ns: int, _size: int) -> Any:
+    # Parsing the metadata of a 262k-token vocabulary takes seconds in pure Python; a layer search reads its
+    # source once per candidate. The key changes whenever the file does.
+    import gguf
+
     try:
         return gguf.GGUFReader(path)
     except (ValueError, KeyError, IndexError, OSError) as e:

@@ -199,7 +199,7 @@ def report(artefact: Path, source: Path, n_prompts: int = 4, n_tokens: int = 32,
         agreement = compare(llama_logits(src), llama_logits(art), samples)
         progress("decode speed")
         result = QualityReport(len(samples), agreement.positions, agreement.top1, agreement.kl,
-                               artefact.stat().st_size, decode_speed(art))
+                               artefact.stat().st_size, decode_speed(art, max(32, n_tokens)))
         if draft_of is not None:
             target = src if draft_of == source else open_model(draft_of, n_threads)
             progress("acceptance against the target")
