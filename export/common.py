@@ -14,7 +14,7 @@ from typing import Any
 from edgespec.errors import ModelLoadError
 from edgespec.models import families, resolve
 
-from . import ggufio, manifest, quality
+from . import ggufio, manifest, quality, require
 from .files import human_size
 
 EXPORT_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_k_m")
@@ -65,9 +65,7 @@ class Steps:
     """A progress bar over the named stages of an export (tqdm, on stderr)."""
 
     def __init__(self, total: int, desc: str) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, disable=None,
+        self.bar = require("tqdm").tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, disable=None,
                         bar_format="{desc}: {n}/{total} {bar} {elapsed}  {postfix}")
         self.started = time.perf_counter()
         self._open = False

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import quality
+from . import quality, require
 from .common import EXPORT_QUANTS, Made, Source, Steps, add_common_args, emit, record, resolve_source
 from .layers import LayerSetError, format_layers, parse_layers, write_draft
 from .search import SearchResult, search
@@ -31,9 +31,7 @@ def export_draft(source: Source, out: Path, keep: list[int], quant: str | None =
 
 def run_search(source: Source, budget: float, n_prompts: int, n_tokens: int, candidates: int,
                threads: int | None) -> SearchResult:
-    from tqdm import tqdm
-
-    with tqdm(desc="layer search", unit="set", leave=False, disable=None) as bar:
+    with require("tqdm").tqdm(desc="layer search", unit="set", leave=False, disable=None) as bar:
         def progress(done: int, total: int, note: str) -> None:
             bar.total = total
             bar.update(done - bar.n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgespec.errors import ModelLoadError
 from edgespec.models import quantize
 
 from . import quality
@@ -21,7 +22,10 @@ def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tok
     info = source.info
     ensure_space(out, int(info.n_params * BITS_PER_WEIGHT[quant] / 8) + info.file_bytes - info.tensor_bytes)
     progress(f"llama.cpp quantize → {quant}")
-    quantize(source.path, out, quant)
+    try:
+        quantize(source.path, out, quant)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{e} (architecture {info.architecture!r}; --verbose shows llama.cpp's log)") from e
     report = (quality.report(out, source.path, n_prompts, n_tokens, draft_of, threads, progress)
               if with_quality else None)
     return record("gguf", out, source, Made("llama_model_quantize", quant), report)
