@@ -18,6 +18,7 @@ from edgespec.errors import EdgespecError, ModelLoadError
 from edgespec.llama_backend import check_gguf
 
 from . import require
+from .hf import UnsupportedArchitectureError
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
@@ -25,10 +26,6 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # sliding-window period when the file has a window but no explicit per-layer pattern: layer il is
 # sliding-window iff il % period < period - 1 (gemma3: 5 local layers, then 1 global; llama: none).
 DRAFT_ARCHITECTURES: dict[str, int | None] = {"llama": None, "gemma3": 6}
-
-
-class UnsupportedArchitectureError(EdgespecError):
-    """The model's architecture is not one this export path knows how to handle."""
 
 
 @dataclass(frozen=True)

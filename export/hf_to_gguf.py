@@ -24,7 +24,7 @@ from edgespec.models import cache_dir
 
 from . import require
 from .files import ensure_space, staged
-from .ggufio import UnsupportedArchitectureError
+from .hf import UnsupportedArchitectureError, check_architecture
 
 ARCHITECTURES = {"llama": "llama", "gemma3_text": "gemma3"}  # HF model_type → GGUF architecture
 
@@ -52,10 +52,7 @@ def read_config(folder: Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
-    model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES:
-        raise UnsupportedArchitectureError(f"{folder}: architecture {model_type!r} is not supported by the GGUF "
-                                           f"writer (supported: {', '.join(ARCHITECTURES)})")
+    check_architecture(str(config.get("model_type")), folder)
     return config
 
 
