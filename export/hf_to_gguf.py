@@ -107,10 +107,6 @@ def _add_tokenizer(writer: Any, folder: Path, config: dict[str, Any], arch: str)
     model = tok["model"]
     vocab: dict[str, int] = dict(model["vocab"]) if isinstance(model["vocab"], dict) else {
         piece: i for i, (piece, _score) in enumerate(model["vocab"])}
-    scores = [0.0] * config["vocab_size"]
-    if model["type"] == "Unigram":
-        for i, (_piece, score) in enumerate(model["vocab"]):
-            scores[i] = float(score)
     special = {t["content"]: t for t in tok.get("added_tokens", [])}
     vocab.update({t["content"]: t["id"] for t in special.values()})
     n_vocab = config["vocab_size"]
@@ -129,13 +125,16 @@ def _add_tokenizer(writer: Any, folder: Path, config: dict[str, Any], arch: str)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_bpe_pre(tok.get("pre_tokenizer"), path))
         writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
-    else:  # Gemma 3: SentencePiece pieces, byte fallback tokens <0x..> marked as such
+    else:  # Gemma 3: llama.cpp's SentencePiece tokenizer, byte-fallback tokens <0x..> marked as such
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
         for i, piece in enumerate(tokens):
             if re.fullmatch(r"<0x[0-9A-F]{2}>", piece):
                 types[i] = gguf.TokenType.BYTE
-        writer.add_token_scores(scores)
+        writer.add_token_scores(_spm_scores(model, tokens, types))
+        # SentencePiece's "▁" before the first word: only if the normalizer / pre-tokenizer prepends one.
+        writer.add_add_space_prefix("Prepend" in json.dumps(tok.get("normalizer"))
+                                    or '"prepend_scheme": "always"' in json.dumps(tok.get("pre_tokenizer")))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     settings = _read_json(folder / "tokenizer_config.json")
@@ -147,11 +146,28 @@ def _add_tokenizer(writer: Any, folder: Path, config: dict[str, Any], arch: str)
         if isinstance(token_id, int):
             add(token_id)
     writer.add_add_bos_token(bool(settings.get("add_bos_token", _post_processor_adds_bos(tok))))
+    writer.add_add_eos_token(bool(settings.get("add_eos_token", False)))
     template = settings.get("chat_template")
     if template is None and (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text()
     if template:
         writer.add_chat_template(template)
+
+
+def _spm_scores(model: dict[str, Any], tokens: list[str], types: list[Any]) -> list[float]:
+    """Piece scores for llama.cpp's SentencePiece merge loop, which joins the adjacent pair whose result
+    scores highest. A Unigram tokenizer.json carries the scores; a BPE one (what transformers writes for
+    Gemma) carries merge ranks instead, and scoring each piece by minus the rank of the merge that makes
+    it gives the same merge order. Control and user-defined pieces get -1000, bytes 0, as in Gemma's GGUF."""
+    if model["type"] == "Unigram":
+        return [float(score) for _piece, score in model["vocab"]][:len(tokens)]
+    rank: dict[str, int] = {}
+    for r, m in enumerate(model.get("merges", [])):
+        left, right = m.split(" ", 1) if isinstance(m, str) else m
+        rank.setdefault(left + right, r)
+    unranked = len(rank)
+    return [-1000.0 if t in (3, 4) else 0.0 if t == 6 else -float(rank.get(piece, unranked + i))
+            for i, (piece, t) in enumerate(zip(tokens, types, strict=True))]
 
 
 def _bpe_pre(pre: dict[str, Any] | None, path: Path) -> str:

@@ -76,3 +76,36 @@ def test_hf_folder_errors(round_trip: tuple[Path, Path, Path], tmp_path: Path,
     (tmp_path / "empty").mkdir()
     assert main(["export", "gguf", str(tmp_path / "empty"), "--quant", "f16", "--out", str(tmp_path / "o.gguf")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gemma3_hf_folder_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = families()["gemma3-270m"].prepare("f16")
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    folder = gguf_to_hf(source, tmp_path / "gemma-hf", "float32")
+    out = tmp_path / "back.gguf"
+    assert main(["export", "gguf", str(folder), "--quant", "f16", "--out", str(out), "--no-quality"]) == 0
+    back_reader = ggufio.reader(out)
+    back = {t.name: t for t in back_reader.tensors}
+    for t in ggufio.reader(source).tensors:
+        got = back[t.name]
+        assert got.tensor_type == t.tensor_type, t.name
+        if t.name.endswith("norm.weight"):  # stored as 1 + w; transformers subtracted the 1, we add it back
+            np.testing.assert_allclose(got.data, t.data, rtol=1e-6, atol=0)
+        else:
+            assert np.array_equal(got.data, t.data), t.name
+    # The sliding-window layers are written explicitly and match llama.cpp's rule for the source.
+    assert ggufio.sliding_window_layers(back_reader) == ggufio.sliding_window_layers(ggufio.reader(source))
+    src_engine = edgespec.load(source, n_ctx=1024, n_threads=1)
+    back_engine = edgespec.load(out, n_ctx=1024, n_threads=1)
+    try:
+        for text in [*quality.prompts(3), "Hello world!\n\n  Numbers 12345, code: def f(x): return x**2"]:
+            prompt = src_engine.tokenize(text)
+            assert back_engine.tokenize(text) == prompt
+        for text in quality.prompts(2):
+            prompt = src_engine.tokenize(text)
+            assert (back_engine.generate(prompt, max_tokens=16, mode="none").tokens
+                    == src_engine.generate(prompt, max_tokens=16, mode="none").tokens)
+    finally:
+        src_engine.close()
+        back_engine.close()
