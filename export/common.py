@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgespec.errors import ModelLoadError
-from edgespec.models import families, resolve
+from edgespec.models import families
 
-from . import ggufio, manifest, quality, require
+from . import ggufio, hf, manifest, quality, require
 from .files import human_size
 
 EXPORT_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_k_m")
@@ -35,20 +33,18 @@ class Source:
                 "n_layers": self.info.n_layers}
 
 
-def resolve_source(text: str, threads: int | None = None) -> Source:
-    path = Path(text).expanduser()
+def resolve_source(text: str) -> Source:
+    """SRC as the export commands take it; a model name without a tag means its shipped weights (the most
+    faithful source: re-quantizing a re-quantized file only loses precision)."""
+    path = hf.resolve_source(text)
     name = None
     if path.is_dir():
         from .hf_to_gguf import convert_cached
 
         path = convert_cached(path)
-    elif not path.exists():
-        if os.sep in text or text.endswith(".gguf"):
-            raise ModelLoadError(f"model file not found: {path}")
-        if text.partition(":")[0] not in families():
-            raise ModelLoadError(f"unknown model {text!r}: give a GGUF file, a Hugging Face folder or one of "
-                                 f"{', '.join(sorted(families()))}")
-        name, path = text, resolve(text)
+    elif text.partition(":")[0] in families() and not Path(text).expanduser().exists():
+        family = families()[text.partition(":")[0]]
+        name = f"{family.name}:{text.partition(':')[2] or family.source_quant}"
     return Source(path.resolve(), name, ggufio.info(path))
 
 

@@ -41,7 +41,7 @@ def run_search(source: Source, budget: float, n_prompts: int, n_tokens: int, can
 
 
 def _run(args: argparse.Namespace) -> int:
-    source = resolve_source(args.src, args.threads)
+    source = resolve_source(args.src)
     n = source.info.n_layers
     searched = None
     if args.keep_layers is not None:

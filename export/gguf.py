@@ -34,7 +34,7 @@ def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tok
 def _run(args: argparse.Namespace) -> int:
     steps = Steps(2 if args.no_quality else 5, f"export gguf {args.quant}")
     steps("reading the source")
-    source = resolve_source(args.src, args.threads)
+    source = resolve_source(args.src)
     try:
         entry = export_gguf(source, args.quant, args.out, args.prompts, args.tokens, not args.no_quality,
                             args.threads, steps)

@@ -36,9 +36,7 @@ def export_pair(src: str, out: Path | None, index: int = 0, n_prompts: int = 4, 
     family, pairing = _pairing(src, index)
     if pairing.mode != "draft":
         raise InvalidParameterError(f"pairing {index} of {family} uses mode {pairing.mode!r}, no draft to export")
-    # From a family name, start from the shipped weights (the most precise there are), not its default variant.
-    start = f"{family}:{families()[family].source_quant}" if family and ":" not in src else src
-    source = resolve_source(start, threads)
+    source = resolve_source(src)
     stem = (family or source.path.stem).replace(":", "-")
     out = out or cache_dir().parent / "exports" / f"{stem}-pair"
     steps = Steps(9, f"export pair {stem}")
