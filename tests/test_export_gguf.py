@@ -103,3 +103,16 @@ def test_pair_builds_target_and_draft_that_run(home: Path, tmp_path: Path, capsy
         assert spec.stats.accepted > 0
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_gemma3_pair_end_to_end(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma 3 (sliding window, 262k vocabulary): Q8_0 target + Q4_K_M draft from the shipped weights."""
+    out = tmp_path / "gemma-pair"
+    assert main(["export", "pair", "gemma3-270m", "--out", str(out), "--prompts", "1", "--tokens", "8",
+                 "--threads", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    target, draft = result["target"], result["draft"]
+    assert target["architecture"] == draft["architecture"] == "gemma3" and target["n_layers"] == 18
+    assert target["source"]["name"] == "gemma3-270m:q4_k_m" and target["quality"]["top1_agreement"] >= 0.75
+    assert draft["quality"]["lossless"] is True and draft["quality"]["acceptance"] > 0
