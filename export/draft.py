@@ -55,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
         searched = run_search(source, args.budget, args.search_prompts, args.search_tokens, args.candidates,
                               args.threads)
         keep = searched.keep
-    steps = Steps(2 if args.no_quality else 6, "export draft")
+    steps = Steps(1 if args.no_quality else 5, "export draft")
     try:
         entry = export_draft(source, args.out, keep, args.quant, searched, args.prompts, args.tokens,
                              not args.no_quality, args.threads, steps)

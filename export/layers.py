@@ -85,7 +85,7 @@ def write_draft(src: Path, dst: Path, keep: list[int], quant: str | None = None)
     with staged(dst, "pruned") as pruned:
         quantize(src, pruned, quant, prune)
         # llama.cpp's pruning renumbers tensors but leaves per-layer metadata as it was: set it right.
-        ensure_space(dst, 2 * kept_bytes)
+        ensure_space(dst, kept_bytes)
         with staged(pruned, "patched") as patched:
             ggufio.copy(ggufio.reader(pruned), patched, extra_kv)
     return keep
