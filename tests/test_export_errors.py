@@ -123,3 +123,21 @@ def test_no_disk_space(smollm2: Path, small_disk: Path, capsys: pytest.CaptureFi
     err = _fails(["draft", str(smollm2), "--keep-layers", "0-3", "--out", str(out)], capsys)
     assert "not enough disk space" in err
     assert not out.exists() and not any(small_disk.rglob("*.gguf*"))
+
+
+def test_invalid_manifests_and_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from export import manifest
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    with pytest.raises(manifest.ManifestError, match="missing field 'kind'"):
+        manifest.validate({"format": manifest.FORMAT})
+    good = {"format": manifest.FORMAT, "kind": "draft", "artefact": str(tmp_path / "d.gguf"), "file_bytes": 1,
+            "architecture": "llama", "n_layers": 2, "quality": None,
+            "source": {"path": "s.gguf", "name": None, "architecture": "llama", "n_layers": 30},
+            "made": {"method": "m", "quant": None, "kept_layers": [0, 31], "tools": {}, "created": "now"}}
+    with pytest.raises(manifest.ManifestError, match="not layers of the source"):
+        manifest.validate(good)
+    manifest.registry_path().write_text("{not json")
+    assert main(["models"]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err
