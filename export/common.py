@@ -14,6 +14,7 @@ from edgespec.models import families
 
 from . import ggufio, hf, manifest, quality, require
 from .files import human_size
+from .hf_to_gguf import convert_cached
 
 EXPORT_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_k_m")
 # Upper bounds of bits per weight, for the free-space check (Q4_K_M keeps some tensors in Q6_K / Q8_0).
@@ -39,8 +40,6 @@ def resolve_source(text: str) -> Source:
     path = hf.resolve_source(text)
     name = None
     if path.is_dir():
-        from .hf_to_gguf import convert_cached
-
         path = convert_cached(path)
     elif text.partition(":")[0] in families() and not Path(text).expanduser().exists():
         family = families()[text.partition(":")[0]]

@@ -18,6 +18,8 @@ def export_draft(source: Source, out: Path, keep: list[int], quant: str | None =
     """Write the layer-skip draft of ``source`` keeping ``keep``, with its manifest (quality includes α and c
     against ``source`` as the target)."""
     progress = steps or (lambda _: None)
+    if with_quality:  # before writing: a bad option must not leave an artefact without its manifest
+        quality.check_options(n_prompts, n_tokens)
     progress(f"writing {len(keep)} of {source.info.n_layers} layers")
     keep = write_draft(source.path, out, keep, quant)
     report = (quality.report(out, source.path, n_prompts, n_tokens, draft_of=source.path, n_threads=threads,

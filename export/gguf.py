@@ -19,6 +19,8 @@ def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tok
     """Write ``source`` quantized to ``quant`` at ``out``, with its manifest; returns the manifest entry.
     ``draft_of``: the target this file drafts for, whose α and c the report then includes."""
     progress = steps or (lambda _: None)
+    if with_quality:  # before writing: a bad option must not leave an artefact without its manifest
+        quality.check_options(n_prompts, n_tokens)
     info = source.info
     ensure_space(out, int(info.n_params * BITS_PER_WEIGHT[quant] / 8) + info.file_bytes - info.tensor_bytes)
     progress(f"llama.cpp quantize → {quant}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.engine import Engine
+from edgespec.errors import InvalidParameterError
 from edgespec.llama_backend import ContextOptions, LlamaModel
 
 # (tokens, n) → float logits of the last n positions of ``tokens``, shape n × vocabulary.
@@ -78,6 +79,13 @@ def prompts(n: int) -> list[str]:
     return [r["prompt"] for r in rows[:n]]
 
 
+def check_options(n_prompts: int, n_tokens: int) -> None:
+    n = len(prompts(1000))
+    if not 1 <= n_prompts <= n or n_tokens < 1:
+        raise InvalidParameterError(f"the quality report needs 1..{n} prompts and at least one token each, "
+                                    f"got {n_prompts} prompts × {n_tokens} tokens")
+
+
 def open_model(path: Path, n_threads: int | None = None) -> LlamaModel:
     return LlamaModel(path, ContextOptions(n_ctx=EVAL_CTX, n_batch=512, n_threads=n_threads))
 
@@ -91,6 +99,7 @@ def prompt_tokens(engine: Engine, text: str) -> list[int]:
 
 def calibration(source: LlamaModel, n_prompts: int = 4, n_tokens: int = 32) -> list[Sample]:
     """The source's greedy continuations of the first ``n_prompts`` fixed prompts."""
+    check_options(n_prompts, n_tokens)
     engine = Engine(source, mode="none", gamma=0)
     samples = []
     for text in prompts(n_prompts):

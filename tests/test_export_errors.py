@@ -77,6 +77,8 @@ def test_layer_sets_out_of_range_empty_or_malformed(smollm2: Path, tmp_path: Pat
     assert "removes every layer" in _fails(["draft", str(smollm2), "--skip-layers", "0-29", "--out", out], capsys)
     assert "bad layer range" in _fails(["draft", str(smollm2), "--keep-layers", "a-b", "--out", out], capsys)
     assert "budget" in _fails(["draft", str(smollm2), "--search", "--budget", "1.5", "--out", out], capsys)
+    assert "quality report needs" in _fails(["gguf", str(smollm2), "--quant", "q8_0", "--out", out, "--prompts", "0"],
+                                            capsys)
     with pytest.raises(LayerSetError, match="empty"):
         check_keep([], 30)
     with pytest.raises(LayerSetError, match="5 > 2"):
