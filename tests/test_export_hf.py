@@ -4,6 +4,7 @@ GGUF (F16) → HF folder (export/hf.py) → GGUF (F16) must give the source's te
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,17 +18,19 @@ from export.hf import gguf_to_hf
 
 
 @pytest.fixture(scope="module")
-def round_trip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def round_trip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, Path]]:
+    """The source F16 GGUF, its HF folder, and a private EDGESPEC_HOME (the folder's GGUF is cached there
+    once for the module)."""
     source = families()["smollm2-135m"].prepare("f16")
     work = tmp_path_factory.mktemp("hf")
-    folder = gguf_to_hf(source, work / "smollm2-hf", "float32")
-    return source, folder, work
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGESPEC_HOME", str(work / "home"))
+        yield source, gguf_to_hf(source, work / "smollm2-hf", "float32"), work
 
 
 def test_hf_folder_to_gguf_round_trip(round_trip: tuple[Path, Path, Path], tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+                                      capsys: pytest.CaptureFixture[str]) -> None:
     source, folder, _ = round_trip
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     out = tmp_path / "back.gguf"
     assert main(["export", "gguf", str(folder), "--quant", "f16", "--out", str(out), "--no-quality", "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)
@@ -51,10 +54,8 @@ def test_hf_folder_to_gguf_round_trip(round_trip: tuple[Path, Path, Path], tmp_p
         back_engine.close()
 
 
-def test_hf_folder_to_q8_0(round_trip: tuple[Path, Path, Path], tmp_path: Path,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_folder_to_q8_0(round_trip: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, folder, _ = round_trip
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     out = tmp_path / "q8.gguf"
     assert main(["export", "gguf", str(folder), "--quant", "q8_0", "--out", str(out), "--no-quality"]) == 0
     engine = edgespec.load(out, n_ctx=512, n_threads=1)
