@@ -27,7 +27,9 @@ class Config:
     runner: str  # a key of RUNNERS
     options: dict[str, object] = field(default_factory=dict)
     baseline: str = "target"  # speed ratios are against this configuration of the same run
-    reference: str | None = None  # the output it must equal to count as lossless (None: the baseline)
+    # The output it must equal to count as lossless (None: the baseline). A plain decoder is its own
+    # reference: its "lossless" is empty, and "same as baseline" says whether its numerics match edgespec's.
+    reference: str | None = None
     description: str = ""
 
     @property
@@ -44,7 +46,7 @@ class Config:
 
 
 # Peers are compared for losslessness with their own plain greedy output too (reference), because their
-# numerics differ from edgespec's: "same as target" and "lossless" are separate columns.
+# numerics differ from edgespec's: "same as baseline" and "lossless" are separate columns.
 CONFIGS = {c.name: c for c in [
     Config("target", "edgespec", {"mode": "none"}, description="edgespec, target alone"),
     Config("ngram-auto", "edgespec", {"mode": "ngram"}, description="edgespec, n-gram lookup, γ auto"),
@@ -54,15 +56,16 @@ CONFIGS = {c.name: c for c in [
            description="edgespec, Q8_0 target alone"),
     Config("draft-auto", "edgespec", {"model": "smollm2-135m:q8_0", "draft": "smollm2-135m:q4_0", "mode": "draft"},
            baseline="target-q8", description="edgespec, Q8_0 target, Q4_0 draft model, γ auto"),
-    Config("lcpp-plain", "llama-cpp-python", {}, description="llama-cpp-python Llama.generate"),
+    Config("lcpp-plain", "llama-cpp-python", {}, reference="lcpp-plain", description="llama-cpp-python Llama.generate"),
     Config("lcpp-pld", "llama-cpp-python", {"prompt_lookup": 10}, reference="lcpp-plain",
            description="llama-cpp-python LlamaPromptLookupDecoding(num_pred_tokens=10)"),
-    Config("hf-plain", "transformers", {}, description="transformers generate, weights dequantized to F32"),
+    Config("hf-plain", "transformers", {}, reference="hf-plain",
+           description="transformers generate, weights dequantized to F32"),
     Config("hf-pld", "transformers", {"prompt_lookup_num_tokens": 10}, reference="hf-plain",
            description="transformers generate(prompt_lookup_num_tokens=10)"),
     Config("hf-early-exit", "transformers", {"assistant_early_exit": 12}, reference="hf-plain",
            description="transformers generate(assistant_early_exit=12): the first 12 layers draft"),
-    Config("ortg-plain", "onnxruntime-genai", {"model_dir": "@ort_genai_model"},
+    Config("ortg-plain", "onnxruntime-genai", {"model_dir": "@ort_genai_model"}, reference="ortg-plain",
            description="onnxruntime-genai on an exported genai model"),
     Config("ortg-ngram", "onnxruntime-genai", {"model_dir": "@ort_genai_model", "ngram_size": 3,
                                                "max_draft_tokens": 8}, reference="ortg-plain",

@@ -58,7 +58,7 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         "draft_share": draft_s / (draft_s + verify_s) if draft_s is not None and verify_s else None,
         "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
         "same_as_baseline": sum(r["same_as_baseline"] for r in rs),
-        "lossless": sum(r["lossless"] for r in rs),
+        "lossless": None if any(r["lossless"] is None for r in rs) else sum(r["lossless"] for r in rs),
     }
     model_draft_s = sum(r["model_draft_s"] for r in rs)
     if curve is not None and has["gamma_hist"]:
@@ -117,12 +117,13 @@ def table(result: dict) -> str:
                 continue
             draft_pct = None if s["draft_share"] is None else 100 * s["draft_share"]
             ach = None if s["bound_fraction"] is None else 100 * s["bound_fraction"]
+            lossless = "-" if s["lossless"] is None else f"{s['lossless']}/{s['generations']}"
             lines.append(
                 f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
                 f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
                 f"{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}{_fmt(ach, '.0f'):>5}"
-                f"{s['same_as_baseline']:>4}/{s['generations']:<3}{s['lossless']:>5}/{s['generations']:<3}"
+                f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
                 f"{s['peak_rss_mb']:>7.0f}")
         lines.append("")
     if bw:

@@ -117,7 +117,8 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
             for c in configs:
                 r = outputs[c.name]
                 r["same_as_baseline"] = r["tokens"] == outputs[c.baseline]["tokens"]
-                r["lossless"] = r["tokens"] == outputs[c.lossless_reference]["tokens"]
+                reference = c.lossless_reference
+                r["lossless"] = None if reference == c.name else r["tokens"] == outputs[reference]["tokens"]
                 records.append(r)
         log(f"  question {qi + 1}/{len(questions)} ({q['category']}, {len(q['turns'])} turns) "
             f"{time.perf_counter() - t0:.1f} s")

@@ -47,9 +47,13 @@ class OrtGenaiRunner:
             if any(t in self.setup.eog for t in new):
                 break
         end = time.perf_counter()
-        stats = generator.get_speculative_stats() if self.speculative else {}
-        return Result(tokens=cut_at_eog(out, self.setup.eog, max_tokens), ttft_s=first_at - start,
-                      decode_s=end - first_at, extra={"speculative_stats": stats})
+        result = Result(tokens=cut_at_eog(out, self.setup.eog, max_tokens), ttft_s=first_at - start,
+                        decode_s=end - first_at)
+        if self.speculative:
+            stats = generator.get_speculative_stats()
+            result.drafted, result.accepted = stats["draft_tokens_evaluated"], stats["draft_tokens_accepted"]
+            result.extra["speculative_stats"] = stats
+        return result
 
     def close(self) -> None:
         del self.model
