@@ -127,7 +127,10 @@ def table(result: dict) -> str:
                 f"{s['peak_rss_mb']:>7.0f}")
         lines.append("")
     if bw:
+        bound = bw["by_category"][OVERALL]["bound_tok_s"]
+        target = summary.get("target", {}).get(OVERALL)
+        reached = f"; target alone reaches {100 * target['decode_tok_s'] / bound:.0f}% of it" if target else ""
         lines.append(f"memory bandwidth {bw['bandwidth_gb_s']:.1f} GB/s; plain decoding reads "
                      f"{bw['weights'] / 1e6:.1f} MB of weights + {bw['kv_per_context_token'] / 1e3:.1f} kB per token "
-                     f"of context per token → bound {bw['by_category'][OVERALL]['bound_tok_s']:.0f} tok/s overall")
+                     f"of context per token → bound {bound:.0f} tok/s overall{reached}")
     return "\n".join(lines)

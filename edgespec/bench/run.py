@@ -6,10 +6,12 @@ import importlib.metadata as md
 import platform
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..engine import Engine
 from .configs import Config, select
 from .questions import load_questions
 from .worker import Setup, Worker
@@ -53,7 +55,7 @@ def machine() -> dict[str, object]:
             "python": platform.python_version(), "versions": versions}
 
 
-def run(args: BenchArgs, log: callable = print) -> dict:  # type: ignore[valid-type]
+def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
     """Play the questions through every configuration; the raw records plus what the workers reported."""
     import edgespec
 
@@ -93,8 +95,8 @@ def run(args: BenchArgs, log: callable = print) -> dict:  # type: ignore[valid-t
             "workers": {name: w.info for name, w in workers.items()}, "records": records}
 
 
-def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worker], chat: object,
-          args: BenchArgs, log: callable) -> list[dict]:  # type: ignore[valid-type]
+def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worker], chat: Engine,
+          args: BenchArgs, log: Callable[[str], None]) -> list[dict]:
     """Question by question, turn by turn, every configuration in a seeded order that changes per question
     (so none always runs right after another); each plays multi-turn questions as its own conversation."""
     rng = random.Random(args.seed)
@@ -109,9 +111,9 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
             for c in order:
                 messages = history[c.name].setdefault(q["question_id"], [])
                 messages.append({"role": "user", "content": user})
-                tokens = chat.chat_tokens(messages)  # type: ignore[attr-defined]
+                tokens = chat.chat_tokens(messages)
                 result = workers[c.name].generate(tokens, args.max_tokens)
-                messages.append({"role": "assistant", "content": chat.target.detokenize(result["tokens"])})  # type: ignore[attr-defined]
+                messages.append({"role": "assistant", "content": chat.target.detokenize(result["tokens"])})
                 outputs[c.name] = {"config": c.name, "question_id": q["question_id"], "category": q["category"],
                                    "turn": turn, "prompt_tokens": len(tokens), **result}
             for c in configs:
