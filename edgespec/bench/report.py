@@ -104,11 +104,12 @@ def _fmt(v: object, spec: str) -> str:
 
 
 def table(result: dict) -> str:
-    """The printed table: one block per configuration, one line per category."""
+    """The printed table: one block per configuration, one line per category. ``bound`` is the curve bound,
+    ``vonly`` the overhead-free rate with the run's actual passes, ``ach%`` decode tok/s as a share of bound."""
     summary, bw = result["summary"], result.get("bandwidth")
     categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
     head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'lat s':>7}{'α':>6}{'τ':>6}"
-            f"{'γ':>5}{'draft%':>7}{'bound':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
+            f"{'γ':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
     lines = [head]
     for name, by_cat in summary.items():
         for cat in categories:
@@ -122,7 +123,8 @@ def table(result: dict) -> str:
                 f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
                 f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
-                f"{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}{_fmt(ach, '.0f'):>5}"
+                f"{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
+                f"{_fmt(ach, '.0f'):>5}"
                 f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
                 f"{s['peak_rss_mb']:>7.0f}")
         lines.append("")

@@ -32,7 +32,7 @@ class NativeRunner:
     def verify_curve(self) -> dict[str, float]:
         # The fastest pass seen for each k, after a 2-token context (longer contexts only cost more): the cost
         # curve that bounds what this engine could achieve.
-        curve = self.engine.calibrate(rounds=5, statistic=np.min, context=_WARM_UP[:2])
+        curve = self.engine.calibrate(rounds=3, statistic=np.min, context=_WARM_UP[:2])
         return {str(k): v for k, v in curve.as_dict().items()}
 
     def generate(self, tokens: list[int], max_tokens: int) -> Result:
