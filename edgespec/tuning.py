@@ -4,7 +4,8 @@ A tuning belongs to one target file (and draft file, if any), one thread count a
 verify-cost curve and the best mode depend on all of them. Files are keyed by each model file's identity
 (resolved path, size, modification time), so re-quantizing or replacing a model invalidates its tuning.
 They live in ``$EDGESPEC_HOME/tuning`` (default ``~/.cache/edgespec/tuning``). ``EDGESPEC_TUNING=off``
-makes ``load`` ignore them (the tests do, so that a developer's tuning cannot change what they check).
+makes ``load`` ignore them (the tests do, so that a developer's tuning cannot change what they check), and
+so does ``exact_numerics=False``: tunings are measured with exact numerics, whose costs differ.
 """
 
 from __future__ import annotations
