@@ -108,3 +108,11 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "bad.jsonl:1: not a Spec-Bench question" in capsys.readouterr().err
     with pytest.raises(BenchError):
         load_questions(bad)
+
+
+def test_a_configuration_that_cannot_start_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tuned` without a tuning file (the tests ignore tuning files): a clear error, no traceback, no hang."""
+    assert main(["bench", "--out", str(tmp_path), "--limit", "1", "--max-tokens", "4", "--threads", "1",
+                 "--configs", "tuned"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration tuned: no tuning for this model" in err and "Traceback" not in err

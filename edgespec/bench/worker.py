@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Protocol
 
+from ..errors import EdgespecError
 from .configs import RUNNERS, Config
 from .questions import BenchError
 
@@ -74,12 +75,19 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _error(e: Exception) -> dict[str, str]:
+    """What the parent reports: the message of a user-fixable error; the traceback of anything else (a bug)."""
+    if isinstance(e, EdgespecError):
+        return {"error": str(e), "traceback": ""}
+    return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
+
 def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connection) -> None:
     try:
         runner: Runner = importlib.import_module(RUNNERS[config.runner]).open_runner(options, setup)
         conn.send({"ready": True, **runner.info(), "verify_curve": runner.verify_curve()})
     except Exception as e:  # reported to the parent, which names the configuration
-        conn.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        conn.send(_error(e))
         return
     while (request := conn.recv()) is not None:
         try:
@@ -88,7 +96,7 @@ def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connec
                 continue
             result = runner.generate(request["tokens"], request["max_tokens"])
         except Exception as e:
-            conn.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+            conn.send(_error(e))
             return
         result.peak_rss_mb = _peak_rss_mb()
         conn.send(asdict(result))
@@ -119,7 +127,7 @@ class Worker:
                              f"(exit code {self._process.exitcode})") from None
         if "error" in message:
             self.close()
-            raise BenchError(f"configuration {self.config.name}: {message['error']}\n{message['traceback']}")
+            raise BenchError(f"configuration {self.config.name}: {message['error']}\n{message['traceback']}".rstrip())
         return message
 
     def generate(self, tokens: list[int], max_tokens: int) -> dict:

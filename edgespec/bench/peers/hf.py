@@ -7,6 +7,7 @@ each target pass produced (τ) under prompt lookup and early-exit drafting; thei
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -30,12 +31,12 @@ class _StepTimer:
 
 def load_dequantized(path: Path) -> object:
     """The GGUF's weights as a transformers model in F32 (export.hf will do this for every format)."""
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF loader's progress bars would fill the benchmark's log
+    import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    import torch
-
+    hf_logging.set_verbosity_error()  # e.g. assisted generation's deprecation notices, once per call
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
 
