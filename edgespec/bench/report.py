@@ -36,7 +36,7 @@ def _group(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
 
 
 def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str, object]:
-    decoded = sum(max(len(r["tokens"]) - 1, 0) for r in rs)
+    decoded = sum(max(len(r["tokens"]) - r["first_tokens"], 0) for r in rs)  # after the first token (step)
     generated = sum(len(r["tokens"]) for r in rs)
     decode_s = sum(r["decode_s"] for r in rs)
     e2e_s = decode_s + sum(r["ttft_s"] for r in rs)

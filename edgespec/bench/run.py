@@ -17,7 +17,7 @@ from .questions import load_questions
 from .worker import Setup, Worker
 
 SCHEMA = "edgespec-bench/1"
-_PACKAGES = ("edgespec", "llama-cpp-python", "numpy", "torch", "transformers", "onnxruntime",
+_PACKAGES = ("edgespec", "llama-cpp-python", "numpy", "gguf", "torch", "transformers", "onnxruntime",
              "onnxruntime-genai", "matplotlib")
 
 

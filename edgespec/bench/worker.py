@@ -38,6 +38,7 @@ class Result:
     tokens: list[int]
     ttft_s: float  # request to first token: prefill plus one decode
     decode_s: float  # first token to last
+    first_tokens: int = 1  # tokens that arrived with the first (a peer's first step may already speculate)
     steps: int | None = None  # target passes after the first token
     drafted: int | None = None
     accepted: int | None = None

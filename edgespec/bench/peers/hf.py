@@ -72,7 +72,9 @@ class TransformersRunner:
         new = cut_at_eog(out[0, len(tokens):].tolist(), self.setup.eog, max_tokens)
         step_sizes = timer.sizes[2:]  # after the prompt and the first token
         first_at = timer.times[1] if len(timer.times) > 1 else end
-        return Result(tokens=new, ttft_s=first_at - start, decode_s=end - first_at, steps=len(step_sizes))
+        first = min(timer.sizes[1], len(new)) if len(timer.sizes) > 1 else len(new)
+        return Result(tokens=new, ttft_s=first_at - start, decode_s=end - first_at, steps=len(step_sizes),
+                      first_tokens=first)
 
     def close(self) -> None:
         del self.model

@@ -37,18 +37,19 @@ class OrtGenaiRunner:
         generator = og.Generator(self.model, params)
         generator.append_tokens(tokens)
         out: list[int] = []
-        first_at = start
+        first_at, first = start, 0
         while not generator.is_done() and len(out) < max_tokens:
             generator.generate_next_token()
             new = [int(t) for t in generator.get_next_tokens()]
             if not out:
-                first_at = time.perf_counter()
+                first_at, first = time.perf_counter(), len(new)
             out.extend(new)
             if any(t in self.setup.eog for t in new):
                 break
         end = time.perf_counter()
-        result = Result(tokens=cut_at_eog(out, self.setup.eog, max_tokens), ttft_s=first_at - start,
-                        decode_s=end - first_at)
+        tokens = cut_at_eog(out, self.setup.eog, max_tokens)
+        result = Result(tokens=tokens, ttft_s=first_at - start, decode_s=end - first_at,
+                        first_tokens=min(first, len(tokens)))
         if self.speculative:
             stats = generator.get_speculative_stats()
             result.drafted, result.accepted = stats["draft_tokens_evaluated"], stats["draft_tokens_accepted"]
