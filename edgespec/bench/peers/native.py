@@ -16,7 +16,8 @@ _WARM_UP = [1, 504, 3458, 282]
 class NativeRunner:
     def __init__(self, options: dict[str, object], setup: Setup) -> None:
         tuned = bool(options.get("tuned"))
-        self.engine = edgespec.load(str(options.get("model") or setup.model), draft=options.get("draft"),
+        self.model = str(options.get("model") or setup.model)  # a GGUF, or an ONNX folder for that backend
+        self.engine = edgespec.load(self.model, draft=options.get("draft"),
                                     mode=None if tuned else str(options.get("mode", "none")),
                                     gamma=None if tuned else options.get("gamma", "auto"),  # type: ignore[arg-type]
                                     n_ctx=setup.n_ctx, n_threads=setup.threads, tuning=tuned)
@@ -27,7 +28,7 @@ class NativeRunner:
     def info(self) -> dict[str, object]:
         e = self.engine
         return {"engine": f"edgespec {edgespec.__version__}", "mode": e.mode, "gamma": e.gamma,
-                "tuned": e.tuning is not None, "model_file": str(e.target.path)}
+                "tuned": e.tuning is not None, "model_file": str(getattr(e.target, "path", self.model))}
 
     def verify_curve(self) -> dict[str, float]:
         # The fastest pass seen for each k, after a 2-token context (longer contexts only cost more): the cost
