@@ -42,9 +42,10 @@ lint: setup
 test: lint
 	$(BIN)/pytest -q
 
+# BENCH_ARGS, e.g. BENCH_ARGS="--per-category 1 --configs target,ngram-auto" (see edgespec bench --help)
 bench: setup
 	$(BIN)/python -m pip install -q -e ".[bench]"
-	$(BIN)/python benchmarks/spec_bench.py
+	$(BIN)/edgespec bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -22,19 +22,23 @@ from .llama_backend import ContextOptions, LlamaModel
 from .models import DEFAULT_MODEL, resolve
 from .sampling import SamplingParams
 from .stats import GenerationStats
+from .tuning import Tuning, find_tuning
 
 __version__ = "0.1.0"
 
 
 def load(target: str | os.PathLike[str] = DEFAULT_MODEL, draft: str | os.PathLike[str] | None = None,
-         mode: str | None = None, gamma: int | str = "auto", n_ctx: int = 4096, device: str = "cpu",
-         n_threads: int | None = None, exact_numerics: bool = True) -> Engine:
+         mode: str | None = None, gamma: int | str | None = None, n_ctx: int = 4096, device: str = "cpu",
+         n_threads: int | None = None, exact_numerics: bool = True, tuning: bool = True) -> Engine:
     """Load a target model (a name such as ``smollm2-135m:q8_0`` or a GGUF path) and its drafters.
 
     ``mode`` is the default drafter: ``ngram`` (prompt lookup, no second model), ``draft`` (needs
     ``draft=``, a GGUF with the target's vocabulary) or ``none``. ``gamma`` is ``"auto"`` (chosen each
     step from measured costs and acceptance) or a fixed number of draft tokens. ``exact_numerics``
     keeps logits batch-invariant, which greedy losslessness depends on (README, "Exact numerics").
+    With ``tuning`` (default), what ``edgespec tune`` measured for these files, threads and device
+    replaces the start-up calibration, and its chosen mode and γ are the defaults (None) of ``mode``
+    and ``gamma``; without a tuning file they are n-gram (or draft) and ``"auto"``.
     """
     options = ContextOptions(n_ctx=n_ctx, n_threads=n_threads, device=device, exact_numerics=exact_numerics)
     target_model = LlamaModel(resolve(target), options)
@@ -44,7 +48,12 @@ def load(target: str | os.PathLike[str] = DEFAULT_MODEL, draft: str | os.PathLik
         target_model.close()
         raise
     try:
-        return Engine(target_model, draft_model, mode=mode, gamma=gamma)
+        tuned = (find_tuning(target_model.path, draft_model.path if draft_model else None, target_model.n_threads,
+                             device) if tuning and exact_numerics else None)
+        if tuned is not None:
+            mode = mode or tuned.mode
+            gamma = tuned.gamma if gamma is None else gamma
+        return Engine(target_model, draft_model, mode=mode, gamma="auto" if gamma is None else gamma, tuning=tuned)
     except BaseException:
         target_model.close()
         if draft_model is not None:
@@ -55,5 +64,5 @@ def load(target: str | os.PathLike[str] = DEFAULT_MODEL, draft: str | os.PathLik
 __all__ = [
     "DEFAULT_MODEL", "MODES", "Completion", "ContextOptions", "ContextOverflowError", "EdgespecError",
     "Engine", "GenerationStats", "InvalidParameterError", "LlamaModel", "ModelLoadError", "SamplingParams",
-    "StreamChunk", "VocabMismatchError", "load",
+    "StreamChunk", "Tuning", "VocabMismatchError", "load",
 ]

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from export.cli import add_export_command
 from export.manifest import exported
 
+from .bench.cli import add_bench_commands
 from .engine import Engine, collect
 from .errors import EdgespecError
 from .models import DEFAULT_MODEL, cache_dir, families
@@ -28,9 +29,11 @@ def _stats_line(s: GenerationStats) -> str:
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name (see `edgespec models`) or GGUF path")
-    p.add_argument("--draft", default="ngram",
-                   help="'ngram' (prompt lookup), 'none' (target alone) or a draft GGUF path/model name")
-    p.add_argument("--gamma", default="auto", help="'auto' or a fixed number of draft tokens per step")
+    p.add_argument("--draft", default=None,
+                   help="'ngram' (prompt lookup), 'none' (target alone) or a draft GGUF path/model name "
+                        "(default: what `edgespec tune` chose, else ngram)")
+    p.add_argument("--gamma", default=None,
+                   help="'auto' or a fixed number of draft tokens per step (default: tuned, else auto)")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "metal"])
@@ -133,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.set_defaults(func=_models)
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)
+    add_bench_commands(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")

@@ -21,6 +21,7 @@ from .llama_backend import LlamaModel
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
+from .tuning import Tuning
 from .verify import verify_greedy, verify_sampled
 
 MODES = ("ngram", "draft", "none")
@@ -52,8 +53,9 @@ class Engine:
     """A target model plus its drafters, sharing one KV arena. Create it with ``edgespec.load``."""
 
     def __init__(self, target: LlamaModel, draft: LlamaModel | None = None, mode: str | None = None,
-                 gamma: int | str = "auto") -> None:
+                 gamma: int | str = "auto", tuning: Tuning | None = None) -> None:
         self.target = target
+        self.tuning = tuning  # from `edgespec tune`: replaces the start-up calibration and seeds the controller
         self.draft_model = draft
         caches = {"target": target}
         if draft is not None:
@@ -210,13 +212,17 @@ class Engine:
     # -- setup ----------------------------------------------------------------------------------------
     def _get_controller(self) -> GammaController:
         if self._controller is None:
-            self._controller = GammaController(self.calibrate())
+            t = self.tuning
+            self._controller = (GammaController(self.calibrate()) if t is None else
+                                GammaController(t.curve(), t.acceptance, t.draft_cost_s, t.overhead_s))
         return self._controller
 
-    def calibrate(self) -> CostCurve:
-        """Measure what one target pass over k tokens costs on this machine, k = 1..MAX_GAMMA+1."""
+    def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
+                  context: Sequence[int] | None = None) -> CostCurve:
+        """Measure what one target pass over k tokens costs on this machine, k = 1..MAX_GAMMA+1, after
+        ``context`` (default: a ~100-token text; passes get dearer as the context grows)."""
         arena = self.arena
-        arena.reset(self.tokenize(_CALIBRATION_TEXT))
+        arena.reset(list(context) if context is not None else self.tokenize(_CALIBRATION_TEXT))
         arena.extend("target", [], 1)
         filler = arena.tokens[-1]
 
@@ -224,7 +230,7 @@ class Engine:
             arena.extend("target", [filler] * k, k)
             arena.commit([])  # rolls the k tokens back
 
-        return CostCurve.measure(run)
+        return CostCurve.measure(run, rounds, statistic)
 
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:

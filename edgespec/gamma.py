@@ -46,8 +46,11 @@ class CostCurve:
     scale: float  # seconds for k = 1
 
     @classmethod
-    def measure(cls, run: Callable[[int], None], rounds: int = 3) -> CostCurve:
-        """Time ``run(k)`` (one target pass over k tokens, rolled back after) for every k, interleaved."""
+    def measure(cls, run: Callable[[int], None], rounds: int = 3,
+                statistic: Callable[[list[float]], float] = np.median) -> CostCurve:
+        """Time ``run(k)`` (one target pass over k tokens, rolled back after) for every k, interleaved.
+
+        The median resists a busy moment; ``np.min`` gives the fastest pass seen (for bounds)."""
         samples: list[list[float]] = [[] for _ in range(MAX_GAMMA + 2)]
         run(1)  # warm-up
         for _ in range(rounds):
@@ -55,7 +58,7 @@ class CostCurve:
                 t = time.perf_counter()
                 run(k)
                 samples[k].append(time.perf_counter() - t)
-        seconds = np.array([np.median(s) if s else np.nan for s in samples])
+        seconds = np.array([statistic(s) if s else np.nan for s in samples])
         return cls(shape=seconds / seconds[1], scale=float(seconds[1]))
 
     def seconds(self, k: int) -> float:
@@ -92,14 +95,20 @@ class _Acceptance:
 class GammaController:
     """Picks γ per step and learns from every step's outcome."""
 
-    def __init__(self, curve: CostCurve) -> None:
+    def __init__(self, curve: CostCurve, priors: dict[str, list[float]] | None = None,
+                 draft_costs: dict[str, float] | None = None, overhead: float = 0.0) -> None:
+        """``priors`` (per drafter, acceptance per draft position), ``draft_costs`` and ``overhead`` seed what
+        would otherwise be learned from scratch: ``edgespec tune`` measures them (edgespec/tuning.py)."""
         self.curve = curve
+        # Positions beyond those measured take the last measured rate.
+        self._priors = {name: np.array([*p, *[p[-1]] * MAX_GAMMA][:MAX_GAMMA], dtype=float)
+                        for name, p in (priors or {}).items() if p}
         self._pooled: dict[str, _Acceptance] = {}
         self._keyed: dict[tuple[str, int, bool], _Acceptance] = {}
         self._streak: dict[str, bool] = {}  # per drafter: was its last verified draft accepted whole?
         self._declined: dict[tuple[str, int, bool], int] = {}
-        self._draft_cost: dict[str, float] = {}  # seconds per drafted token, per drafter
-        self._overhead = 0.0  # seconds per step outside drafting and verifying
+        self._draft_cost: dict[str, float] = dict(draft_costs or {})  # seconds per drafted token, per drafter
+        self._overhead = overhead  # seconds per step outside drafting and verifying
         self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
         self._seconds = 0.0
 
@@ -111,7 +120,8 @@ class GammaController:
 
     def acceptance(self, drafter: str, key: int) -> np.ndarray:
         pooled = self._pooled.get(drafter)
-        prior = pooled.rates(_PRIOR) if pooled else _PRIOR
+        base = self._priors.get(drafter, _PRIOR)
+        prior = pooled.rates(base) if pooled else base
         keyed = self._keyed.get(self._key(drafter, key))
         return keyed.rates(prior) if keyed else prior
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 import edgespec
 from edgespec.engine import Engine
 from tests.live import LiveServer
+
+# A developer's `edgespec tune` must not change what the tests check (mode, γ); tests/test_tune.py turns it on.
+os.environ["EDGESPEC_TUNING"] = "off"
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 

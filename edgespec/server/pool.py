@@ -18,19 +18,20 @@ class ModelNotFoundError(EdgespecError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load, as on the command line: ``draft`` is ``ngram``, ``none`` or a draft model name/path."""
+    """What to load, as on the command line: ``draft`` is ``ngram``, ``none`` or a draft model name/path;
+    None (and ``gamma`` None) take what ``edgespec tune`` chose, else n-gram lookup with γ auto."""
 
     model: str
-    draft: str = "ngram"
+    draft: str | None = None
     mode: str | None = None  # the default mode; None: "draft" with a draft model, else what --draft says
-    gamma: int | str = "auto"
+    gamma: int | str | None = None
     ctx: int = 4096
     threads: int | None = None
     device: str = "cpu"
     fast_numerics: bool = False
 
     def load_engine(self) -> Engine:
-        has_draft = self.draft not in ("ngram", "none")
+        has_draft = self.draft not in (None, "ngram", "none")
         return load(self.model, draft=self.draft if has_draft else None,
                     mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
                     n_ctx=self.ctx, n_threads=self.threads, device=self.device,

@@ -1,0 +1,102 @@
+"""``edgespec bench`` and ``edgespec tune``, registered into the main parser. Imports stay light here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from pathlib import Path
+
+from .configs import CONFIGS, DEFAULT_CONFIGS
+from .questions import DEFAULT_QUESTIONS, BenchError
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def add_bench_commands(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="Spec-Bench: edgespec's modes against the peers, interleaved, with plots",
+                       description="Plays Spec-Bench questions (multi-turn ones as conversations) through every "
+                                   "configuration, each in its own process, interleaved question by question; "
+                                   "greedy. Prints a table, writes JSON and PNG plots.")
+    b.add_argument("--questions", default=str(DEFAULT_QUESTIONS),
+                   help="Spec-Bench question.jsonl (default: %(default)s)")
+    b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
+    b.add_argument("--per-category", type=_positive, default=3, help="questions per category (default: %(default)s)")
+    b.add_argument("--limit", type=_positive, default=None, help="at most this many questions in all")
+    b.add_argument("--max-tokens", type=_positive, default=256)
+    b.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help=f"comma-separated, from: {', '.join(CONFIGS)} (default: %(default)s)")
+    b.add_argument("--model", default="smollm2-135m", help="target model name or GGUF path, shared by the peers")
+    b.add_argument("--threads", type=_positive, default=None, help="threads for every configuration (default: "
+                                                                   "physical cores)")
+    b.add_argument("--ctx", type=_positive, default=4096)
+    b.add_argument("--seed", type=int, default=0, help="orders configurations within each question; seeds peers")
+    b.add_argument("--ort-genai-model", default=None, help="onnxruntime-genai model folder (ortg-* configs)")
+    b.add_argument("--onnx-model", default=None, help="edgespec ONNX model folder (onnx-* configs)")
+    b.add_argument("--out", default="benchmarks/results", help="where JSON and PNGs go (default: %(default)s)")
+    b.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    b.set_defaults(func=_bench)
+
+    t = sub.add_parser("tune", help="measure this machine for a model and store the best mode and γ policy",
+                       description="Measures the verify-cost curve, draft costs and acceptance on a short fixed "
+                                   "calibration set (not Spec-Bench), runs the candidate policies on it, and stores "
+                                   "the best; edgespec.load then uses it by default for this model file, thread "
+                                   "count and device.")
+    t.add_argument("model", nargs="?", default="smollm2-135m", help="model name or GGUF path")
+    t.add_argument("--draft", default=None, help="also consider a draft model (name or GGUF path)")
+    t.add_argument("--threads", type=_positive, default=None, help="(default: physical cores)")
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda", "metal"])
+    t.add_argument("--quick", action="store_true", help="a CI-sized run (~half a minute) instead of a few minutes")
+    t.add_argument("--show", action="store_true", help="print the stored tuning instead of measuring")
+    t.add_argument("--json", action="store_true", help="print the tuning as JSON")
+    t.set_defaults(func=_tune)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .report import bandwidth_bounds, summarize, table
+    from .run import BenchArgs, run
+
+    bench_args = BenchArgs(
+        questions=args.questions, categories=args.categories.split(",") if args.categories else None,
+        per_category=args.per_category, limit=args.limit, max_tokens=args.max_tokens,
+        configs=tuple(n for n in args.configs.split(",") if n), model=args.model, threads=args.threads,
+        ctx=args.ctx, seed=args.seed, ort_genai_model=args.ort_genai_model, onnx_model=args.onnx_model)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = run(bench_args)
+    result["summary"] = summarize(result)
+    from .bandwidth import bytes_per_token, measure_bandwidth
+
+    result["bandwidth"] = bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),
+                                           bytes_per_token(result["setup"]["model"]))
+    print(table(result))
+    stem = out_dir / f"spec_bench-{datetime.fromisoformat(result['date']).strftime('%Y%m%dT%H%M%S')}"
+    result["plots"] = [] if args.no_plots else _plots(result, stem)
+    for r in result["records"]:  # token ids make the file large; their comparisons are kept
+        r["n_tokens"] = len(r.pop("tokens"))
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {stem.with_suffix('.json')}" + "".join(f", {p}" for p in result["plots"]))
+    return 0
+
+
+def _plots(result: dict, stem: Path) -> list[str]:
+    from .plots import plot
+
+    try:
+        return plot(result, stem)
+    except ModuleNotFoundError as e:
+        raise BenchError(f"plots need matplotlib ({e.name} is missing): pip install 'edgespec[bench]', "
+                         "or pass --no-plots") from e
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .tune import show, tune
+
+    if args.show:
+        return show(args.model, args.draft, args.threads, args.device, args.json)
+    return tune(args.model, args.draft, args.threads, args.device, args.quick, args.json)

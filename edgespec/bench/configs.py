@@ -1,0 +1,112 @@
+"""Benchmark configurations as data: a name, which runner builds it, and that runner's options.
+
+A runner (``RUNNERS``) is a module with ``open_runner(options, setup) -> Runner`` (see ``worker.py``),
+imported only inside the worker process of a configuration that uses it. Adding a configuration is one
+entry here; adding an engine is one runner module and one line in ``RUNNERS``. An option value ``"@name"``
+is replaced by the run option ``name`` (e.g. ``--onnx-model``): configurations that name one the user did
+not give are skipped, not failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .questions import BenchError
+
+RUNNERS = {
+    "edgespec": "edgespec.bench.peers.native",
+    "llama-cpp-python": "edgespec.bench.peers.lcpp",
+    "transformers": "edgespec.bench.peers.hf",
+    "onnxruntime-genai": "edgespec.bench.peers.ort_genai",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    runner: str  # a key of RUNNERS
+    options: dict[str, object] = field(default_factory=dict)
+    baseline: str = "target"  # speed ratios are against this configuration of the same run
+    # The output it must equal to count as lossless (None: the baseline). A plain decoder is its own
+    # reference: its "lossless" is empty, and "same as baseline" says whether its numerics match edgespec's.
+    reference: str | None = None
+    description: str = ""
+
+    @property
+    def lossless_reference(self) -> str:
+        return self.reference or self.baseline
+
+    def needs(self) -> list[str]:
+        """Run options (``@name`` values) this configuration cannot run without."""
+        return [v[1:] for v in self.options.values() if isinstance(v, str) and v.startswith("@")]
+
+    def resolved_options(self, run_options: dict[str, object]) -> dict[str, object]:
+        return {k: run_options[v[1:]] if isinstance(v, str) and v.startswith("@") else v
+                for k, v in self.options.items()}
+
+
+# Peers are compared for losslessness with their own plain greedy output too (reference), because their
+# numerics differ from edgespec's: "same as baseline" and "lossless" are separate columns.
+CONFIGS = {c.name: c for c in [
+    Config("target", "edgespec", {"mode": "none"}, description="edgespec, target alone"),
+    Config("ngram-auto", "edgespec", {"mode": "ngram"}, description="edgespec, n-gram lookup, γ auto"),
+    Config("ngram-g4", "edgespec", {"mode": "ngram", "gamma": 4}, description="edgespec, n-gram lookup, γ = 4"),
+    Config("tuned", "edgespec", {"tuned": True}, description="edgespec with what `edgespec tune` chose"),
+    Config("target-q8", "edgespec", {"model": "smollm2-135m:q8_0", "mode": "none"}, baseline="target-q8",
+           description="edgespec, Q8_0 target alone"),
+    Config("draft-auto", "edgespec", {"model": "smollm2-135m:q8_0", "draft": "smollm2-135m:q4_0", "mode": "draft"},
+           baseline="target-q8", description="edgespec, Q8_0 target, Q4_0 draft model, γ auto"),
+    Config("lcpp-plain", "llama-cpp-python", {}, reference="lcpp-plain", description="llama-cpp-python Llama.generate"),
+    Config("lcpp-pld", "llama-cpp-python", {"prompt_lookup": 10}, reference="lcpp-plain",
+           description="llama-cpp-python LlamaPromptLookupDecoding(num_pred_tokens=10)"),
+    Config("hf-plain", "transformers", {}, reference="hf-plain",
+           description="transformers generate, weights dequantized to F32"),
+    Config("hf-pld", "transformers", {"prompt_lookup_num_tokens": 10}, reference="hf-plain",
+           description="transformers generate(prompt_lookup_num_tokens=10)"),
+    # Not in the defaults: measured here at ~0.15× hf-plain (τ ≈ 1.06 with 12 or 20 of SmolLM2's 30 layers,
+    # 1.5 with 26), it would add about an hour to a default run.
+    Config("hf-early-exit", "transformers", {"assistant_early_exit": 20}, reference="hf-plain",
+           description="transformers generate(assistant_early_exit=20): the first 20 layers draft"),
+    Config("ortg-plain", "onnxruntime-genai", {"model_dir": "@ort_genai_model"}, reference="ortg-plain",
+           description="onnxruntime-genai on an exported genai model"),
+    Config("ortg-ngram", "onnxruntime-genai", {"model_dir": "@ort_genai_model", "ngram_size": 3,
+                                               "max_draft_tokens": 8}, reference="ortg-plain",
+           description="onnxruntime-genai speculative n-gram decoding"),
+    # edgespec's own ONNX Runtime backend: edgespec.load(onnx_dir, mode=...) (the `ort` branch).
+    Config("onnx-target", "edgespec", {"model": "@onnx_model", "mode": "none"}, baseline="onnx-target",
+           description="edgespec ONNX backend, target alone"),
+    Config("onnx-ngram", "edgespec", {"model": "@onnx_model", "mode": "ngram"}, baseline="onnx-target",
+           description="edgespec ONNX backend, n-gram lookup, γ auto"),
+]}
+DEFAULT_CONFIGS = ("target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld", "ortg-plain",
+                   "ortg-ngram")
+
+
+def select(names: list[str], run_options: dict[str, object]) -> tuple[list[Config], dict[str, str]]:
+    """The configurations to run (baselines and references added first), and those skipped with the reason."""
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise BenchError(f"unknown configurations {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    chosen: list[str] = []
+    skipped: dict[str, str] = {}
+
+    def add(name: str) -> bool:
+        if name in chosen:
+            return True
+        config = CONFIGS[name]
+        missing = [n for n in config.needs() if not run_options.get(n)]
+        if missing:
+            skipped[name] = f"needs --{missing[0].replace('_', '-')}"
+            return False
+        for dep in dict.fromkeys((config.baseline, config.lossless_reference)):
+            if dep != name and not add(dep):
+                skipped[name] = f"its baseline/reference {dep} is skipped ({skipped[dep]})"
+                return False
+        chosen.append(name)
+        return True
+
+    for name in names:
+        add(name)
+    if not chosen:
+        raise BenchError(f"no configuration can run: {'; '.join(f'{k} {v}' for k, v in skipped.items())}")
+    return [CONFIGS[n] for n in chosen], skipped

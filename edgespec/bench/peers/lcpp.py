@@ -1,0 +1,62 @@
+"""llama-cpp-python's own high-level API: ``Llama.generate``, optionally with ``LlamaPromptLookupDecoding``.
+
+Everything is llama-cpp-python's default except the thread count (the run's) and the weight layout: the
+repacked/AMX layouts crashed on this project's Xeon, so they are off, as in edgespec.
+"""
+
+from __future__ import annotations
+
+import time
+
+import llama_cpp
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+from ..worker import Result, Setup, cut_at_eog
+
+
+class LlamaCppRunner:
+    def __init__(self, options: dict[str, object], setup: Setup) -> None:
+        default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+        def plain_layouts() -> llama_cpp.llama_model_params:
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama_cpp.llama_model_default_params = plain_layouts  # read by Llama.__init__
+        n_pred = options.get("prompt_lookup")
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=int(n_pred)) if n_pred else None  # type: ignore[arg-type]
+        # logits_all: with a draft model and without it, prompts longer than n_batch fail.
+        self.llm = llama_cpp.Llama(setup.model, n_ctx=setup.n_ctx, n_threads=setup.threads,
+                                   n_threads_batch=setup.threads, draft_model=draft, logits_all=draft is not None,
+                                   seed=setup.seed, verbose=False)
+        self.setup = setup
+        self.generate([1, 504, 3458, 282], 2)  # warm-up
+
+    def info(self) -> dict[str, object]:
+        return {"engine": f"llama-cpp-python {llama_cpp.__version__}", "model_file": self.setup.model}
+
+    def verify_curve(self) -> None:
+        return None  # its passes are not exposed
+
+    def generate(self, tokens: list[int], max_tokens: int) -> Result:
+        start = time.perf_counter()
+        first_at = start
+        out: list[int] = []
+        for token in self.llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                       reset=True):
+            if not out:
+                first_at = time.perf_counter()
+            out.append(token)
+            if token in self.setup.eog or len(out) == max_tokens:
+                break
+        end = time.perf_counter()
+        return Result(tokens=cut_at_eog(out, self.setup.eog, max_tokens), ttft_s=first_at - start,
+                      decode_s=end - first_at)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def open_runner(options: dict[str, object], setup: Setup) -> LlamaCppRunner:
+    return LlamaCppRunner(options, setup)

@@ -1,0 +1,61 @@
+"""edgespec itself: ``edgespec.load`` with a configuration's mode, γ and model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import edgespec
+from edgespec.errors import EdgespecError
+from edgespec.gamma import MAX_GAMMA
+
+from ..worker import Result, Setup
+
+_WARM_UP = [1, 504, 3458, 282]
+
+
+class NativeRunner:
+    def __init__(self, options: dict[str, object], setup: Setup) -> None:
+        tuned = bool(options.get("tuned"))
+        self.model = str(options.get("model") or setup.model)  # a GGUF, or an ONNX folder for that backend
+        self.engine = edgespec.load(self.model, draft=options.get("draft"),
+                                    mode=None if tuned else str(options.get("mode", "none")),
+                                    gamma=None if tuned else options.get("gamma", "auto"),  # type: ignore[arg-type]
+                                    n_ctx=setup.n_ctx, n_threads=setup.threads, tuning=tuned)
+        if tuned and self.engine.tuning is None:
+            raise EdgespecError("no tuning for this model, thread count and device: run `edgespec tune` first")
+        self.engine.generate(_WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing
+
+    def info(self) -> dict[str, object]:
+        e = self.engine
+        return {"engine": f"edgespec {edgespec.__version__}", "mode": e.mode, "gamma": e.gamma,
+                "tuned": e.tuning is not None, "model_file": str(getattr(e.target, "path", self.model))}
+
+    def verify_curve(self) -> dict[str, float]:
+        # The fastest pass seen for each k, after a 2-token context (longer contexts only cost more): the cost
+        # curve that bounds what this engine could achieve.
+        curve = self.engine.calibrate(rounds=3, statistic=np.min, context=_WARM_UP[:2])
+        return {str(k): v for k, v in curve.as_dict().items()}
+
+    def generate(self, tokens: list[int], max_tokens: int) -> Result:
+        out: list[int] = []
+        hist = [0] * (MAX_GAMMA + 1)
+        first = True
+        for chunk in self.engine.stream(tokens, max_tokens=max_tokens):
+            out.extend(chunk.tokens)
+            if not first:  # every chunk after the first is one verify step
+                hist[chunk.drafted] += 1
+            first = False
+            stats = chunk.stats
+        assert stats is not None  # the last chunk carries the stats
+        return Result(tokens=out, ttft_s=stats.prefill_s, decode_s=stats.decode_s, steps=stats.steps,
+                      drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist,
+                      position_trials=stats.position_trials, position_accepts=stats.position_accepts,
+                      draft_s=stats.draft_s, verify_s=stats.verify_s,
+                      model_draft_s=stats.draft_s if stats.mode == "draft" else 0.0)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def open_runner(options: dict[str, object], setup: Setup) -> NativeRunner:
+    return NativeRunner(options, setup)

@@ -1,0 +1,64 @@
+"""onnxruntime-genai on a model folder in its own format (genai_config.json + ONNX), plain or with its
+speculative n-gram decoding. The prompt goes in as the run's token ids; greedy search; the run's threads."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..worker import Result, Setup, cut_at_eog
+
+
+class OrtGenaiRunner:
+    def __init__(self, options: dict[str, object], setup: Setup) -> None:
+        import onnxruntime_genai as og
+
+        self.og, self.setup, self.model_dir = og, setup, str(options["model_dir"])
+        config = og.Config(self.model_dir)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": setup.threads, "inter_op_num_threads": 1}}}}))
+        self.model = og.Model(config)
+        self.speculative = {k: options[k] for k in ("ngram_size", "max_draft_tokens") if k in options}
+        self.generate([1, 504, 3458, 282], 2)  # warm-up
+
+    def info(self) -> dict[str, object]:
+        return {"engine": f"onnxruntime-genai {self.og.__version__}", "model_file": self.model_dir}
+
+    def verify_curve(self) -> None:
+        return None  # its passes are not exposed
+
+    def generate(self, tokens: list[int], max_tokens: int) -> Result:
+        og = self.og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(tokens) + max_tokens, batch_size=1)
+        if self.speculative:
+            params.set_speculative_options(**self.speculative)
+        start = time.perf_counter()
+        generator = og.Generator(self.model, params)
+        generator.append_tokens(tokens)
+        out: list[int] = []
+        first_at, first = start, 0
+        while not generator.is_done() and len(out) < max_tokens:
+            generator.generate_next_token()
+            new = [int(t) for t in generator.get_next_tokens()]
+            if not out:
+                first_at, first = time.perf_counter(), len(new)
+            out.extend(new)
+            if any(t in self.setup.eog for t in new):
+                break
+        end = time.perf_counter()
+        tokens = cut_at_eog(out, self.setup.eog, max_tokens)
+        result = Result(tokens=tokens, ttft_s=first_at - start, decode_s=end - first_at,
+                        first_tokens=min(first, len(tokens)))
+        if self.speculative:
+            stats = generator.get_speculative_stats()
+            result.drafted, result.accepted = stats["draft_tokens_evaluated"], stats["draft_tokens_accepted"]
+            result.extra["speculative_stats"] = stats
+        return result
+
+    def close(self) -> None:
+        del self.model
+
+
+def open_runner(options: dict[str, object], setup: Setup) -> OrtGenaiRunner:
+    return OrtGenaiRunner(options, setup)

@@ -1,0 +1,81 @@
+"""PNG plots of a run: speed-up per category per configuration, acceptance per draft position, and the
+measured verify-cost curves against batch size. matplotlib is imported here only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .report import OVERALL
+
+
+def plot(result: dict, stem: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = result["summary"]
+    configs = {c["name"]: c for c in result["configs"]}
+    paths = []
+
+    # 1. Decode speed-up per category, each configuration against its baseline.
+    categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
+    compared = [n for n in summary if configs[n]["baseline"] != n]
+    fig, ax = plt.subplots(figsize=(max(8, len(categories) * 1.1), 5))
+    width = 0.8 / max(len(compared), 1)
+    for i, name in enumerate(compared):
+        ax.bar([j + i * width for j in range(len(categories))],
+               [summary[name].get(cat, {}).get("speedup") or 0 for cat in categories], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=45, ha="right")
+    ax.set_ylabel("decode speed-up vs its target-only baseline")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, stem, "speedup"))
+
+    # 2. Acceptance per draft position, where the engine reports it.
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in summary:
+        rs = [r for r in result["records"] if r["config"] == name and r["position_trials"]]
+        if not rs:
+            continue
+        trials = [sum(r["position_trials"][j] for r in rs) for j in range(len(rs[0]["position_trials"]))]
+        accepts = [sum(r["position_accepts"][j] for r in rs) for j in range(len(trials))]
+        xs = [j for j, t in enumerate(trials) if t >= 5]
+        if xs:
+            ax.plot([j + 1 for j in xs], [accepts[j] / trials[j] for j in xs], marker="o", label=name)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accepted | all before accepted)")
+    ax.set_ylim(0, 1)
+    if ax.get_lines():
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no configuration drafted", ha="center", transform=ax.transAxes)
+    paths.append(_save(fig, stem, "acceptance"))
+
+    # 3. Verify-cost curves: one per model file measured (configurations on one file measure the same).
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    seen = set()
+    for name, info in result["workers"].items():
+        curve = info.get("verify_curve")
+        if not curve or info.get("model_file") in seen:
+            continue
+        seen.add(info.get("model_file"))
+        ks = sorted(curve, key=int)
+        ax.plot([int(k) for k in ks], [curve[k] * 1000 for k in ks], marker="o",
+                label=f"{Path(str(info.get('model_file'))).name} ({name})")
+    ax.set_xlabel("tokens in one target pass (γ + 1)")
+    ax.set_ylabel("ms per pass (fastest seen)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, stem, "verify_cost"))
+    return paths
+
+
+def _save(fig: object, stem: Path, what: str) -> str:
+    path = stem.with_name(f"{stem.name}-{what}.png")
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=90)  # type: ignore[attr-defined]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # type: ignore[arg-type]
+    return str(path)

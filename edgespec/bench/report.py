@@ -1,0 +1,138 @@
+"""From raw records to the summary: per configuration and category (and overall) the speeds, latencies,
+acceptance, time split, memory, ratios against the baseline, losslessness, and the bounds beside them.
+
+Bounds (where the time goes):
+- ``bound_tok_s``: what the configuration would decode if the engine's own overhead were zero — its
+  observed γ sequence (steps by number of draft tokens) priced with its own measured verify-cost curve
+  (the fastest pass seen for each batch size), plus draft-model compute. Only engines with a curve.
+- ``verify_only_tok_s``: the same with the run's actual verify (and draft-model) time: the overhead-free
+  rate at this run's contexts.
+- ``bandwidth_bound_tok_s`` (per category, for plain decoding): measured memory bandwidth / bytes read per
+  token (weights + KV cache at the category's mean context).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+OVERALL = "overall"
+
+
+def _curve_seconds(hist: list[int], curve: dict[str, float]) -> float:
+    return sum(n * curve[str(g + 1)] for g, n in enumerate(hist) if n)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _group(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        groups[r["config"]][r["category"]].append(r)
+        groups[r["config"]][OVERALL].append(r)
+    return groups
+
+
+def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str, object]:
+    decoded = sum(max(len(r["tokens"]) - r["first_tokens"], 0) for r in rs)  # after the first token (step)
+    generated = sum(len(r["tokens"]) for r in rs)
+    decode_s = sum(r["decode_s"] for r in rs)
+    e2e_s = decode_s + sum(r["ttft_s"] for r in rs)
+    has = {k: all(r[k] is not None for r in rs) for k in ("steps", "drafted", "draft_s", "gamma_hist")}
+    steps = sum(r["steps"] for r in rs) if has["steps"] else None
+    drafted = sum(r["drafted"] for r in rs) if has["drafted"] else None
+    draft_s = sum(r["draft_s"] for r in rs) if has["draft_s"] else None
+    verify_s = sum(r["verify_s"] for r in rs) if has["draft_s"] else None
+    s: dict[str, object] = {
+        "generations": len(rs), "tokens": generated,
+        "decode_tok_s": decoded / decode_s if decode_s else 0.0,
+        "e2e_tok_s": generated / e2e_s if e2e_s else 0.0,
+        "e2e_latency_s": mean(r["ttft_s"] + r["decode_s"] for r in rs),
+        "ttft_s": mean(r["ttft_s"] for r in rs),
+        "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
+        "tau": decoded / steps if steps else None,
+        "gamma_mean": drafted / steps if drafted is not None and steps else None,
+        "draft_s": draft_s, "verify_s": verify_s,
+        "draft_share": draft_s / (draft_s + verify_s) if draft_s is not None and verify_s else None,
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+        "same_as_baseline": sum(r["same_as_baseline"] for r in rs),
+        "lossless": None if any(r["lossless"] is None for r in rs) else sum(r["lossless"] for r in rs),
+    }
+    model_draft_s = sum(r["model_draft_s"] for r in rs)
+    if curve is not None and has["gamma_hist"]:
+        bound_s = sum(_curve_seconds(r["gamma_hist"], curve) for r in rs) + model_draft_s
+        s["bound_tok_s"] = decoded / bound_s if bound_s else None
+    else:
+        s["bound_tok_s"] = None
+    s["verify_only_tok_s"] = decoded / (verify_s + model_draft_s) if verify_s else None
+    s["bound_fraction"] = _ratio(s["decode_tok_s"], s["bound_tok_s"])  # type: ignore[arg-type]
+    return s
+
+
+def summarize(result: dict) -> dict[str, dict[str, dict[str, object]]]:
+    configs = {c["name"]: c for c in result["configs"]}
+    groups = _group(result["records"])
+    summary = {name: {cat: _summarize_group(rs, result["workers"][name].get("verify_curve"))
+                      for cat, rs in by_cat.items()} for name, by_cat in groups.items()}
+    for name, by_cat in summary.items():
+        base = summary[configs[name]["baseline"]]
+        for cat, s in by_cat.items():
+            s["speedup"] = _ratio(s["decode_tok_s"], base[cat]["decode_tok_s"])  # type: ignore[arg-type]
+            s["speedup_e2e"] = _ratio(s["e2e_tok_s"], base[cat]["e2e_tok_s"])  # type: ignore[arg-type]
+            s["latency_ratio"] = _ratio(s["e2e_latency_s"], base[cat]["e2e_latency_s"])  # type: ignore[arg-type]
+    return summary
+
+
+def bandwidth_bounds(result: dict, bandwidth: float, per_token: dict[str, float]) -> dict[str, object]:
+    """Plain decoding's memory-bandwidth bound per category, at that category's mean context."""
+    contexts: dict[str, list[float]] = defaultdict(list)
+    for r in result["records"]:
+        ctx = r["prompt_tokens"] + len(r["tokens"]) / 2
+        contexts[r["category"]].append(ctx)
+        contexts[OVERALL].append(ctx)
+    by_cat = {}
+    for cat, ctxs in contexts.items():
+        bytes_ = per_token["weights"] + per_token["kv_per_context_token"] * mean(ctxs)
+        by_cat[cat] = {"mean_context": mean(ctxs), "bytes_per_token": bytes_, "bound_tok_s": bandwidth / bytes_}
+    return {"bandwidth_gb_s": bandwidth / 1e9, **{k: v for k, v in per_token.items()}, "by_category": by_cat}
+
+
+def _fmt(v: object, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(result: dict) -> str:
+    """The printed table: one block per configuration, one line per category. ``bound`` is the curve bound,
+    ``vonly`` the overhead-free rate with the run's actual passes, ``ach%`` decode tok/s as a share of bound."""
+    summary, bw = result["summary"], result.get("bandwidth")
+    categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
+    head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'lat s':>7}{'α':>6}{'τ':>6}"
+            f"{'γ':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
+    lines = [head]
+    for name, by_cat in summary.items():
+        for cat in categories:
+            s = by_cat.get(cat)
+            if s is None:
+                continue
+            draft_pct = None if s["draft_share"] is None else 100 * s["draft_share"]
+            ach = None if s["bound_fraction"] is None else 100 * s["bound_fraction"]
+            lossless = "-" if s["lossless"] is None else f"{s['lossless']}/{s['generations']}"
+            lines.append(
+                f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
+                f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{s['e2e_latency_s']:>7.2f}"
+                f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
+                f"{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
+                f"{_fmt(ach, '.0f'):>5}"
+                f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
+                f"{s['peak_rss_mb']:>7.0f}")
+        lines.append("")
+    if bw:
+        bound = bw["by_category"][OVERALL]["bound_tok_s"]
+        target = summary.get("target", {}).get(OVERALL)
+        reached = f"; target alone reaches {100 * target['decode_tok_s'] / bound:.0f}% of it" if target else ""
+        lines.append(f"memory bandwidth {bw['bandwidth_gb_s']:.1f} GB/s; plain decoding reads "
+                     f"{bw['weights'] / 1e6:.1f} MB of weights + {bw['kv_per_context_token'] / 1e3:.1f} kB per token "
+                     f"of context per token → bound {bound:.0f} tok/s overall{reached}")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""The benchmark run: every configuration in its own worker, questions interleaved, outputs cross-checked."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..engine import Engine
+from .configs import Config, select
+from .questions import load_questions
+from .worker import Setup, Worker
+
+SCHEMA = "edgespec-bench/1"
+_PACKAGES = ("edgespec", "llama-cpp-python", "numpy", "gguf", "torch", "transformers", "onnxruntime",
+             "onnxruntime-genai", "matplotlib")
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    questions: str
+    categories: list[str] | None = None
+    per_category: int | None = 3
+    limit: int | None = None
+    max_tokens: int = 256
+    configs: tuple[str, ...] = ()
+    model: str = "smollm2-135m"
+    threads: int | None = None
+    ctx: int = 4096
+    seed: int = 0
+    ort_genai_model: str | None = None
+    onnx_model: str | None = None
+
+
+def machine() -> dict[str, object]:
+    from ..llama_backend import physical_cores
+
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+    except OSError:
+        cpu = platform.processor()
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    return {"cpu": cpu, "physical_cores": physical_cores(), "platform": platform.platform(),
+            "python": platform.python_version(), "versions": versions}
+
+
+def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
+    """Play the questions through every configuration; the raw records plus what the workers reported."""
+    import edgespec
+
+    from ..llama_backend import physical_cores
+    from ..models import resolve
+
+    started = datetime.now(timezone.utc)
+    run_options = {"ort_genai_model": args.ort_genai_model, "onnx_model": args.onnx_model}
+    configs, skipped = select(list(args.configs), run_options)
+    for name, why in skipped.items():
+        log(f"skipping {name}: {why}")
+    questions = load_questions(args.questions, args.categories, args.per_category, args.limit)
+    model_path = resolve(args.model)
+    # The one tokenizer and chat template every configuration's prompts come from.
+    chat = edgespec.load(model_path, mode="none", gamma=0, n_ctx=64, n_threads=1, tuning=False)
+    eog = tuple(t for t in range(chat.target.n_vocab) if chat.target.is_eog(t))
+    setup = Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed)
+
+    workers: dict[str, Worker] = {}
+    try:
+        for c in configs:
+            log(f"starting {c.name} ({c.description})")
+            workers[c.name] = Worker(c, c.resolved_options(run_options), setup)
+        for w in workers.values():
+            w.wait_ready()
+        records = _play(questions, configs, workers, chat, args, log)
+        _fastest_curves({name: w.info for name, w in workers.items()},
+                        {name: w.verify_curve() for name, w in workers.items()})
+    finally:
+        for w in workers.values():
+            w.close()
+        chat.close()
+    return {"schema": SCHEMA, "date": started.isoformat(), "duration_s": (datetime.now(timezone.utc) -
+                                                                            started).total_seconds(),
+            "machine": machine(), "args": asdict(args), "setup": {**asdict(setup), "eog": list(eog)},
+            "configs": [asdict(c) for c in configs], "skipped": skipped,
+            "workers": {name: w.info for name, w in workers.items()}, "records": records}
+
+
+def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worker], chat: Engine,
+          args: BenchArgs, log: Callable[[str], None]) -> list[dict]:
+    """Question by question, turn by turn, every configuration in a seeded order that changes per question
+    (so none always runs right after another); each plays multi-turn questions as its own conversation."""
+    rng = random.Random(args.seed)
+    records: list[dict] = []
+    history: dict[str, dict] = {c.name: {} for c in configs}
+    for qi, q in enumerate(questions):
+        order = list(configs)
+        rng.shuffle(order)
+        t0 = time.perf_counter()
+        for turn, user in enumerate(q["turns"]):
+            outputs: dict[str, dict] = {}
+            for c in order:
+                messages = history[c.name].setdefault(q["question_id"], [])
+                messages.append({"role": "user", "content": user})
+                tokens = chat.chat_tokens(messages)
+                result = workers[c.name].generate(tokens, args.max_tokens)
+                messages.append({"role": "assistant", "content": chat.target.detokenize(result["tokens"])})
+                outputs[c.name] = {"config": c.name, "question_id": q["question_id"], "category": q["category"],
+                                   "turn": turn, "prompt_tokens": len(tokens), **result}
+            for c in configs:
+                r = outputs[c.name]
+                r["same_as_baseline"] = r["tokens"] == outputs[c.baseline]["tokens"]
+                reference = c.lossless_reference
+                r["lossless"] = None if reference == c.name else r["tokens"] == outputs[reference]["tokens"]
+                records.append(r)
+        log(f"  question {qi + 1}/{len(questions)} ({q['category']}, {len(q['turns'])} turns) "
+            f"{time.perf_counter() - t0:.1f} s")
+    return records
+
+
+def _fastest_curves(infos: dict[str, dict], end_curves: dict[str, dict[str, float] | None]) -> None:
+    """Each worker measured its verify-cost curve at its start and again at the end; the machine's load
+    drifts in between. A bound takes, per model file, the fastest pass any of them saw for each k."""
+    fastest: dict[str, dict[str, float]] = {}
+    for name, info in infos.items():
+        curves = [c for c in (info.get("verify_curve"), end_curves[name]) if c]
+        info["verify_curve_samples"] = curves
+        for curve in curves:
+            best = fastest.setdefault(str(info.get("model_file")), dict(curve))
+            for k, v in curve.items():
+                best[k] = min(best[k], v)
+    for info in infos.values():
+        if info["verify_curve_samples"]:
+            info["verify_curve"] = fastest[str(info.get("model_file"))]

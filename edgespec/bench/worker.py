@@ -1,0 +1,149 @@
+"""One process per configuration: its peak RSS is its own, and a peer's libraries never meet another's.
+
+The parent sends ``{"tokens", "max_tokens"}`` requests over a pipe; the worker answers each with one
+result dict (``Result``), or ``{"error": ...}``. ``None`` ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing as mp
+import resource
+import traceback
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from typing import Protocol
+
+from ..errors import EdgespecError
+from .configs import RUNNERS, Config
+from .questions import BenchError
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every configuration of a run shares: the same model file, context, threads, stop tokens, seed."""
+
+    model: str  # a GGUF path
+    threads: int
+    n_ctx: int
+    eog: tuple[int, ...]  # end-of-generation token ids: generation stops at the first, which is not output
+    seed: int
+
+
+@dataclass
+class Result:
+    """One generation. Fields a runner cannot observe stay None (e.g. a peer's acceptance)."""
+
+    tokens: list[int]
+    ttft_s: float  # request to first token: prefill plus one decode
+    decode_s: float  # first token to last
+    first_tokens: int = 1  # tokens that arrived with the first (a peer's first step may already speculate)
+    steps: int | None = None  # target passes after the first token
+    drafted: int | None = None
+    accepted: int | None = None
+    gamma_hist: list[int] | None = None  # steps by the number of draft tokens verified in them
+    position_trials: list[int] | None = None
+    position_accepts: list[int] | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+    model_draft_s: float = 0.0  # drafting time that is model compute (a draft model), not engine overhead
+    peak_rss_mb: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Runner(Protocol):
+    def info(self) -> dict[str, object]:
+        """Versions, ``model_file``, and what else the configuration should record."""
+
+    def verify_curve(self) -> dict[str, float] | None:
+        """{k: fastest seconds seen for one target pass over k tokens}, where the engine exposes its passes."""
+
+    def generate(self, tokens: list[int], max_tokens: int) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+def cut_at_eog(tokens: list[int], eog: tuple[int, ...], max_tokens: int) -> list[int]:
+    """Tokens up to (not including) the first end-of-generation token, at most ``max_tokens``."""
+    for i, t in enumerate(tokens):
+        if t in eog:
+            return tokens[:i][:max_tokens]
+    return tokens[:max_tokens]
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _error(e: Exception) -> dict[str, str]:
+    """What the parent reports: the message of a user-fixable error; the traceback of anything else (a bug)."""
+    if isinstance(e, EdgespecError):
+        return {"error": str(e), "traceback": ""}
+    return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
+
+def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connection) -> None:
+    try:
+        runner: Runner = importlib.import_module(RUNNERS[config.runner]).open_runner(options, setup)
+        conn.send({"ready": True, **runner.info(), "verify_curve": runner.verify_curve()})
+    except Exception as e:  # reported to the parent, which names the configuration
+        conn.send(_error(e))
+        return
+    while (request := conn.recv()) is not None:
+        try:
+            if request == "verify_curve":
+                conn.send({"verify_curve": runner.verify_curve()})
+                continue
+            result = runner.generate(request["tokens"], request["max_tokens"])
+        except Exception as e:
+            conn.send(_error(e))
+            return
+        result.peak_rss_mb = _peak_rss_mb()
+        conn.send(asdict(result))
+    runner.close()
+
+
+class Worker:
+    """The parent's handle on one configuration's process."""
+
+    def __init__(self, config: Config, options: dict[str, object], setup: Setup) -> None:
+        self.config = config
+        self._conn, child = mp.get_context("spawn").Pipe()
+        self._process = mp.get_context("spawn").Process(target=_main, args=(config, options, setup, child),
+                                                        daemon=True, name=f"bench-{config.name}")
+        self._process.start()
+        child.close()
+        self.info: dict = {}
+
+    def wait_ready(self) -> None:
+        """Workers load their models concurrently; this waits for this one's."""
+        self.info = self._receive()
+
+    def _receive(self) -> dict:
+        try:
+            message = self._conn.recv()
+        except EOFError:
+            raise BenchError(f"configuration {self.config.name}: its worker died "
+                             f"(exit code {self._process.exitcode})") from None
+        if "error" in message:
+            self.close()
+            raise BenchError(f"configuration {self.config.name}: {message['error']}\n{message['traceback']}".rstrip())
+        return message
+
+    def generate(self, tokens: list[int], max_tokens: int) -> dict:
+        self._conn.send({"tokens": tokens, "max_tokens": max_tokens})
+        return self._receive()
+
+    def verify_curve(self) -> dict[str, float] | None:
+        """Measure the verify-cost curve again (the machine's load drifts; bounds take the fastest seen)."""
+        self._conn.send("verify_curve")
+        return self._receive()["verify_curve"]
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(None)
+            self._process.join(timeout=30)
+            if self._process.is_alive():
+                self._process.kill()

@@ -1,0 +1,98 @@
+"""Per-machine tuning files: what ``edgespec tune`` measured, read back by ``edgespec.load``.
+
+A tuning belongs to one target file (and draft file, if any), one thread count and one device: the
+verify-cost curve and the best mode depend on all of them. Files are keyed by each model file's identity
+(resolved path, size, modification time), so re-quantizing or replacing a model invalidates its tuning.
+They live in ``$EDGESPEC_HOME/tuning`` (default ``~/.cache/edgespec/tuning``). ``EDGESPEC_TUNING=off``
+makes ``load`` ignore them (the tests do, so that a developer's tuning cannot change what they check), and
+so does ``exact_numerics=False``: tunings are measured with exact numerics, whose costs differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EdgespecError
+from .gamma import CostCurve
+from .models import cache_dir
+
+FORMAT = 1
+
+
+class TuningError(EdgespecError):
+    """A tuning file is unreadable or was written for another model, thread count or device."""
+
+
+def file_identity(path: str | os.PathLike[str]) -> dict[str, object]:
+    p = Path(path).resolve()
+    st = p.stat()
+    return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def tuning_key(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None, threads: int,
+               device: str) -> dict[str, object]:
+    return {"target": file_identity(target), "draft": file_identity(draft) if draft is not None else None,
+            "threads": threads, "device": device}
+
+
+def tuning_dir() -> Path:
+    return cache_dir().parent / "tuning"
+
+
+def tuning_path(key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    name = Path(str(key["target"]["path"])).stem  # type: ignore[index]
+    return tuning_dir() / f"{name}-{digest}.json"
+
+
+@dataclass
+class Tuning:
+    """The measurements and choice of one ``edgespec tune`` run."""
+
+    key: dict[str, object]
+    mode: str  # the default mode it chose: "none", "ngram" or "draft"
+    gamma: int | str  # "auto" or a fixed γ
+    curve_shape: list[float]  # index k: cost(k) / cost(1) (index 0 unused, stored as 0)
+    curve_scale: float  # seconds for one token
+    acceptance: dict[str, list[float]]  # per drafter: P(position j accepted | all before accepted)
+    draft_cost_s: dict[str, float]  # per drafter: seconds per drafted token
+    overhead_s: float  # seconds per step outside drafting and verifying
+    expected_speedup: float  # of the chosen policy over plain decoding, measured on the calibration set
+    details: dict[str, object] = field(default_factory=dict)  # candidates, calibration set, versions, date
+
+    def curve(self) -> CostCurve:
+        """A fresh cost curve (the controller refines its own copy online)."""
+        return CostCurve(shape=np.array(self.curve_shape, dtype=float), scale=self.curve_scale)
+
+    def save(self) -> Path:
+        path = tuning_path(self.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"format": FORMAT, **asdict(self)}, indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> Tuning:
+        try:
+            d = json.loads(path.read_text())
+            if d.pop("format", None) != FORMAT:
+                raise TuningError(f"{path} has another tuning format; run `edgespec tune` again")
+            return cls(**d)
+        except (OSError, ValueError, TypeError) as e:
+            raise TuningError(f"unreadable tuning file {path}: {e}") from e
+
+
+def find_tuning(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None, threads: int,
+                device: str) -> Tuning | None:
+    """The tuning for exactly this model file (and draft), thread count and device, if one was written."""
+    if os.environ.get("EDGESPEC_TUNING", "on").lower() in ("off", "0", "no"):
+        return None
+    path = tuning_path(tuning_key(target, draft, threads, device))
+    return Tuning.read(path) if path.exists() else None

@@ -1,0 +1,118 @@
+"""`edgespec bench`: a smoke benchmark on real models and real peers, checked for schema and consistency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgespec.bench.configs import CONFIGS, select
+from edgespec.bench.questions import BenchError, load_questions
+from edgespec.cli import main
+from tests.conftest import SPEC_BENCH
+
+_SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
+                 "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
+                 "bound_tok_s", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e", "latency_ratio"}
+
+
+def _bench(tmp_path: Path, *args: str) -> dict:
+    assert main(["bench", "--threads", "1", "--out", str(tmp_path), *args]) == 0
+    (path,) = tmp_path.glob("spec_bench-*.json")
+    return json.loads(path.read_text())
+
+
+def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2 questions, 16 tokens, 2 configurations: the JSON has every field, ratios and bounds are consistent."""
+    result = _bench(tmp_path, "--limit", "2", "--max-tokens", "16", "--configs", "target,ngram-g4")
+    printed = capsys.readouterr().out
+    assert "ngram-g4" in printed and "memory bandwidth" in printed
+
+    assert result["schema"] == "edgespec-bench/1"
+    assert result["machine"]["cpu"] and result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
+    assert result["args"]["max_tokens"] == 16 and result["args"]["limit"] == 2 and result["date"]
+    assert [c["name"] for c in result["configs"]] == ["target", "ngram-g4"]
+    questions = load_questions(SPEC_BENCH, limit=2)
+    turns = sum(len(q["turns"]) for q in questions)
+    assert len(result["records"]) == 2 * turns  # every turn of every question, for both configurations
+    assert all(0 < r["n_tokens"] <= 16 for r in result["records"])
+
+    summary = result["summary"]
+    categories = {q["category"] for q in questions} | {"overall"}
+    for name in ("target", "ngram-g4"):
+        assert set(summary[name]) == categories
+        for s in summary[name].values():
+            assert set(s) == _SUMMARY_KEYS
+            # edgespec is lossless: every output equals target-only decoding (the target is its own reference)
+            assert s["same_as_baseline"] == s["generations"]
+            assert s["lossless"] == (None if name == "target" else s["generations"])
+            # the bounds bound: achieved ≤ the verify-only rate (exact), ≤ the curve bound (itself measured: 3%)
+            assert s["decode_tok_s"] <= s["verify_only_tok_s"]
+            assert 0 < s["bound_fraction"] <= 1.03
+            assert s["decode_tok_s"] > 0 and s["ttft_s"] > 0 and s["peak_rss_mb"] > 50
+            assert s["e2e_latency_s"] > s["ttft_s"]
+    for s in summary["target"].values():
+        assert s["speedup"] == s["speedup_e2e"] == s["latency_ratio"] == 1.0
+        assert s["tau"] == 1.0 and s["gamma_mean"] == 0.0 and s["alpha"] is None
+    overall = summary["ngram-g4"]["overall"]
+    assert 0 < overall["gamma_mean"] <= 4 and overall["alpha"] is not None and overall["tau"] >= 1.0
+    assert overall["speedup"] == pytest.approx(overall["decode_tok_s"] / summary["target"]["overall"]["decode_tok_s"])
+
+    curve = result["workers"]["target"]["verify_curve"]
+    assert [int(k) for k in curve] == list(range(1, 18)) and all(v > 0 for v in curve.values())
+    bw = result["bandwidth"]
+    assert bw["bandwidth_gb_s"] > 0.5 and 50e6 < bw["weights"] < 100e6  # SmolLM2-135M Q4_0
+    assert bw["by_category"]["overall"]["bound_tok_s"] > 0
+    assert [Path(p).name.rsplit("-", 1)[1] for p in result["plots"]] == ["speedup.png", "acceptance.png",
+                                                                         "verify_cost.png"]
+    assert all(Path(p).stat().st_size > 10_000 for p in result["plots"])
+
+
+@pytest.mark.slow  # two transformers workers import torch and dequantize the GGUF: ~30 s quiet, 100 s loaded
+def test_transformers_peers(tmp_path: Path) -> None:
+    """transformers' plain greedy and prompt lookup on the same dequantized weights, prompts and threads."""
+    result = _bench(tmp_path, "--limit", "1", "--max-tokens", "8", "--configs", "hf-pld", "--no-plots")
+    assert [c["name"] for c in result["configs"]] == ["target", "hf-plain", "hf-pld"]  # baselines come along
+    hf = result["summary"]["hf-pld"]["overall"]
+    assert hf["decode_tok_s"] > 0 and hf["tau"] >= 1.0 and hf["bound_tok_s"] is None
+    assert result["workers"]["hf-plain"]["engine"].startswith("transformers 5")
+    # prompt lookup is lossless against transformers' own greedy output on these short answers
+    assert result["summary"]["hf-pld"]["overall"]["lossless"] == hf["generations"]
+
+
+def test_configs_skip_cleanly_without_their_model_folder() -> None:
+    configs, skipped = select(["target", "ortg-plain", "onnx-ngram"], {"ort_genai_model": None, "onnx_model": None})
+    assert [c.name for c in configs] == ["target"]
+    assert skipped == {"ortg-plain": "needs --ort-genai-model", "onnx-ngram": "needs --onnx-model"}
+    configs, _ = select(["ortg-ngram"], {"ort_genai_model": "/some/dir"})
+    assert [c.name for c in configs] == ["target", "ortg-plain", "ortg-ngram"]
+    assert configs[2].resolved_options({"ort_genai_model": "/some/dir"})["model_dir"] == "/some/dir"
+    assert all(c.runner in ("edgespec", "llama-cpp-python", "transformers", "onnxruntime-genai")
+               for c in CONFIGS.values())
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def bench(*args: str) -> int:
+        return main(["bench", "--out", str(tmp_path), *args])
+
+    assert bench("--questions", str(tmp_path / "missing.jsonl")) == 2
+    assert "question file not found" in capsys.readouterr().err
+    assert bench("--configs", "target,warp-drive") == 2
+    assert "unknown configurations warp-drive" in capsys.readouterr().err
+    assert bench("--categories", "poetry") == 2
+    assert "unknown categories poetry" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["hi"]}\n')
+    assert bench("--questions", str(bad)) == 2
+    assert "bad.jsonl:1: not a Spec-Bench question" in capsys.readouterr().err
+    with pytest.raises(BenchError):
+        load_questions(bad)
+
+
+def test_a_configuration_that_cannot_start_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tuned` without a tuning file (the tests ignore tuning files): a clear error, no traceback, no hang."""
+    assert main(["bench", "--out", str(tmp_path), "--limit", "1", "--max-tokens", "4", "--threads", "1",
+                 "--configs", "tuned"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration tuned: no tuning for this model" in err and "Traceback" not in err

@@ -1,0 +1,56 @@
+"""`edgespec tune --quick` on the default model writes a tuning file that edgespec.load then uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.cli import main
+from edgespec.tuning import tuning_dir
+
+
+def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # its own cache: the model is prepared there too
+    monkeypatch.setenv("EDGESPEC_TUNING", "on")
+    assert main(["tune", "--quick", "--threads", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (path,) = tuning_dir().glob("*.json")
+    assert report["path"] == str(path) and path.is_relative_to(tmp_path)
+    assert report["mode"] in ("none", "ngram") and report["expected_speedup"] > 0
+    candidates = report["details"]["candidates"]
+    assert {(c["mode"], c["gamma"]) for c in candidates} >= {("none", 0), ("ngram", "auto")}
+    assert all(c["identical"] == c["generations"] for c in candidates)  # greedy: every candidate is lossless
+    assert report["details"]["calibration_set"].endswith("(built-in, not from Spec-Bench)")
+
+    engine = edgespec.load(n_threads=1)
+    try:
+        tuned = engine.tuning
+        assert tuned is not None and tuned.key == report["key"]
+        assert engine.mode == tuned.mode and engine.gamma == tuned.gamma  # the defaults it chose
+        calibrations = []
+        calibrate = engine.calibrate
+        engine.calibrate = lambda *a, **k: calibrations.append(1) or calibrate(*a, **k)  # type: ignore[method-assign]
+        controller = engine._get_controller()
+        assert np.array_equal(controller.curve.shape, np.array(tuned.curve_shape))
+        assert controller.curve.scale == tuned.curve_scale
+        assert controller.acceptance("ngram", 3)[0] == pytest.approx(tuned.acceptance["ngram"][0])
+        prompt = engine.chat_tokens([{"role": "user", "content": "Repeat twice: the quick brown fox jumps."}])
+        out = engine.generate(prompt, max_tokens=24, mode="ngram", gamma="auto")
+        assert calibrations == []  # the tuning replaced the start-up calibration
+        assert out.tokens == engine.generate(prompt, max_tokens=24, mode="none").tokens
+    finally:
+        engine.close()
+
+    assert main(["tune", "--show", "--threads", "1"]) == 0
+    assert f"mode {tuned.mode}, γ {tuned.gamma}" in capsys.readouterr().out
+    other = edgespec.load(n_threads=2, mode="none")  # another thread count: another tuning (none here)
+    assert other.tuning is None
+    other.close()
+    monkeypatch.setenv("EDGESPEC_TUNING", "off")
+    assert main(["tune", "--show", "--threads", "1"]) == 2
+    assert "EDGESPEC_TUNING is off" in capsys.readouterr().err
