@@ -87,7 +87,7 @@ def test_q8_0_export_agrees_with_source(smollm2: dict[str, Path], home: Path, tm
 
 def test_pair_builds_target_and_draft_that_run(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "pair"
-    assert main(["export", "pair", "smollm2-135m", "--out", str(out), "--prompts", "1", "--tokens", "16",
+    assert main(["export", "pair", "smollm2-135m", "--out", str(out), "--prompts", "1", "--tokens", "8",
                  "--threads", "1"]) == 0
     text = capsys.readouterr().out
     pair = json.loads((out / "pair.json").read_text())

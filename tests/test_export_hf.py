@@ -25,7 +25,7 @@ def round_trip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     work = tmp_path_factory.mktemp("hf")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGESPEC_HOME", str(work / "home"))
-        yield source, gguf_to_hf(source, work / "smollm2-hf", "float32"), work
+        yield source, gguf_to_hf(source, work / "smollm2-hf", "float16"), work
 
 
 def test_hf_folder_to_gguf_round_trip(round_trip: tuple[Path, Path, Path], tmp_path: Path,
