@@ -76,7 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=float, default=0.5, help="with --search: fraction of layers kept")
     p.add_argument("--search-prompts", type=int, default=3, help="with --search: calibration prompts")
     p.add_argument("--search-tokens", type=int, default=32, help="with --search: greedy tokens per prompt")
-    p.add_argument("--candidates", type=int, default=6, help="with --search: layers tried per round")
+    p.add_argument("--candidates", type=int, default=0,
+                   help="with --search: layers tried per round (default 0: all; fewer is faster but worse)")
     p.add_argument("--quant", choices=EXPORT_QUANTS, default=None,
                    help="re-quantize the kept layers (default: copy them as they are)")
     p.add_argument("--out", required=True, type=Path, help="the GGUF file to write")

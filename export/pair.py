@@ -46,7 +46,7 @@ def export_pair(src: str, out: Path | None, index: int = 0, n_prompts: int = 4, 
         target_source = replace(resolve_source(str(target_path)), name=f"{family}:{pairing.target}" if family else None)
         if pairing.draft == LAYER_SKIP:
             assert pairing.budget is not None  # Pairing.from_dict checks it
-            opts = {"n_prompts": 3, "n_tokens": 32, "candidates": 6, **(search_options or {})}
+            opts = {"n_prompts": 3, "n_tokens": 32, "candidates": 0, **(search_options or {})}
             searched = run_search(target_source, pairing.budget, opts["n_prompts"], opts["n_tokens"],
                                   opts["candidates"], threads)
             draft = export_draft(target_source, out / f"{stem}-{pairing.target}-layerskip.gguf", searched.keep,
@@ -83,6 +83,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pairing", type=int, default=0, help="which of the family's recommended pairings")
     p.add_argument("--search-prompts", type=int, default=3, help="layer-skip pairings: calibration prompts")
     p.add_argument("--search-tokens", type=int, default=32, help="layer-skip pairings: greedy tokens per prompt")
-    p.add_argument("--candidates", type=int, default=6, help="layer-skip pairings: layers tried per round")
+    p.add_argument("--candidates", type=int, default=0, help="layer-skip pairings: layers tried per round (0: all)")
     add_common_args(p, quality_optional=False)
     p.set_defaults(func=_run)

@@ -5,7 +5,9 @@ of a candidate layer set — its top-1 agreement with those tokens, teacher-forc
 prompt — is exactly the per-token acceptance a greedy draft would get. Starting from all layers, each
 round removes the layer whose removal keeps agreement highest, until the kept fraction is within the
 budget. The first and last layers are never removed (every layer-skip study finds them indispensable),
-and each round tries at most ``candidates`` layers, spread evenly, to keep the search affordable.
+and each round tries every remaining layer, or at most ``candidates`` of them, spread evenly, to make the
+search affordable (measured on SmolLM2, 30 → 24 layers: all 153 candidate sets gave 0.61 agreement, 4 a
+round gave 0.38 — fewer candidates cost quality).
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def _workdir() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
-def search(src: Path, n_layers: int, budget: float, n_prompts: int = 4, n_tokens: int = 32, candidates: int = 8,
+def search(src: Path, n_layers: int, budget: float, n_prompts: int = 4, n_tokens: int = 32, candidates: int = 0,
            n_threads: int | None = None, progress: Callable[[int, int, str], None] | None = None) -> SearchResult:
-    """Greedy elimination down to ``ceil(budget * n_layers)`` layers; ``progress(done, total, note)``."""
+    """Greedy elimination down to ``ceil(budget * n_layers)`` layers (``candidates=0``: try every layer each
+    round); ``progress(done, total, note)``."""
     if not 0 < budget < 1:
         raise InvalidParameterError(f"--budget is the fraction of layers kept, in (0, 1); got {budget}")
-    if candidates < 1 or n_prompts < 1 or n_tokens < 1:
-        raise InvalidParameterError("--candidates, --prompts and --tokens must be positive")
+    if candidates < 0 or n_prompts < 1 or n_tokens < 1:
+        raise InvalidParameterError("--candidates must be >= 0 (0: all), --prompts and --tokens positive")
+    candidates = candidates or n_layers
     target_keep = max(2, math.ceil(budget * n_layers))
     target = quality.open_model(src, n_threads)
     try:
