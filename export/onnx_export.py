@@ -21,7 +21,7 @@ from edgespec.errors import EdgespecError, InvalidParameterError
 
 from . import require
 from .hf import hf_folder
-from .onnx_graphs import ModelSpec, embed_graph, head_graph, layer_graph
+from .onnx_graphs import ModelSpec, embed_graph, head_graph, kv_length, layer_graph
 from .onnx_reference import MANIFEST
 
 QUANTS = ("fp32", "fp16", "int8", "int4")
@@ -142,7 +142,8 @@ def _manifest(spec: ModelSpec, folder: Path, quant: str, context_length: int, bl
     return {"format": FORMAT, "architecture": spec.architecture, "num_layers": spec.num_layers,
             "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
             "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
-            "context_length": context_length, "kv_dtype": "float32", "quant": quant, "quant_options": options,
+            "context_length": context_length, "kv_length": kv_length(context_length), "kv_dtype": "float32",
+            "quant": quant, "quant_options": options,
             "bos_token_id": spec.bos_token_id, "eos_token_ids": list(spec.eos_token_ids),
             "chat_template": chat_template, "layer_types": list(spec.layer_types),
             "sliding_window": spec.sliding_window, "embed": "embed.onnx", "layers": layers, "head": "head.onnx",

@@ -57,7 +57,7 @@ class OnnxReference:
             self.head = ort.InferenceSession(str(self.folder / m["head"]), so, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for corrupt files
             raise ModelLoadError(f"{self.folder}: onnxruntime cannot load the graphs: {e}") from e
-        shape = (1, m["num_kv_heads"], m["context_length"], m["head_dim"])
+        shape = (1, m["num_kv_heads"], m["kv_length"], m["head_dim"])
         self.kv = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in m["layers"]]
         self.length = 0
 
