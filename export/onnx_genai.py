@@ -3,7 +3,7 @@ benchmark can compare edgespec's loop with onnxruntime-genai's generation loop o
 
 Known traps (onnxruntime-genai 0.18 with transformers 5), handled here on a temporary copy of the folder:
 transformers 5 writes RoPE as ``rope_parameters`` (nested per layer type for Gemma 3), which the builder
-misreads, so config.json is rewritten with the older flat keys; Gemma 3 needs ``windowed_kv_cache=false``;
+misreads, so config.json gets the keys it looks for; Gemma 3 needs ``windowed_kv_cache=false``;
 asymmetric INT4 (the builder's default) broke SmolLM2, so quantization is symmetric.
 """
 
@@ -23,14 +23,15 @@ from .onnx_export import OnnxExportError
 GENAI_QUANTS = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "int4": "int4"}
 
 
-def _flat_rope_config(config: dict) -> dict:
-    rope = config.pop("rope_parameters", None)
-    if isinstance(rope, dict) and "sliding_attention" in rope:  # Gemma 3: one base per layer type
-        config["rope_theta"] = rope["full_attention"]["rope_theta"]
-        config["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
-    elif isinstance(rope, dict):
-        config["rope_theta"] = rope["rope_theta"]
-    return config
+def _builder_rope_config(config: dict) -> dict:
+    """config.json as the builder reads it. transformers 5 (which the builder loads the config with) keeps
+    unknown keys inside ``rope_parameters`` and the builder lifts every key of it to the top level, so the
+    keys it wants (a top-level ``rope_type``; Gemma 3's ``rope_local_base_freq``) go there."""
+    rope = dict(config.get("rope_parameters") or {})
+    if "sliding_attention" in rope:  # Gemma 3: one RoPE base per layer type
+        rope.update(rope_type="default", rope_theta=rope["full_attention"]["rope_theta"],
+                    rope_local_base_freq=rope["sliding_attention"]["rope_theta"])
+    return dict(config, rope_parameters=rope) if rope else config
 
 
 def export_genai(src: str | os.PathLike[str], out: Path, quant: str = "int4", block_size: int = 32,
@@ -50,7 +51,7 @@ def export_genai(src: str | os.PathLike[str], out: Path, quant: str = "int4", bl
         for f in folder.iterdir():
             (copy / f.name).symlink_to(f.resolve())
         (copy / "config.json").unlink()
-        (copy / "config.json").write_text(json.dumps(_flat_rope_config(config), indent=2))
+        (copy / "config.json").write_text(json.dumps(_builder_rope_config(config), indent=2))
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(copy), "-o", str(out),
                "-p", GENAI_QUANTS[quant], "-e", "cpu", "-c", str(Path(tmp) / "cache"), "--extra_options", *extra]
         done = subprocess.run(cmd, capture_output=True, text=True)

@@ -77,7 +77,8 @@ def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[st
         kl += float((np.exp(lp) * (lp - lq)).sum())
         agree += int((p.argmax(-1) == q.argmax(-1)).sum())
         n += p.shape[0]
-    return {"top1_agreement": round(agree / n, 4), "kl": round(kl / n, 6), "positions": n}
+    # Rounding can make KL of identical distributions a hair negative.
+    return {"top1_agreement": round(agree / n, 4), "kl": round(max(kl / n, 0.0), 6), "positions": n}
 
 
 def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128,

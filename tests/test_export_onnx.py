@@ -169,10 +169,11 @@ def test_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch, sm
 
 
 @pytest.mark.slow
-def test_genai_format_loads_and_generates(tmp_path: Path, smol_hf: Path) -> None:
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_genai_format_loads_and_generates(tmp_path: Path, model: str) -> None:
     og = pytest.importorskip("onnxruntime_genai")
     out = tmp_path / "genai"
-    assert main(["export", "onnx", str(smol_hf), "--format", "genai", "--quant", "int4", "--out", str(out)]) == 0
+    assert main(["export", "onnx", model, "--format", "genai", "--quant", "int4", "--out", str(out)]) == 0
     model = og.Model(str(out))
     tokenizer = og.Tokenizer(model)
     params = og.GeneratorParams(model)
