@@ -102,6 +102,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
     layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
     bits = {"int8": 8, "int4": 4}.get(quant)
     head_bits = head_bits or 8
+    # float32 MatMul (prepacked weights) and MatMulNBits at level 4 are exact for one row: only attention needs
+    # single-row padding then; other levels need it around every MatMul (see onnx_graphs.single_row_padding).
+    pad_matmuls = bool(bits) and accuracy_level != 4
     if head_bits not in (4, 8):
         raise InvalidParameterError(f"head bits must be 4 or 8, not {head_bits}")
     try:
@@ -110,12 +113,12 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
         _save(embed_graph(spec, embed.astype(store)), tmp / "embed.onnx")
         bar.update()
         for i, name in enumerate(layers):
-            _save(layer_graph(spec, weights, i, context_length, dense), tmp / name)
+            _save(layer_graph(spec, weights, i, context_length, dense, pad_matmuls), tmp / name)
             if bits:
                 _quantize(tmp / name, bits, block_size, accuracy_level, symmetric)
             bar.update()
         lm_head = weights("lm_head.weight") if weights.has("lm_head.weight") else embed  # tied embeddings
-        _save(head_graph(spec, weights("model.norm.weight"), lm_head, dense), tmp / "head.onnx")
+        _save(head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls), tmp / "head.onnx")
         if bits:
             _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)
         bar.update()
@@ -124,6 +127,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
             if (folder / name).is_file():
                 shutil.copy2(folder / name, tmp / name)
         manifest = _manifest(spec, folder, quant, context_length, layers)
+        manifest["quant_options"]["single_row_padding"] = "layer" if pad_matmuls else "attention"
         if bits:
             manifest["quant_options"].update(bits=bits, head_bits=head_bits, block_size=block_size,
                                              is_symmetric=symmetric, accuracy_level=accuracy_level)

@@ -93,6 +93,13 @@ class GraphBuilder:
         self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
+    def ints(self, *values: int) -> str:
+        """An int64 1-D constant (shapes, axes, slice bounds), created once per graph."""
+        name = "ints_" + "_".join(str(v).replace("-", "m") for v in values)
+        if name not in {t.name for t in self.initializers}:
+            self.const(name, np.array(values, np.int64))
+        return name
+
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
         self._n += 1
         names = outputs if isinstance(outputs, list) else [f"{op_type.lower()}_{self._n}_{i}" for i in range(outputs)]
@@ -130,23 +137,25 @@ def linear(g: GraphBuilder, x: str, weight: np.ndarray, name: str) -> str:
     return g.one("MatMul", [x, w])
 
 
-def pad_single_row(g: GraphBuilder, x: str) -> tuple[str, str, str]:
-    """Append a copy of row 0 when the call has one row: (padded x, pad count [1] int64, S [1] int64).
+def single_row_padding(g: GraphBuilder, x: str) -> tuple[str, str]:
+    """(pad, S) as [1] int64 for x [1, S, ·]: pad = 1 when S = 1, else 0.
 
-    onnxruntime's CPU kernels take a special path for a single row (M = 1 GEMM/GEMV in GroupQueryAttention's
-    Q·Kᵀ and in MatMulNBits), which rounds differently from the multi-row path; every path with ≥ 2 rows gives
-    a row bit-identical results whatever the other rows are. Padding single-row calls to two rows makes a
-    position's logits independent of how many tokens share the call (measured in README, "ONNX export").
+    onnxruntime's CPU kernels take a special path for a single row — the M = 1 GEMM in GroupQueryAttention's
+    Q·Kᵀ, and MatMulNBits at accuracy_level 0–2 — which rounds differently from the multi-row path, while every
+    path with ≥ 2 rows gives a row bit-identical results whatever the other rows are. Padding single-row calls
+    to two rows makes a position's logits independent of how many tokens share the call (README, "ONNX export").
     """
-    seq = g.one("Slice", [g.one("Shape", [x]), g.const(g.name + "_one", np.array([1], np.int64)),
-                          g.const(g.name + "_two", np.array([2], np.int64))])
-    pad = g.one("Max", [g.one("Sub", [g.name + "_two", seq]), g.const(g.name + "_zero", np.array([0], np.int64))])
-    extra = g.one("Slice", [x, g.const(g.name + "_start", np.array([0], np.int64)), pad, g.name + "_one"])
-    return g.one("Concat", [x, extra], axis=1), pad, seq
+    seq = g.one("Slice", [g.one("Shape", [x]), g.ints(1), g.ints(2)])
+    return g.one("Max", [g.one("Sub", [g.ints(2), seq]), g.ints(0)]), seq
 
 
-def drop_padding(g: GraphBuilder, y: str, seq: str, output: str) -> str:
-    return g.one("Slice", [y, g.name + "_start", seq, g.name + "_one"], output)
+def pad_rows(g: GraphBuilder, x: str, pad: str) -> str:
+    """x with its first ``pad`` rows appended (any finite row will do: the extra row's result is dropped)."""
+    return g.one("Concat", [x, g.one("Slice", [x, g.ints(0), pad, g.ints(1)])], axis=1)
+
+
+def drop_padding(g: GraphBuilder, y: str, seq: str, output: str | None = None) -> str:
+    return g.one("Slice", [y, g.ints(0), seq, g.ints(1)], output)
 
 
 def kv_length(context_length: int) -> int:
@@ -167,20 +176,25 @@ def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
 
 
 def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: int, context_length: int,
-                weight_dtype: type = np.float32):
-    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer through GroupQueryAttention."""
+                weight_dtype: type = np.float32, pad_matmuls: bool = False):
+    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer through GroupQueryAttention.
+
+    Single-row calls are padded to two rows around the attention only, or around the whole layer when
+    ``pad_matmuls`` (MatMul kernels that are not exact for one row, see ``single_row_padding``).
+    """
     onnx = require("onnx")
     f32 = onnx.TensorProto.FLOAT
     p = f"model.layers.{index}."
     w = lambda name: weights(p + name)  # noqa: E731
     g = GraphBuilder(f"layer_{index:02d}", weight_dtype)
     eps = spec.rms_norm_eps
-    hidden, pad, seq = pad_single_row(g, "hidden")
+    pad, seq = single_row_padding(g, "hidden")
+    hidden = pad_rows(g, "hidden", pad) if pad_matmuls else "hidden"
     # The padding row is one position past the call's last one: it writes a scratch K/V slot at index
     # `total` (overwritten by the next call before anything reads it) and no real row attends to it.
     pad32 = g.one("Cast", [pad], to=onnx.TensorProto.INT32)
     seqlens = g.one("Add", ["seqlens_k", pad32])
-    total = g.one("Add", ["total_sequence_length", g.one("Squeeze", [pad32, g.name + "_start"])])
+    total = g.one("Add", ["total_sequence_length", g.one("Squeeze", [pad32, g.ints(0)])])
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     q = linear(g, h, w("self_attn.q_proj.weight"), "q_proj")
     k = linear(g, h, w("self_attn.k_proj.weight"), "k_proj")
@@ -191,6 +205,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     layer_type = spec.layer_types[index]
     cos, sin = rope_cache(spec, layer_type, kv_length(context_length))
     window = spec.sliding_window if layer_type == "sliding_attention" else None
+    if not pad_matmuls:
+        q, k, v = (pad_rows(g, t, pad) for t in (q, k, v))
     attn = g.op("GroupQueryAttention",
                 [q, k, v, "past_key", "past_value", seqlens, total,
                  g.const("cos_cache", cos), g.const("sin_cache", sin)],
@@ -200,6 +216,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
                 # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
                 # window − 1 differs from position 511 on.
                 local_window_size=window or -1)[0]
+    if not pad_matmuls:
+        attn = drop_padding(g, attn, seq)
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
     if spec.gemma:
         o = rms_norm(g, o, _norm_weight(spec, w("post_attention_layernorm.weight")), eps, "post_attn_norm")
@@ -213,7 +231,10 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     d = linear(g, g.one("Mul", [act, up]), w("mlp.down_proj.weight"), "down_proj")
     if spec.gemma:
         d = rms_norm(g, d, _norm_weight(spec, w("post_feedforward_layernorm.weight")), eps, "post_mlp_norm")
-    drop_padding(g, g.one("Add", [x, d]), seq, "hidden_out")
+    out = g.one("Add", [x, d])
+    if pad_matmuls:
+        out = drop_padding(g, out, seq)
+    g.one("Identity", [out], "hidden_out")
     kv_shape = [1, spec.num_kv_heads, kv_length(context_length), spec.head_dim]
     inputs = [_tensor("hidden", f32, [1, "S", spec.hidden_size]), _tensor("past_key", f32, kv_shape),
               _tensor("past_value", f32, kv_shape), _tensor("seqlens_k", onnx.TensorProto.INT32, [1]),
@@ -224,9 +245,9 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
 
 
 def _head_norm(g: GraphBuilder, x: str, heads: int, spec: ModelSpec, weight: np.ndarray, name: str) -> str:
-    split = g.one("Reshape", [x, g.const(name + "_shape", np.array([0, 0, heads, spec.head_dim], np.int64))])
+    split = g.one("Reshape", [x, g.ints(0, 0, heads, spec.head_dim)])
     normed = rms_norm(g, split, _norm_weight(spec, weight), spec.rms_norm_eps, name)
-    return g.one("Reshape", [normed, g.const(name + "_flat", np.array([0, 0, heads * spec.head_dim], np.int64))])
+    return g.one("Reshape", [normed, g.ints(0, 0, heads * spec.head_dim)])
 
 
 def embed_graph(spec: ModelSpec, table: np.ndarray):
@@ -243,12 +264,19 @@ def embed_graph(spec: ModelSpec, table: np.ndarray):
                    [_tensor("hidden", onnx.TensorProto.FLOAT, [1, "S", spec.hidden_size])])
 
 
-def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dtype: type = np.float32):
+def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dtype: type = np.float32,
+               pad_matmuls: bool = False):
     """hidden rows → logits: final RMSNorm and the (possibly tied) output projection."""
     onnx = require("onnx")
     g = GraphBuilder("head", weight_dtype)
-    hidden, _, seq = pad_single_row(g, "hidden")  # exact MatMulNBits for one row, as in the layers
-    h = rms_norm(g, hidden, _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm")
-    drop_padding(g, linear(g, h, lm_head, "lm_head"), seq, "logits")
+    hidden = "hidden"
+    if pad_matmuls:
+        pad, seq = single_row_padding(g, hidden)
+        hidden = pad_rows(g, hidden, pad)
+    logits = linear(g, rms_norm(g, hidden, _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm"), lm_head,
+                    "lm_head")
+    if pad_matmuls:
+        logits = drop_padding(g, logits, seq)
+    g.one("Identity", [logits], "logits")
     return g.model([_tensor("hidden", onnx.TensorProto.FLOAT, [1, "N", spec.hidden_size])],
                    [_tensor("logits", onnx.TensorProto.FLOAT, [1, "N", spec.vocab_size])])
