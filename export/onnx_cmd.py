@@ -15,11 +15,11 @@ from .onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, MANIFEST, Q
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("onnx", help="ONNX decoder (FP32/FP16, MatMulNBits INT8/INT4) with a quality report")
     p.add_argument("src", help="GGUF file, Hugging Face folder, or model name (see `edgespec models`)")
-    p.add_argument("--quant", choices=QUANTS, default="int8")
+    p.add_argument("--quant", choices=QUANTS, default="int8", help="weights (default int8)")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--format", choices=["edgespec", "genai"], default="edgespec",
                    help="edgespec: per-layer graphs for edgespec's runtime; genai: onnxruntime-genai's builder")
-    p.add_argument("--context-length", type=int, default=4096, help="KV buffer positions the graphs accept")
+    p.add_argument("--context-length", type=int, default=4096, help="most positions the graphs accept (default 4096)")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="MatMulNBits block size")
     p.add_argument("--accuracy-level", type=int, default=DEFAULT_ACCURACY_LEVEL, choices=[0, 1, 2, 3, 4],
                    help="MatMulNBits compute type (4 = int8 activations: fast and batch-invariant here; "
