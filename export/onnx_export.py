@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,27 +39,29 @@ class OnnxExportError(EdgespecError):
     """The ONNX export could not be written (disk, an unexpected model, a failed quantization)."""
 
 
-def _weights(folder: Path) -> Callable[[str], np.ndarray]:
-    safetensors = require("safetensors")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise OnnxExportError(f"{folder}: no *.safetensors weights")
-    handles = [safetensors.safe_open(str(f), "np") for f in files]
-    where = {k: h for h in handles for k in h.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+class Weights:
+    """The HF folder's safetensors as float32 numpy arrays, read lazily by name."""
 
-    def get(name: str) -> np.ndarray:
-        if name not in where:
-            raise OnnxExportError(f"{folder}: weight {name!r} is missing")
-        return where[name].get_tensor(name).astype(np.float32)
+    def __init__(self, folder: Path) -> None:
+        safetensors = require("safetensors")
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise OnnxExportError(f"{folder}: no *.safetensors weights")
+        self.folder = folder
+        self._where = {name: handle for handle in (safetensors.safe_open(str(f), "np") for f in files)
+                       for name in handle.keys()}  # noqa: SIM118 (safe_open is not a mapping)
 
-    get.has = where.__contains__  # type: ignore[attr-defined]
-    return get
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name not in self._where:
+            raise OnnxExportError(f"{self.folder}: weight {name!r} is missing")
+        return self._where[name].get_tensor(name).astype(np.float32)
 
 
-def _save(model, path: Path) -> int:
-    onnx = require("onnx")
-    onnx.save_model(model, str(path))
-    return path.stat().st_size
+def _save(model, path: Path) -> None:
+    require("onnx").save_model(model, str(path))
 
 
 def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int, symmetric: bool) -> None:
@@ -75,7 +76,7 @@ def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int, symme
 
 def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", context_length: int = 4096,
                 block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
-                symmetric: bool = True, head_bits: int | None = None, progress: bool = True) -> dict:
+                symmetric: bool = True, head_bits: int = 8, progress: bool = True) -> dict:
     """Write the ONNX directory for SRC into ``out`` and return its manifest (without the quality report).
 
     ``head_bits``: the output projection's bits for int8/int4 (default 8: measured on SmolLM2 int4, an int8
@@ -87,11 +88,13 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
         raise InvalidParameterError(f"context length {context_length} is too small")
     if block_size < 16 or block_size & (block_size - 1):
         raise InvalidParameterError(f"block size must be a power of two ≥ 16, not {block_size}")
+    if head_bits not in (4, 8):
+        raise InvalidParameterError(f"head bits must be 4 or 8, not {head_bits}")
     tqdm = require("tqdm").tqdm
     started = time.time()
     folder = hf_folder(src)
     spec = ModelSpec.from_hf(folder)
-    weights = _weights(folder)
+    weights = Weights(folder)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -101,12 +104,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
     dense = np.float16 if quant == "fp16" else np.float32
     layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
     bits = {"int8": 8, "int4": 4}.get(quant)
-    head_bits = head_bits or 8
     # float32 MatMul (prepacked weights) and MatMulNBits at level 4 are exact for one row: only attention needs
     # single-row padding then; other levels need it around every MatMul (see onnx_graphs.single_row_padding).
     pad_matmuls = bool(bits) and accuracy_level != 4
-    if head_bits not in (4, 8):
-        raise InvalidParameterError(f"head bits must be 4 or 8, not {head_bits}")
     try:
         bar = tqdm(total=spec.num_layers + 2, desc=f"ONNX {quant}", unit="graph", disable=not progress)
         embed = weights("model.embed_tokens.weight")
@@ -117,7 +117,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
             if bits:
                 _quantize(tmp / name, bits, block_size, accuracy_level, symmetric)
             bar.update()
-        lm_head = weights("lm_head.weight") if weights.has("lm_head.weight") else embed  # tied embeddings
+        lm_head = weights("lm_head.weight") if "lm_head.weight" in weights else embed  # tied embeddings
         _save(head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls), tmp / "head.onnx")
         if bits:
             _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)

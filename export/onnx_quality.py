@@ -54,9 +54,13 @@ def _tokenized(hf_folder: str, count: int, max_tokens: int) -> tuple[tuple[int, 
     return tuple(out)
 
 
-@cache
 def source_logits(hf_folder: str, count: int = 6, max_tokens: int = 128) -> tuple[np.ndarray, ...]:
     """The transformers model's FP32 logits for each prompt (computed once per process)."""
+    return _source_logits(str(hf_folder), count, max_tokens)
+
+
+@cache
+def _source_logits(hf_folder: str, count: int, max_tokens: int) -> tuple[np.ndarray, ...]:
     torch = require("torch")
     transformers = require("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
@@ -97,14 +101,18 @@ def decode_speed(runner: OnnxReference, tokens: int = 32) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def quality_report(folder: Path, count: int = 6, max_tokens: int = 128) -> dict:
+def quality_report(folder: Path, count: int = 6, max_tokens: int = 128, progress: bool = True) -> dict:
     """The ``quality`` entry of the manifest: agreement with the source, size, decode speed."""
     manifest = json.loads((folder / "edgespec-onnx.json").read_text())
     hf_folder = manifest["source"]["hf_folder"]
-    runner = OnnxReference(folder)
-    report = compare(list(source_logits(hf_folder, count, max_tokens)),
-                     export_logits(folder, hf_folder, count, max_tokens, runner))
-    report.update(against="transformers FP32 on " + hf_folder, prompts=count,
-                  size_bytes=sum(f.stat().st_size for f in folder.glob("*.onnx")),
-                  decode_tok_s=round(decode_speed(runner), 1), threads=1)
+    with require("tqdm").tqdm(total=3, desc="quality", unit="step", disable=not progress) as bar:
+        reference = list(source_logits(hf_folder, count, max_tokens))
+        bar.update()
+        runner = OnnxReference(folder)
+        report = compare(reference, export_logits(folder, hf_folder, count, max_tokens, runner))
+        bar.update()
+        report.update(against="transformers FP32 on " + hf_folder, prompts=count,
+                      size_bytes=sum(f.stat().st_size for f in folder.glob("*.onnx")),
+                      decode_tok_s=round(decode_speed(runner), 1), threads=1)
+        bar.update()
     return report
