@@ -10,7 +10,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 # The llama.cpp build takes ~10 min on 2 cores: keep the wheel, keyed by version and build flags.
 WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-slow lint bench clean
 
 setup: $(VENV)/.setup-done
 
@@ -41,6 +41,9 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest -q
+
+test-slow: lint
+	$(BIN)/pytest -q -m slow
 
 # BENCH_ARGS, e.g. BENCH_ARGS="--per-category 1 --configs target,ngram-auto" (see edgespec bench --help)
 bench: setup

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# modules of this package, each with register(subparsers)
-_COMMANDS: tuple[str, ...] = ("gguf", "draft", "pair")
+_COMMANDS: tuple[str, ...] = ("gguf", "draft", "pair", "onnx_cmd")  # modules of this package, each with register(subparsers)
 
 
 def add_export_command(sub: argparse._SubParsersAction) -> None:

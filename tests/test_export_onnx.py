@@ -1,0 +1,209 @@
+"""ONNX export (issue 3, item 4): real SmolLM2 weights through GGUF → HF → split ONNX graphs, checked against
+transformers, across quantizations, for batch invariance, and through onnxruntime-genai's builder."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.cli import main
+from edgespec.errors import ModelLoadError
+from export import MissingExtraError
+from export.hf import UnsupportedArchitectureError, hf_folder
+from export.onnx_cmd import summary
+from export.onnx_export import export_onnx
+from export.onnx_quality import compare, export_logits, source_logits
+from export.onnx_reference import OnnxReference
+
+pytest.importorskip("onnxruntime")
+CONTEXT = 1536  # enough for the 1000-token prefill below, small enough to keep the exports quick
+PROMPTS = 6  # the quality report's prompt set, so transformers runs once per session
+
+
+@pytest.fixture(scope="session")
+def smol_hf() -> Path:
+    return hf_folder("smollm2-135m")  # converted once, cached in the edgespec cache
+
+
+@pytest.fixture(scope="session")
+def smol_onnx(tmp_path_factory: pytest.TempPathFactory, smol_hf: Path) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("onnx")
+    for quant in ("fp32", "int4"):
+        export_onnx(smol_hf, out / quant, quant, CONTEXT, progress=False)
+    return {quant: out / quant for quant in ("fp32", "int4")}
+
+
+@pytest.fixture(scope="session")
+def smol_int8_cli(tmp_path_factory: pytest.TempPathFactory, smol_hf: Path) -> tuple[Path, dict]:
+    """The INT8 export made through the command line, with its quality report."""
+    out = tmp_path_factory.mktemp("cli") / "int8"
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["export", "onnx", str(smol_hf), "--quant", "int8", "--out", str(out),
+                     "--context-length", str(CONTEXT), "--json"]) == 0
+    return out, json.loads(buffer.getvalue())
+
+
+def test_fp32_logits_match_transformers(smol_onnx: dict[str, Path], smol_hf: Path) -> None:
+    reference = source_logits(str(smol_hf), PROMPTS)
+    got = export_logits(smol_onnx["fp32"], str(smol_hf), PROMPTS)
+    for p, q in zip(reference, got, strict=True):
+        assert np.abs(p - q).max() < 2e-3, "FP32 ONNX drifts from transformers"
+    assert compare(list(reference), got)["top1_agreement"] == 1.0
+
+
+def test_int8_agrees_with_fp32_and_reports_quality(smol_onnx: dict[str, Path], smol_hf: Path,
+                                                    smol_int8_cli: tuple[Path, dict]) -> None:
+    folder, manifest = smol_int8_cli
+    fp32 = export_logits(smol_onnx["fp32"], str(smol_hf))
+    int8 = export_logits(folder, str(smol_hf))
+    assert compare(fp32, int8)["top1_agreement"] >= 0.95
+    assert manifest["quant"] == "int8" and manifest["quant_options"]["accuracy_level"] == 4
+    quality = json.loads((folder / "edgespec-onnx.json").read_text())["quality"]
+    assert quality == manifest["quality"] and quality["top1_agreement"] >= 0.95 and quality["decode_tok_s"] > 0
+    assert quality["size_bytes"] == sum(f.stat().st_size for f in folder.glob("*.onnx"))
+
+
+def test_manifest_and_tokenizer_follow_the_contract(smol_onnx: dict[str, Path]) -> None:
+    folder = smol_onnx["fp32"]
+    m = json.loads((folder / "edgespec-onnx.json").read_text())
+    assert m["format"] == "edgespec-onnx/1" and m["architecture"] == "llama" and m["num_layers"] == 30
+    assert m["kv_length"] == m["context_length"] + 1 == CONTEXT + 1
+    assert len(m["layers"]) == 30 and all((folder / f).is_file() for f in [m["embed"], m["head"], *m["layers"]])
+    assert "<|im_start|>" in m["chat_template"] and m["layer_types"] == ["full_attention"] * 30
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert tokenizer_config["chat_template"] == m["chat_template"] and (folder / "tokenizer.json").is_file()
+
+
+def test_int4_exports_loads_and_generates(smol_onnx: dict[str, Path], smol_hf: Path) -> None:
+    folder = smol_onnx["int4"]
+    m = json.loads((folder / "edgespec-onnx.json").read_text())
+    assert m["quant_options"]["bits"] == 4 and m["quant_options"]["is_symmetric"] is True
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(folder / "layer_00.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops and "MatMul" not in ops
+    # INT4 round-to-nearest costs a 135M model a lot (README); it must still track FP32 far above chance.
+    assert compare(export_logits(smol_onnx["fp32"], str(smol_hf), PROMPTS),
+                   export_logits(folder, str(smol_hf), PROMPTS))["top1_agreement"] > 0.5
+    runner = OnnxReference(folder)
+    logits = runner.logits([1, 9690, 28, 905])
+    tokens = []
+    for _ in range(8):
+        tokens.append(int(logits[-1].argmax()))
+        logits = runner.forward(tokens[-1:])
+    assert len(tokens) == 8 and np.isfinite(logits).all()
+
+
+def _long_ids(hf: Path, n: int) -> list[int]:
+    from transformers import AutoTokenizer
+
+    from export.onnx_quality import prompts
+
+    ids = AutoTokenizer.from_pretrained(hf)(" ".join(prompts(6)) * 8)["input_ids"]
+    assert len(ids) >= n
+    return ids[:n]
+
+
+@pytest.mark.parametrize("quant", ["fp32", "int4"])
+def test_a_position_s_logits_do_not_depend_on_the_call(smol_onnx: dict[str, Path], smol_hf: Path,
+                                                      quant: str) -> None:
+    runner = OnnxReference(smol_onnx[quant])
+    ids = _long_ids(smol_hf, 1008)
+    for prefill in (300, 1000):
+        whole = runner.logits(ids[:prefill + 8])  # prompt path: everything in one call
+        runner.truncate(prefill)
+        singles = np.stack([runner.forward([t])[0] for t in ids[prefill:prefill + 8]])
+        assert np.array_equal(singles, whole[prefill:])
+        for k in (2, 4, 8):
+            runner.truncate(prefill)
+            assert np.array_equal(runner.forward(ids[prefill:prefill + k]), singles[:k]), f"k={k}"
+
+
+def test_int8_is_batch_invariant(smol_int8_cli: tuple[Path, dict], smol_hf: Path) -> None:
+    runner = OnnxReference(smol_int8_cli[0], threads=2)
+    ids = _long_ids(smol_hf, 308)
+    runner.logits(ids[:300])
+    singles = np.stack([runner.forward([t])[0] for t in ids[300:]])
+    runner.truncate(300)
+    assert np.array_equal(runner.forward(ids[300:]), singles)
+
+
+def test_summary_line(smol_int8_cli: tuple[Path, dict]) -> None:
+    line = summary(*smol_int8_cli)
+    assert line.startswith(f"wrote {smol_int8_cli[0]}: llama 30 layers, int8") and "top-1 0.9" in line
+
+
+def test_an_onnx_directory_is_not_a_source(smol_onnx: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path) -> None:
+    assert main(["export", "onnx", str(smol_onnx["fp32"]), "--out", str(tmp_path / "x")]) == 2
+    assert "not a Hugging Face model folder" in capsys.readouterr().err
+
+
+def test_bad_sources_get_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    assert main(["export", "onnx", str(text), "--out", str(tmp_path / "o")]) == 2
+    assert "is not a GGUF file" in capsys.readouterr().err
+    assert main(["export", "onnx", "no-such-model", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(UnsupportedArchitectureError, match="'bert' is not supported"):
+        export_onnx(bert, tmp_path / "o", progress=False)
+    with pytest.raises(ModelLoadError):
+        OnnxReference(tmp_path)  # no manifest
+
+
+def test_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch, smol_hf: Path, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if the package were not installed
+    with pytest.raises(MissingExtraError, match=r"pip install 'edgespec\[export\]'"):
+        export_onnx(smol_hf, tmp_path / "o", progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_genai_format_loads_and_generates(tmp_path: Path, model: str) -> None:
+    og = pytest.importorskip("onnxruntime_genai")
+    out = tmp_path / "genai"
+    assert main(["export", "onnx", model, "--format", "genai", "--quant", "int4", "--out", str(out)]) == 0
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(tokenizer.encode("The capital of France is"))
+    while not generator.is_done():
+        generator.generate_next_token()
+    assert len(generator.get_sequence(0)) > 6
+
+
+@pytest.mark.slow
+def test_gemma3_fp32_matches_transformers_past_the_sliding_window(tmp_path: Path) -> None:
+    hf = hf_folder("gemma3-270m")
+    folder = tmp_path / "gemma"
+    m = export_onnx(hf, folder, "fp32", 1024, progress=False)
+    assert m["architecture"] == "gemma3" and m["sliding_window"] == 512
+    assert m["layer_types"].count("full_attention") == 3
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = _long_ids(hf, 700)
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].numpy()
+    runner = OnnxReference(folder)
+    got = runner.logits(ids)
+    assert np.abs(reference - got).max() < 5e-3  # positions 512+ only match with the right window
+    assert (reference.argmax(-1) == got.argmax(-1)).mean() == 1.0
+    runner.truncate(600)  # batch invariance past the window: one call of 4 vs 4 single-token calls
+    batch = runner.forward(ids[600:604])
+    runner.truncate(600)
+    assert np.array_equal(np.stack([runner.forward([t])[0] for t in ids[600:604]]), batch)
