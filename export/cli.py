@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-_COMMANDS: tuple[str, ...] = ("gguf", "draft", "pair", "onnx_cmd")  # modules of this package, each with register(subparsers)
+# modules of this package, each with register(subparsers)
+_COMMANDS: tuple[str, ...] = ("gguf", "draft", "pair", "onnx_cmd")
 
 
 def add_export_command(sub: argparse._SubParsersAction) -> None:
