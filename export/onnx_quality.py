@@ -1,8 +1,9 @@
-"""Quality of an ONNX export against its source: teacher-forced top-1 agreement and KL(source ‖ export) on a
-fixed set of Spec-Bench prompts, file size, and single-token decode speed of the reference runner.
+"""Quality of an ONNX export against its source: teacher-forced top-1 agreement and KL(source ‖ export) on
+the fixed prompts of ``quality.py`` (every prompt position scored), file size, and single-token decode speed
+of the reference runner.
 
-The source is the transformers model on the Hugging Face folder the export was made from (FP32). Prompts are
-the first question of each Spec-Bench category in file order, chat-formatted when the model has a template.
+The source is the transformers model on the Hugging Face folder the export was made from (FP32); prompts are
+chat-formatted when the model has a template.
 """
 
 from __future__ import annotations
@@ -16,35 +17,14 @@ import numpy as np
 
 from . import require
 from .onnx_reference import OnnxReference
-
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
-# Used where the Spec-Bench file is not on disk (an installed package): fixed, one per Spec-Bench category.
-FALLBACK_PROMPTS = (
-    "Draft a professional email asking your supervisor for feedback on a quarterly report.",
-    "Which is larger, 3/7 or 5/11? Explain step by step.",
-    "Write a Python function that returns the n-th Fibonacci number iteratively.",
-    "Summarize the causes of the French Revolution in three sentences.",
-    "Translate into German: The weather is nice today, let us go for a walk.",
-    "Who wrote the novel 'Pride and Prejudice', and when was it published?",
-)
-
-
-def prompts(count: int = 6) -> list[str]:
-    if not SPEC_BENCH.is_file():
-        return list(FALLBACK_PROMPTS[:count])
-    seen: dict[str, str] = {}
-    for line in SPEC_BENCH.read_text().splitlines():
-        if line.strip():
-            q = json.loads(line)
-            seen.setdefault(q["category"], q["turns"][0])
-    return list(seen.values())[:count]
+from .quality import agreement, prompts
 
 
 @cache
 def _tokenized(hf_folder: str, count: int, max_tokens: int) -> tuple[tuple[int, ...], ...]:
     tokenizer = require("transformers").AutoTokenizer.from_pretrained(hf_folder)
     out = []
-    for text in prompts(count):
+    for text in prompts(count):  # the fixed Spec-Bench prompts every quality report uses
         if tokenizer.chat_template:
             ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                 tokenize=True, return_dict=False)
@@ -71,18 +51,9 @@ def _source_logits(hf_folder: str, count: int, max_tokens: int) -> tuple[np.ndar
 
 
 def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, float]:
-    """Top-1 agreement and mean KL(reference ‖ candidate) over all positions."""
-    agree, kl, n = 0, 0.0, 0
-    for p, q in zip(reference, candidate, strict=True):
-        lp = p - p.max(-1, keepdims=True)
-        lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
-        lq = q - q.max(-1, keepdims=True)
-        lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
-        kl += float((np.exp(lp) * (lp - lq)).sum())
-        agree += int((p.argmax(-1) == q.argmax(-1)).sum())
-        n += p.shape[0]
-    # Rounding can make KL of identical distributions a hair negative.
-    return {"top1_agreement": round(agree / n, 4), "kl": round(max(kl / n, 0.0), 6), "positions": n}
+    """Top-1 agreement and mean KL(reference ‖ candidate) over all positions, as the manifest records them."""
+    a = agreement(zip(reference, candidate, strict=True))
+    return {"top1_agreement": round(a.top1, 4), "kl": round(a.kl, 6), "positions": a.positions}
 
 
 def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128,

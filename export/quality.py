@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -124,17 +124,23 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def compare(reference: LogitsFn, candidate: LogitsFn, samples: Sequence[Sample]) -> Agreement:
-    """Top-1 agreement and KL of ``candidate`` against ``reference`` at every scored position."""
+def agreement(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> Agreement:
+    """Top-1 agreement and mean KL(reference ‖ candidate) over the rows of (reference, candidate) logit pairs."""
     agree, kl, n = 0, 0.0, 0
-    for s in samples:
-        k = len(s.scored)  # rows n_prompt-1 .. end-1 predict the scored tokens
-        ref, cand = reference(s.tokens[:-1], k), candidate(s.tokens[:-1], k)
+    for ref, cand in pairs:
         agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
         lp, lq = _log_softmax(ref), _log_softmax(cand)
         kl += float((np.exp(lp) * (lp - lq)).sum())
-        n += k
-    return Agreement(agree / n if n else 0.0, kl / n if n else 0.0, n)
+        n += ref.shape[0]
+    # Rounding can make the KL of identical distributions a hair negative.
+    return Agreement(agree / n if n else 0.0, max(kl / n, 0.0) if n else 0.0, n)
+
+
+def compare(reference: LogitsFn, candidate: LogitsFn, samples: Sequence[Sample]) -> Agreement:
+    """Top-1 agreement and KL of ``candidate`` against ``reference`` at every scored position."""
+    # rows n_prompt-1 .. end-1 predict the scored tokens
+    return agreement((reference(s.tokens[:-1], len(s.scored)), candidate(s.tokens[:-1], len(s.scored)))
+                     for s in samples)
 
 
 def greedy_agreement(candidate: LogitsFn, samples: Sequence[Sample]) -> float:

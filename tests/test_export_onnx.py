@@ -104,7 +104,7 @@ def test_int4_exports_loads_and_generates(smol_onnx: dict[str, Path], smol_hf: P
 def _long_ids(hf: Path, n: int) -> list[int]:
     from transformers import AutoTokenizer
 
-    from export.onnx_quality import prompts
+    from export.quality import prompts
 
     ids = AutoTokenizer.from_pretrained(hf)(" ".join(prompts(6)) * 8)["input_ids"]
     assert len(ids) >= n
