@@ -1,0 +1,149 @@
+"""SRC (GGUF file, HF folder or model name) → an edgespec ONNX directory (docs/onnx-format.md).
+
+FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
+session loads, so compute and KV stay float32); ``int8``/``int4`` quantize every MatMul weight with
+onnxruntime's MatMulNBits quantizer (block-wise, symmetric). ``quantize_dynamic`` is never used: it quantizes
+activations per call, so a position's logits would depend on which other tokens share the call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError, InvalidParameterError
+
+from . import require
+from .hf import hf_folder
+from .onnx_graphs import ModelSpec, embed_graph, head_graph, layer_graph
+from .onnx_reference import MANIFEST
+
+QUANTS = ("fp32", "fp16", "int8", "int4")
+FORMAT = "edgespec-onnx/1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "generation_config.json")
+# accuracy_level 1 (float32 activations) was measured batch-invariant here: a token's logits are bit-identical
+# alone or in a call of k; 4 (int8 activations) takes another kernel for one row than for several.
+DEFAULT_ACCURACY_LEVEL = 1
+DEFAULT_BLOCK_SIZE = 32
+
+
+class OnnxExportError(EdgespecError):
+    """The ONNX export could not be written (disk, an unexpected model, a failed quantization)."""
+
+
+def _weights(folder: Path) -> Callable[[str], np.ndarray]:
+    safetensors = require("safetensors")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise OnnxExportError(f"{folder}: no *.safetensors weights")
+    handles = [safetensors.safe_open(str(f), "np") for f in files]
+    where = {k: h for h in handles for k in h.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+
+    def get(name: str) -> np.ndarray:
+        if name not in where:
+            raise OnnxExportError(f"{folder}: weight {name!r} is missing")
+        return where[name].get_tensor(name).astype(np.float32)
+
+    get.has = where.__contains__  # type: ignore[attr-defined]
+    return get
+
+
+def _save(model, path: Path) -> int:
+    onnx = require("onnx")
+    onnx.save_model(model, str(path))
+    return path.stat().st_size
+
+
+def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int) -> None:
+    onnx = require("onnx")
+    nbits = require("onnxruntime.quantization.matmul_nbits_quantizer", "onnx")
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(path)), bits=bits, block_size=block_size,
+                                           is_symmetric=True, accuracy_level=accuracy_level)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(path), use_external_data_format=False)
+
+
+def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", context_length: int = 4096,
+                block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
+                progress: bool = True) -> dict:
+    """Write the ONNX directory for SRC into ``out`` and return its manifest (without the quality report)."""
+    if quant not in QUANTS:
+        raise InvalidParameterError(f"unknown ONNX quantization {quant!r}; choose from {', '.join(QUANTS)}")
+    if context_length < 16:
+        raise InvalidParameterError(f"context length {context_length} is too small")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise InvalidParameterError(f"block size must be a power of two ≥ 16, not {block_size}")
+    tqdm = require("tqdm").tqdm
+    started = time.time()
+    folder = hf_folder(src)
+    spec = ModelSpec.from_hf(folder)
+    weights = _weights(folder)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    store = np.float16 if quant != "fp32" else np.float32  # quantized exports keep the embedding in fp16
+    dense = np.float16 if quant == "fp16" else np.float32
+    layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
+    try:
+        bar = tqdm(total=spec.num_layers + 2, desc=f"ONNX {quant}", unit="graph", disable=not progress)
+        embed = weights("model.embed_tokens.weight")
+        _save(embed_graph(spec, embed.astype(store)), tmp / "embed.onnx")
+        bar.update()
+        for i, name in enumerate(layers):
+            _save(layer_graph(spec, weights, i, context_length, dense), tmp / name)
+            if quant in ("int8", "int4"):
+                _quantize(tmp / name, 8 if quant == "int8" else 4, block_size, accuracy_level)
+            bar.update()
+        lm_head = weights("lm_head.weight") if weights.has("lm_head.weight") else embed  # tied embeddings
+        _save(head_graph(spec, weights("model.norm.weight"), lm_head, dense), tmp / "head.onnx")
+        if quant in ("int8", "int4"):
+            _quantize(tmp / "head.onnx", 8 if quant == "int8" else 4, block_size, accuracy_level)
+        bar.update()
+        bar.close()
+        for name in TOKENIZER_FILES:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, tmp / name)
+        manifest = _manifest(spec, folder, quant, context_length, block_size, accuracy_level, layers)
+        manifest["source"].update(src=os.fspath(src), export_seconds=round(time.time() - started, 1))
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.replace(out)
+    except OSError as e:
+        raise OnnxExportError(f"could not write {out}: {e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _manifest(spec: ModelSpec, folder: Path, quant: str, context_length: int, block_size: int,
+              accuracy_level: int, layers: list[str]) -> dict:
+    tokenizer_config = folder / "tokenizer_config.json"
+    config = json.loads(tokenizer_config.read_text()) if tokenizer_config.is_file() else {}
+    chat_template = config.get("chat_template")
+    if chat_template is None and (folder / "chat_template.jinja").is_file():
+        chat_template = (folder / "chat_template.jinja").read_text()
+    options: dict = {"weights": {"fp32": "float32", "fp16": "float16, cast to float32 at load"}.get(quant,
+                                                                                                    "MatMulNBits"),
+                     "embedding": "float32" if quant == "fp32" else "float16",
+                     "attention": "com.microsoft.GroupQueryAttention"}
+    if quant in ("int8", "int4"):
+        options.update(bits=8 if quant == "int8" else 4, block_size=block_size, is_symmetric=True,
+                       accuracy_level=accuracy_level)
+    return {"format": FORMAT, "architecture": spec.architecture, "num_layers": spec.num_layers,
+            "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
+            "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
+            "context_length": context_length, "kv_dtype": "float32", "quant": quant, "quant_options": options,
+            "bos_token_id": spec.bos_token_id, "eos_token_ids": list(spec.eos_token_ids),
+            "chat_template": chat_template, "layer_types": list(spec.layer_types),
+            "sliding_window": spec.sliding_window, "embed": "embed.onnx", "layers": layers, "head": "head.onnx",
+            "source": {"hf_folder": str(folder), "exporter": "edgespec export onnx"}, "quality": {}}

@@ -1,0 +1,223 @@
+"""The split ONNX decoder (embed.onnx, layer_NN.onnx, head.onnx), written with ``onnx.helper`` from numpy
+weights — no torch.onnx tracing, so the graphs contain exactly the ops chosen here for exact numerics.
+
+Layout and I/O names are the contract in docs/onnx-format.md. Each decoder layer is one graph: attention is
+com.microsoft GroupQueryAttention over a fixed-length KV buffer (past and present may be the same memory;
+rotary embedding, the causal mask and Gemma 3's sliding window happen inside it, positions follow from
+seqlens_k). Llama (SmolLM2) and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import require
+from .hf import UnsupportedArchitectureError, check_architecture
+
+OPSET = 21
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the graphs need to know about a model, read from its HF config.json."""
+
+    architecture: str  # "llama" | "gemma3"
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    layer_types: tuple[str, ...]
+    rope_theta: dict[str, float]  # per layer type
+    sliding_window: int | None
+    scale: float  # attention scale
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def gemma(self) -> bool:
+        return self.architecture == "gemma3"
+
+    @classmethod
+    def from_hf(cls, folder: Path) -> ModelSpec:
+        c = json.loads((folder / "config.json").read_text())
+        model_type = c.get("model_type", "?")
+        check_architecture(model_type, folder)
+        layers = int(c["num_hidden_layers"])
+        heads = int(c["num_attention_heads"])
+        head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
+        rope = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0), "rope_type": "default"}
+        if model_type == "gemma3_text":
+            layer_types = tuple(c["layer_types"])
+            theta = {t: float(rope[t]["rope_theta"]) for t in ("full_attention", "sliding_attention")}
+            bad = {t: rope[t].get("rope_type", "default") for t in theta} if isinstance(rope, dict) else {}
+            scale = float(c.get("query_pre_attn_scalar") or head_dim) ** -0.5
+            window = int(c["sliding_window"])
+            if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
+                raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported")
+        else:
+            layer_types = ("full_attention",) * layers
+            theta = {"full_attention": float(rope["rope_theta"])}
+            bad = {"full_attention": rope.get("rope_type", "default")}
+            scale = head_dim ** -0.5
+            window = None
+        if any(v != "default" for v in bad.values()):
+            raise UnsupportedArchitectureError(f"{folder}: RoPE scaling {bad} is not supported")
+        eos = c.get("eos_token_id")
+        return cls("gemma3" if model_type == "gemma3_text" else "llama", layers, int(c["hidden_size"]), heads,
+                   int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]), float(c["rms_norm_eps"]),
+                   layer_types, theta, window, scale, c.get("bos_token_id"),
+                   tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+
+
+class GraphBuilder:
+    """Collects nodes and initializers; names are made unique with a counter."""
+
+    def __init__(self, name: str, weight_dtype: type = np.float32) -> None:
+        self.onnx = require("onnx")
+        self.name = name
+        self.weight_dtype = weight_dtype  # float16: stored half size, cast to float32 when the session loads
+        self.nodes: list = []
+        self.initializers: list = []
+        self._n = 0
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
+        self._n += 1
+        names = outputs if isinstance(outputs, list) else [f"{op_type.lower()}_{self._n}_{i}" for i in range(outputs)]
+        self.nodes.append(self.onnx.helper.make_node(op_type, inputs, names, name=f"{op_type}_{self._n}",
+                                                     domain=domain, **attrs))
+        return names
+
+    def one(self, op_type: str, inputs: list[str], output: str | None = None, domain: str = "", **attrs) -> str:
+        return self.op(op_type, inputs, [output] if output else 1, domain, **attrs)[0]
+
+    def model(self, inputs: list, outputs: list):
+        h = self.onnx.helper
+        graph = h.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid(MS_DOMAIN, 1)],
+                             producer_name="edgespec")
+        model.ir_version = 10
+        return model
+
+
+def _tensor(name: str, elem: int, shape: list) -> object:
+    return require("onnx").helper.make_tensor_value_info(name, elem, shape)
+
+
+def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, name: str) -> str:
+    """RMSNorm over the last axis; Gemma's (1 + w) scale is folded into the weight by the caller."""
+    return g.one("SimplifiedLayerNormalization", [x, g.const(name, weight.astype(np.float32))],
+                 axis=-1, epsilon=eps, stash_type=1)
+
+
+def linear(g: GraphBuilder, x: str, weight: np.ndarray, name: str) -> str:
+    """x @ W.T with W stored transposed ([in, out]) so MatMulNBitsQuantizer can quantize it."""
+    w = g.const(name, np.ascontiguousarray(weight.T.astype(g.weight_dtype)))
+    if g.weight_dtype != np.float32:  # constant-folded to float32 at session load: compute stays float32
+        w = g.one("Cast", [w], to=g.onnx.TensorProto.FLOAT)
+    return g.one("MatMul", [x, w])
+
+
+def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [context_length, head_dim/2] as transformers computes them (float32 inverse frequencies)."""
+    exponent = np.arange(0, spec.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(spec.head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(spec.rope_theta[layer_type]) ** exponent)).astype(np.float32)
+    freqs = np.arange(context_length, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) + w.astype(np.float32)) if spec.gemma else w
+
+
+def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: int, context_length: int,
+                weight_dtype: type = np.float32):
+    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer through GroupQueryAttention."""
+    onnx = require("onnx")
+    f32 = onnx.TensorProto.FLOAT
+    p = f"model.layers.{index}."
+    w = lambda name: weights(p + name)  # noqa: E731
+    g = GraphBuilder(f"layer_{index:02d}", weight_dtype)
+    eps = spec.rms_norm_eps
+    h = rms_norm(g, "hidden", _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
+    q = linear(g, h, w("self_attn.q_proj.weight"), "q_proj")
+    k = linear(g, h, w("self_attn.k_proj.weight"), "k_proj")
+    v = linear(g, h, w("self_attn.v_proj.weight"), "v_proj")
+    if spec.gemma:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
+        q = _head_norm(g, q, spec.num_heads, spec, w("self_attn.q_norm.weight"), "q_norm")
+        k = _head_norm(g, k, spec.num_kv_heads, spec, w("self_attn.k_norm.weight"), "k_norm")
+    layer_type = spec.layer_types[index]
+    cos, sin = rope_cache(spec, layer_type, context_length)
+    window = spec.sliding_window if layer_type == "sliding_attention" else None
+    attn = g.op("GroupQueryAttention",
+                [q, k, v, "past_key", "past_value", "seqlens_k", "total_sequence_length",
+                 g.const("cos_cache", cos), g.const("sin_cache", sin)],
+                [g.name + "_attn", "present_key", "present_value"], domain=MS_DOMAIN,
+                num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, scale=spec.scale, do_rotary=1,
+                rotary_interleaved=0,
+                # transformers attends to the last `sliding_window` positions including the query's own;
+                # GroupQueryAttention's window excludes it.
+                local_window_size=(window - 1) if window else -1)[0]
+    o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
+    if spec.gemma:
+        o = rms_norm(g, o, _norm_weight(spec, w("post_attention_layernorm.weight")), eps, "post_attn_norm")
+    x = g.one("Add", ["hidden", o])
+    mlp_norm = "pre_feedforward_layernorm.weight" if spec.gemma else "post_attention_layernorm.weight"
+    h = rms_norm(g, x, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
+    gate = linear(g, h, w("mlp.gate_proj.weight"), "gate_proj")
+    up = linear(g, h, w("mlp.up_proj.weight"), "up_proj")
+    # Gemma: GELU (tanh approximation); Llama: SiLU
+    act = g.one("Gelu", [gate], approximate="tanh") if spec.gemma else g.one("Mul", [gate, g.one("Sigmoid", [gate])])
+    d = linear(g, g.one("Mul", [act, up]), w("mlp.down_proj.weight"), "down_proj")
+    if spec.gemma:
+        d = rms_norm(g, d, _norm_weight(spec, w("post_feedforward_layernorm.weight")), eps, "post_mlp_norm")
+    g.one("Add", [x, d], "hidden_out")
+    kv_shape = [1, spec.num_kv_heads, context_length, spec.head_dim]
+    inputs = [_tensor("hidden", f32, [1, "S", spec.hidden_size]), _tensor("past_key", f32, kv_shape),
+              _tensor("past_value", f32, kv_shape), _tensor("seqlens_k", onnx.TensorProto.INT32, [1]),
+              _tensor("total_sequence_length", onnx.TensorProto.INT32, [])]
+    outputs = [_tensor("hidden_out", f32, [1, "S", spec.hidden_size]), _tensor("present_key", f32, kv_shape),
+               _tensor("present_value", f32, kv_shape)]
+    return g.model(inputs, outputs)
+
+
+def _head_norm(g: GraphBuilder, x: str, heads: int, spec: ModelSpec, weight: np.ndarray, name: str) -> str:
+    split = g.one("Reshape", [x, g.const(name + "_shape", np.array([0, 0, heads, spec.head_dim], np.int64))])
+    normed = rms_norm(g, split, _norm_weight(spec, weight), spec.rms_norm_eps, name)
+    return g.one("Reshape", [normed, g.const(name + "_flat", np.array([0, 0, heads * spec.head_dim], np.int64))])
+
+
+def embed_graph(spec: ModelSpec, table: np.ndarray):
+    """input_ids → hidden. A float16 table is gathered, then cast (the table stays half size in memory)."""
+    onnx = require("onnx")
+    g = GraphBuilder("embed")
+    x = g.one("Gather", [g.const("embed_tokens", table), "input_ids"], axis=0)
+    if table.dtype != np.float32:
+        x = g.one("Cast", [x], to=onnx.TensorProto.FLOAT)
+    if spec.gemma:  # Gemma scales embeddings by sqrt(hidden_size) (in float32, as transformers does)
+        x = g.one("Mul", [x, g.const("embed_scale", np.array(spec.hidden_size ** 0.5, np.float32))])
+    g.one("Identity", [x], "hidden")
+    return g.model([_tensor("input_ids", onnx.TensorProto.INT64, [1, "S"])],
+                   [_tensor("hidden", onnx.TensorProto.FLOAT, [1, "S", spec.hidden_size])])
+
+
+def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dtype: type = np.float32):
+    """hidden rows → logits: final RMSNorm and the (possibly tied) output projection."""
+    onnx = require("onnx")
+    g = GraphBuilder("head", weight_dtype)
+    h = rms_norm(g, "hidden", _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm")
+    g.one("Identity", [linear(g, h, lm_head, "lm_head")], "logits")
+    return g.model([_tensor("hidden", onnx.TensorProto.FLOAT, [1, "N", spec.hidden_size])],
+                   [_tensor("logits", onnx.TensorProto.FLOAT, [1, "N", spec.vocab_size])])

@@ -1,0 +1,87 @@
+"""A minimal reference runner for an edgespec ONNX directory: chains embed → layers → head over plain numpy
+KV buffers. For the exporter's own checks (logits vs transformers, batch invariance, quality); the runtime
+with the preallocated arena and IO binding is edgespec's ONNX backend.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import ModelLoadError
+
+from . import require
+
+MANIFEST = "edgespec-onnx.json"
+
+
+def session_options(threads: int = 1, spinning: bool = False, optimization: str = "all"):
+    """The session settings the exporter checked its graphs with (see README, "ONNX export")."""
+    ort = require("onnxruntime", "onnx")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    so.graph_optimization_level = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                   "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[optimization]
+    return so
+
+
+def read_manifest(folder: Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ModelLoadError(f"{folder} is not an edgespec ONNX directory (no {MANIFEST})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
+
+
+class OnnxReference:
+    """Token ids in, logits out; ``forward`` appends to the KV buffers, ``truncate`` rolls back."""
+
+    def __init__(self, folder: str | Path, threads: int = 1, **options) -> None:
+        ort = require("onnxruntime", "onnx")
+        self.folder = Path(folder)
+        self.manifest = m = read_manifest(self.folder)
+        so = session_options(threads, **options)
+        providers = ["CPUExecutionProvider"]
+        try:
+            self.embed = ort.InferenceSession(str(self.folder / m["embed"]), so, providers=providers)
+            self.layers = [ort.InferenceSession(str(self.folder / name), so, providers=providers)
+                           for name in m["layers"]]
+            self.head = ort.InferenceSession(str(self.folder / m["head"]), so, providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for corrupt files
+            raise ModelLoadError(f"{self.folder}: onnxruntime cannot load the graphs: {e}") from e
+        shape = (1, m["num_kv_heads"], m["context_length"], m["head_dim"])
+        self.kv = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in m["layers"]]
+        self.length = 0
+
+    def forward(self, ids: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
+        """Logits [len(ids), vocab] for ``ids`` appended after the current length."""
+        total = self.length + len(ids)
+        if total > self.manifest["context_length"]:
+            raise ModelLoadError(f"{total} positions exceed the export's context length "
+                                 f"{self.manifest['context_length']}")
+        hidden = self.embed.run(None, {"input_ids": np.array([ids], np.int64)})[0]
+        feeds = {"seqlens_k": np.array([total - 1], np.int32), "total_sequence_length": np.array(total, np.int32)}
+        for i, layer in enumerate(self.layers):
+            if i in skip:
+                continue
+            k, v = self.kv[i]
+            hidden, k, v = layer.run(None, {"hidden": hidden, "past_key": k, "past_value": v, **feeds})
+            self.kv[i] = (k, v)
+        self.length = total
+        return self.head.run(None, {"hidden": hidden})[0][0]
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """Full prefill of ``ids`` from an empty cache."""
+        self.length = 0
+        return self.forward(ids)
