@@ -15,8 +15,8 @@ from .base import Draft
 class DraftModelDrafter:
     """Runs the draft autoregressively in its cache, which the shared arena keeps in step.
 
-    ``min_confidence``: stop drafting at the first token whose own probability (the draft's top-1 when
-    greedy, the sampled token's when sampling) is below it; that token is not proposed. Losslessness does not
+    ``min_confidence``: stop drafting at the first position where the draft's own top-1 probability is below
+    it; that position's token is not proposed. Losslessness does not
     depend on where a draft stops, only the cost: a token the draft itself doubts is rarely accepted.
     """
 
@@ -45,7 +45,7 @@ class DraftModelDrafter:
             else:
                 q = params.probs(logits[0])[0]
                 token = sample(q, rng)
-                confidence = float(q[token])
+                confidence = float(q.max())
             if confidence < self.min_confidence:
                 return Draft(tokens, np.stack(probs) if probs else None, passes=len(tokens) + 1)
             if not params.greedy:
