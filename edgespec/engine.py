@@ -77,7 +77,7 @@ class Engine:
         if self_draft is not None:
             layerskip = DraftModelDrafter(self.arena, "layerskip", "layerskip", LAYERSKIP_MIN_CONFIDENCE)
             self.drafters["layerskip"] = layerskip
-            self.drafters["hybrid"] = HybridDrafter([NgramDrafter(n_min=2), layerskip])
+            self.drafters["hybrid"] = HybridDrafter([self.drafters["ngram"], layerskip])
         self.mode = mode or ("draft" if draft is not None else "ngram")
         self._check_mode(self.mode)
         self.gamma = _check_gamma(gamma)

@@ -20,7 +20,7 @@ def test_expected_speedup_model() -> None:
     assert expected_speedup(0.0, 0.5, verify) == (1.0, 0)  # a draft that is never right never pays
     speedup, gamma = expected_speedup(0.9, 0.1, verify)
     assert speedup > 2.0 and gamma >= 3
-    assert expected_speedup(0.6, 0.8, verify)[0] < expected_speedup(0.6, 0.4, verify)[0]  # dearer draft, less gain
+    assert expected_speedup(0.8, 0.8, verify)[0] < expected_speedup(0.8, 0.4, verify)[0]  # dearer draft, less gain
 
 
 def test_calibration_finds_and_stores_a_skip_set(onnx_engine: Engine, tmp_path: Path) -> None:

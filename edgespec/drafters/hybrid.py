@@ -10,11 +10,11 @@ from .base import Drafter
 class HybridDrafter:
     """An ordered list of drafters; the engine asks each in turn and verifies the first non-empty draft.
 
-    The first stage is free: the engine gives it an n-gram lookup that needs a match of two or more tokens
-    (a lone repeated token is no evidence of a copied passage). With γ auto the controller also declines a
-    lookup whose match length has not been paying; the next stage (the layer-skip draft, a forward pass per
-    token) then gets its turn. Each stage keeps its own name, so the γ controller learns acceptance and
-    cost per stage.
+    The engine gives it the n-gram lookup first (free) and the layer-skip draft second (a forward pass per
+    token): wherever n-gram mode would draft, hybrid drafts the same; when the lookup finds nothing, or the
+    γ controller declines it (its match length has not been paying), the layer-skip draft gets its turn,
+    itself gated by the controller. Each stage keeps its own name, so the controller learns acceptance and
+    cost per stage, and hybrid falls back to plain decoding when neither pays.
     """
 
     name = "hybrid"
