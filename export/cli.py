@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-_COMMANDS: tuple[str, ...] = ()  # modules of this package, e.g. "gguf", each with register(subparsers)
+_COMMANDS: tuple[str, ...] = ("onnx_cmd",)  # modules of this package, e.g. "gguf", each with register(subparsers)
 
 
 def add_export_command(sub: argparse._SubParsersAction) -> None:

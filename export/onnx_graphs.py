@@ -130,6 +130,30 @@ def linear(g: GraphBuilder, x: str, weight: np.ndarray, name: str) -> str:
     return g.one("MatMul", [x, w])
 
 
+def pad_single_row(g: GraphBuilder, x: str) -> tuple[str, str, str]:
+    """Append a copy of row 0 when the call has one row: (padded x, pad count [1] int64, S [1] int64).
+
+    onnxruntime's CPU kernels take a special path for a single row (M = 1 GEMM/GEMV in GroupQueryAttention's
+    Q·Kᵀ and in MatMulNBits), which rounds differently from the multi-row path; every path with ≥ 2 rows gives
+    a row bit-identical results whatever the other rows are. Padding single-row calls to two rows makes a
+    position's logits independent of how many tokens share the call (measured in README, "ONNX export").
+    """
+    seq = g.one("Slice", [g.one("Shape", [x]), g.const(g.name + "_one", np.array([1], np.int64)),
+                          g.const(g.name + "_two", np.array([2], np.int64))])
+    pad = g.one("Max", [g.one("Sub", [g.name + "_two", seq]), g.const(g.name + "_zero", np.array([0], np.int64))])
+    extra = g.one("Slice", [x, g.const(g.name + "_start", np.array([0], np.int64)), pad, g.name + "_one"])
+    return g.one("Concat", [x, extra], axis=1), pad, seq
+
+
+def drop_padding(g: GraphBuilder, y: str, seq: str, output: str) -> str:
+    return g.one("Slice", [y, g.name + "_start", seq, g.name + "_one"], output)
+
+
+def kv_length(context_length: int) -> int:
+    """KV buffer rows: every position plus the scratch slot a padded single-row call writes."""
+    return context_length + 1
+
+
 def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [context_length, head_dim/2] as transformers computes them (float32 inverse frequencies)."""
     exponent = np.arange(0, spec.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(spec.head_dim)
@@ -151,7 +175,13 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     w = lambda name: weights(p + name)  # noqa: E731
     g = GraphBuilder(f"layer_{index:02d}", weight_dtype)
     eps = spec.rms_norm_eps
-    h = rms_norm(g, "hidden", _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
+    hidden, pad, seq = pad_single_row(g, "hidden")
+    # The padding row is one position past the call's last one: it writes a scratch K/V slot at index
+    # `total` (overwritten by the next call before anything reads it) and no real row attends to it.
+    pad32 = g.one("Cast", [pad], to=onnx.TensorProto.INT32)
+    seqlens = g.one("Add", ["seqlens_k", pad32])
+    total = g.one("Add", ["total_sequence_length", g.one("Squeeze", [pad32, g.name + "_start"])])
+    h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     q = linear(g, h, w("self_attn.q_proj.weight"), "q_proj")
     k = linear(g, h, w("self_attn.k_proj.weight"), "k_proj")
     v = linear(g, h, w("self_attn.v_proj.weight"), "v_proj")
@@ -159,21 +189,21 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
         q = _head_norm(g, q, spec.num_heads, spec, w("self_attn.q_norm.weight"), "q_norm")
         k = _head_norm(g, k, spec.num_kv_heads, spec, w("self_attn.k_norm.weight"), "k_norm")
     layer_type = spec.layer_types[index]
-    cos, sin = rope_cache(spec, layer_type, context_length)
+    cos, sin = rope_cache(spec, layer_type, kv_length(context_length))
     window = spec.sliding_window if layer_type == "sliding_attention" else None
     attn = g.op("GroupQueryAttention",
-                [q, k, v, "past_key", "past_value", "seqlens_k", "total_sequence_length",
+                [q, k, v, "past_key", "past_value", seqlens, total,
                  g.const("cos_cache", cos), g.const("sin_cache", sin)],
                 [g.name + "_attn", "present_key", "present_value"], domain=MS_DOMAIN,
                 num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, scale=spec.scale, do_rotary=1,
                 rotary_interleaved=0,
-                # transformers attends to the last `sliding_window` positions including the query's own;
-                # GroupQueryAttention's window excludes it.
-                local_window_size=(window - 1) if window else -1)[0]
+                # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
+                # window − 1 differs from position 511 on.
+                local_window_size=window or -1)[0]
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
     if spec.gemma:
         o = rms_norm(g, o, _norm_weight(spec, w("post_attention_layernorm.weight")), eps, "post_attn_norm")
-    x = g.one("Add", ["hidden", o])
+    x = g.one("Add", [hidden, o])
     mlp_norm = "pre_feedforward_layernorm.weight" if spec.gemma else "post_attention_layernorm.weight"
     h = rms_norm(g, x, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
     gate = linear(g, h, w("mlp.gate_proj.weight"), "gate_proj")
@@ -183,8 +213,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     d = linear(g, g.one("Mul", [act, up]), w("mlp.down_proj.weight"), "down_proj")
     if spec.gemma:
         d = rms_norm(g, d, _norm_weight(spec, w("post_feedforward_layernorm.weight")), eps, "post_mlp_norm")
-    g.one("Add", [x, d], "hidden_out")
-    kv_shape = [1, spec.num_kv_heads, context_length, spec.head_dim]
+    drop_padding(g, g.one("Add", [x, d]), seq, "hidden_out")
+    kv_shape = [1, spec.num_kv_heads, kv_length(context_length), spec.head_dim]
     inputs = [_tensor("hidden", f32, [1, "S", spec.hidden_size]), _tensor("past_key", f32, kv_shape),
               _tensor("past_value", f32, kv_shape), _tensor("seqlens_k", onnx.TensorProto.INT32, [1]),
               _tensor("total_sequence_length", onnx.TensorProto.INT32, [])]
@@ -217,7 +247,8 @@ def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dt
     """hidden rows → logits: final RMSNorm and the (possibly tied) output projection."""
     onnx = require("onnx")
     g = GraphBuilder("head", weight_dtype)
-    h = rms_norm(g, "hidden", _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm")
-    g.one("Identity", [linear(g, h, lm_head, "lm_head")], "logits")
+    hidden, _, seq = pad_single_row(g, "hidden")  # exact MatMulNBits for one row, as in the layers
+    h = rms_norm(g, hidden, _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm")
+    drop_padding(g, linear(g, h, lm_head, "lm_head"), seq, "logits")
     return g.model([_tensor("hidden", onnx.TensorProto.FLOAT, [1, "N", spec.hidden_size])],
                    [_tensor("logits", onnx.TensorProto.FLOAT, [1, "N", spec.vocab_size])])

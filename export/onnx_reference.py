@@ -57,24 +57,35 @@ class OnnxReference:
             self.head = ort.InferenceSession(str(self.folder / m["head"]), so, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for corrupt files
             raise ModelLoadError(f"{self.folder}: onnxruntime cannot load the graphs: {e}") from e
-        shape = (1, m["num_kv_heads"], m["context_length"], m["head_dim"])
-        self.kv = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in m["layers"]]
+        # The KV buffers are bound as both past_* and present_* (the contract's in-place update).
+        shape = (1, m["num_kv_heads"], m["kv_length"], m["head_dim"])
+        self.kv = [(ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)),
+                    ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))) for _ in m["layers"]]
         self.length = 0
 
     def forward(self, ids: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
         """Logits [len(ids), vocab] for ``ids`` appended after the current length."""
         total = self.length + len(ids)
-        if total > self.manifest["context_length"]:
-            raise ModelLoadError(f"{total} positions exceed the export's context length "
+        if not ids or total > self.manifest["context_length"]:
+            raise ModelLoadError(f"{total} positions: empty call or beyond the export's context length "
                                  f"{self.manifest['context_length']}")
         hidden = self.embed.run(None, {"input_ids": np.array([ids], np.int64)})[0]
-        feeds = {"seqlens_k": np.array([total - 1], np.int32), "total_sequence_length": np.array(total, np.int32)}
+        seqlens, total_len = np.array([total - 1], np.int32), np.array(total, np.int32)
         for i, layer in enumerate(self.layers):
             if i in skip:
                 continue
             k, v = self.kv[i]
-            hidden, k, v = layer.run(None, {"hidden": hidden, "past_key": k, "past_value": v, **feeds})
-            self.kv[i] = (k, v)
+            binding = layer.io_binding()
+            binding.bind_cpu_input("hidden", hidden)
+            binding.bind_cpu_input("seqlens_k", seqlens)
+            binding.bind_cpu_input("total_sequence_length", total_len)
+            binding.bind_ortvalue_input("past_key", k)
+            binding.bind_ortvalue_input("past_value", v)
+            binding.bind_output("hidden_out")
+            binding.bind_ortvalue_output("present_key", k)
+            binding.bind_ortvalue_output("present_value", v)
+            layer.run_with_iobinding(binding)
+            hidden = binding.get_outputs()[0].numpy()
         self.length = total
         return self.head.run(None, {"hidden": hidden})[0][0]
 

@@ -1,0 +1,66 @@
+"""``edgespec export onnx SRC --quant {fp32,fp16,int8,int4} --out DIR``: the split ONNX decoder edgespec's
+ONNX backend runs (docs/onnx-format.md), with its quality report; ``--format genai`` builds the same weights
+with onnxruntime-genai's builder instead, for comparison with its own generation loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, MANIFEST, QUANTS
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("onnx", help="ONNX decoder (FP32/FP16, MatMulNBits INT8/INT4) with a quality report")
+    p.add_argument("src", help="GGUF file, Hugging Face folder, or model name (see `edgespec models`)")
+    p.add_argument("--quant", choices=QUANTS, default="int8")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--format", choices=["edgespec", "genai"], default="edgespec",
+                   help="edgespec: per-layer graphs for edgespec's runtime; genai: onnxruntime-genai's builder")
+    p.add_argument("--context-length", type=int, default=4096, help="KV buffer positions the graphs accept")
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="MatMulNBits block size")
+    p.add_argument("--accuracy-level", type=int, default=DEFAULT_ACCURACY_LEVEL, choices=[0, 1, 2, 3, 4],
+                   help="MatMulNBits compute type (4 = int8 activations: fast and batch-invariant here; "
+                        "1 = float32 activations: slow for 8-bit)")
+    p.add_argument("--asymmetric", action="store_true", help="asymmetric (zero-point) weight quantization")
+    p.add_argument("--head-bits", type=int, choices=[4, 8], default=8, help="bits of the output projection")
+    p.add_argument("--no-quality", action="store_true", help="skip the quality report")
+    p.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format == "genai":
+        from .onnx_genai import export_genai
+
+        entry = export_genai(args.src, args.out, args.quant, args.block_size, args.accuracy_level)
+        print(json.dumps(entry, indent=2) if args.json else
+              f"wrote {args.out} (onnxruntime-genai, {args.quant}): {entry['size_bytes'] / 1e6:.0f} MB")
+        return 0
+    from .onnx_export import export_onnx
+
+    manifest = export_onnx(args.src, args.out, args.quant, args.context_length, args.block_size,
+                           args.accuracy_level, not args.asymmetric, args.head_bits)
+    if not args.no_quality:
+        from .onnx_quality import quality_report
+
+        manifest["quality"] = quality_report(args.out)
+        (args.out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if args.json:
+        print(json.dumps({k: v for k, v in manifest.items() if k != "chat_template"}, indent=2))
+    else:
+        print(summary(args.out, manifest))
+    return 0
+
+
+def summary(out: Path, manifest: dict) -> str:
+    size = sum(f.stat().st_size for f in out.glob("*.onnx")) / 1e6
+    line = (f"wrote {out}: {manifest['architecture']} {manifest['num_layers']} layers, {manifest['quant']}, "
+            f"{size:.0f} MB, {manifest['source']['export_seconds']:.0f} s")
+    q = manifest.get("quality") or {}
+    if q:
+        line += (f" · top-1 {q['top1_agreement']:.3f} · KL {q['kl']:.4f} vs source ({q['positions']} positions)"
+                 f" · {q['decode_tok_s']:.0f} tok/s decode (1 thread)")
+    return line
