@@ -31,8 +31,9 @@ def open_model(model: str | os.PathLike[str], backend: str = "auto",
         raise InvalidParameterError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     o = options or ModelOptions()
     if backend == "onnx" or (backend == "auto" and is_onnx_model(model)):
+        # Exact numerics are built into the exported graphs (docs/onnx-format.md): nothing to switch here.
         return OnnxModel(model, OnnxOptions(n_ctx=o.n_ctx, n_threads=o.n_threads, device=o.device,
-                                            exact_numerics=o.exact_numerics, layer_skip=o.layer_skip))
+                                            layer_skip=o.layer_skip))
     if o.layer_skip is not None:
         raise InvalidParameterError("layer_skip needs an ONNX model: llama.cpp cannot skip layers")
     return LlamaModel(resolve(model), ContextOptions(n_ctx=o.n_ctx, n_threads=o.n_threads, device=o.device,

@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .errors import EdgespecError
+from .gamma import CostCurve
 from .onnx_backend import MANIFEST, OnnxModel
 
 CALIBRATION_PROMPTS = (
@@ -58,7 +59,7 @@ class SkipCalibration:
 def expected_speedup(alpha: float, cost_ratio: float, verify: np.ndarray) -> tuple[float, int]:
     """Best (speed-up, γ) for per-token acceptance ``alpha``; ``verify[k]`` = cost(k tokens) / cost(1)."""
     best, best_gamma = 1.0, 0
-    for gamma in range(1, min(MAX_GAMMA, len(verify) - 2) + 1):
+    for gamma in range(1, min(MAX_GAMMA, len(verify) - 2) + 1):  # verify[0] is unused
         tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
         speedup = tokens / (gamma * cost_ratio + verify[gamma + 1])
         if speedup > best:
@@ -106,30 +107,24 @@ class _Scorer:
         return agree / self.positions
 
 
-def _median_seconds(run: Callable[[], object], repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - t)
-    return float(np.median(samples))
+def measure_costs(model: OnnxModel, position: int = 256, repeats: int = 9) -> tuple[float, np.ndarray, np.ndarray]:
+    """(seconds of embed + head, seconds per layer, verify curve v[k] = cost(k) / cost(1)) for one token.
 
-
-def measure_costs(model: OnnxModel, position: int = 256, repeats: int = 7) -> tuple[float, np.ndarray, np.ndarray]:
-    """(seconds of embed + head, seconds per layer, verify curve v[k] for k = 0..MAX_GAMMA+1) for one token."""
+    Layers are timed inside full passes (each session call clocked), the rest is the pass minus them.
+    """
     token = [model.bos if model.bos >= 0 else 0]
     all_layers = range(model.n_layer)
-    base = _median_seconds(lambda: model.forward([], token, position, 1), repeats)
-    full = _median_seconds(lambda: model.forward(all_layers, token, position, 1), repeats)
-    per_layer = np.array([_median_seconds(lambda i=i: model.forward([i], token, position, 1), repeats) - base
-                          for i in all_layers])
-    per_layer = np.maximum(per_layer, 0.0)
-    # Spread the measured full-pass time over the layers in proportion (timings of single layers are noisy).
-    if per_layer.sum() > 0:
-        per_layer *= max(full - base, 0.0) / per_layer.sum()
-    verify = np.ones(MAX_GAMMA + 2)
-    for k in range(2, MAX_GAMMA + 2):
-        verify[k] = _median_seconds(lambda k=k: model.forward(all_layers, token * k, position, k), repeats) / full
+    clocks = np.zeros((repeats, model.n_layer))
+    passes = []
+    for r in range(repeats):
+        t = time.perf_counter()
+        model.forward(all_layers, token, position, 1, clock=clocks[r])
+        passes.append(time.perf_counter() - t)
+    per_layer = np.median(clocks, axis=0)
+    full = float(np.median(passes))
+    base = max(full - float(per_layer.sum()), 0.0)
+    # The verify curve, measured as the engine measures it (k values interleaved over rounds).
+    verify = CostCurve.measure(lambda k: model.forward(all_layers, token * k, position, k)).shape
     return base, per_layer, verify
 
 

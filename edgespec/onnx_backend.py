@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +56,6 @@ class OnnxOptions:
     n_threads: int | None = None  # None: physical cores
     device: str = "cpu"
     layer_skip: Sequence[int] | None = None  # layers the self-draft skips; None: the manifest's calibrated set
-    # GroupQueryAttention on the CPU takes another code path for one new token than for several (logits differ
-    # by ~1e-5, enough to flip a near-tie): with exact numerics a lone token is run as a pair, so every
-    # position is computed by the same kernels whether it is decoded alone or verified in a batch.
-    exact_numerics: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -146,8 +143,10 @@ class OnnxModel:
         self.n_vocab: int = m["vocab_size"]
         self._hidden: int = m["hidden_size"]
         kv_heads, head_dim, context = m["num_kv_heads"], m["head_dim"], m["context_length"]
-        self._pad_single = self.options.exact_numerics
-        self.n_ctx = min(self.options.n_ctx, context - self._pad_single)  # a padded last token needs one spare slot
+        # The graphs run a lone token as a pair (batch-invariant numerics, docs/onnx-format.md), whose second
+        # row writes one scratch slot past the last position: the buffer is one row longer than the context.
+        kv_length = m.get("kv_length", context + 1)
+        self.n_ctx = min(self.options.n_ctx, context)
         self.n_batch = min(self.options.n_batch, self.n_ctx)
         self.n_threads = self.options.n_threads or physical_cores()
         self.tokenizer = HFTokenizer(self.path)
@@ -174,13 +173,13 @@ class OnnxModel:
         self._embed = session(m["embed"])
         self._layers = [session(name) for name in m["layers"]]
         self._head = session(m["head"])
-        # The KV arena: the graphs declare the buffer length (context_length); only n_ctx of it is used.
-        kv_shape = (self.n_layer, 2, 1, kv_heads, context, head_dim)
+        # The KV arena, allocated once at the length the graphs declare.
+        kv_shape = (self.n_layer, 2, 1, kv_heads, kv_length, head_dim)
         for i, s in enumerate(self._layers):
             _check_layer(s, self.path / m["layers"][i], kv_shape[2:])
         self.kv = _Buffer(kv_shape, self.device_type)
         self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
-        self._ping = [_Buffer((1, max(self.n_batch, 2), self._hidden), self.device_type) for _ in range(2)]
+        self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
         self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
@@ -246,9 +245,13 @@ class OnnxModel:
         check_same_vocab(self, other)  # type: ignore[arg-type]
 
     # -- the forward pass --------------------------------------------------------------------------------
-    def forward(self, layers: Sequence[int], tokens: Sequence[int], start: int, n_logits: int) -> np.ndarray:
+    def forward(self, layers: Sequence[int], tokens: Sequence[int], start: int, n_logits: int,
+                clock: np.ndarray | None = None) -> np.ndarray:
         """Run ``tokens`` at positions start.. through embed → ``layers`` → head, writing the KV of those
-        positions for those layers in place; return the logits of the last ``n_logits`` positions."""
+        positions for those layers in place; return the logits of the last ``n_logits`` positions.
+
+        ``clock`` (calibration): seconds spent in each layer's session are added to ``clock[layer]``.
+        """
         if start + len(tokens) > self.n_ctx:
             raise EdgespecError(f"internal: positions up to {start + len(tokens)} exceed n_ctx={self.n_ctx}")
         n_logits = min(n_logits, len(tokens))
@@ -256,17 +259,13 @@ class OnnxModel:
             raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={self.n_batch}")
         out, last = self._ping[0], 0
         for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
-            out = self._run_chunk(layers, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo)
-            last = hi - lo  # real rows come first: a padded row is after them
+            out = self._run_chunk(layers, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo, clock)
+            last = hi - lo
         if n_logits == 0:
             return self._logits[:0]
         return self._run_head(out, last, n_logits)
 
-    def _run_chunk(self, layers: Sequence[int], ids: np.ndarray, start: int) -> _Buffer:
-        if ids.shape[1] == 1 and self._pad_single:
-            # The pair's second row only writes KV at start+1, a position past this cache's end that the
-            # next decode overwrites; the first row cannot see it (causal), so it is exact.
-            ids = np.repeat(ids, 2, axis=1)
+    def _run_chunk(self, layers: Sequence[int], ids: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
         n = ids.shape[1]
         dev, h = self.device_type, self._hidden
         io = self._embed_io
@@ -280,7 +279,12 @@ class OnnxModel:
             io = self._bindings[i]
             io.bind_input("hidden", dev, 0, np.float32, [1, n, h], src.ptr)
             io.bind_output("hidden_out", dev, 0, np.float32, [1, n, h], dst.ptr)
-            self._layers[i].run_with_iobinding(io)
+            if clock is None:
+                self._layers[i].run_with_iobinding(io)
+            else:
+                t = time.perf_counter()
+                self._layers[i].run_with_iobinding(io)
+                clock[i] += time.perf_counter() - t
             src, dst = dst, src
         return src
 
