@@ -42,9 +42,9 @@ _PROVIDERS = {"cpu": (), "cuda": ("CUDAExecutionProvider",), "metal": ("CoreMLEx
 
 
 def is_onnx_model(path: str | os.PathLike[str]) -> bool:
-    """Whether a path names an ONNX model (an exported directory, or a stray .onnx file to reject clearly)."""
+    """Whether a path is for the ONNX backend: a directory (GGUF models are files), a .onnx file or a manifest."""
     p = Path(path).expanduser()
-    return (p / MANIFEST).is_file() or p.suffix == ".onnx" or p.name == MANIFEST
+    return p.is_dir() or p.suffix == ".onnx" or p.name == MANIFEST
 
 
 @dataclass(frozen=True)
