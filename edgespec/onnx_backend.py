@@ -15,7 +15,6 @@ and of the KV memory serves target and draft (see ``KVArena`` for how the draft'
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Sequence
@@ -28,8 +27,6 @@ from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .hf_tokenizer import HFTokenizer
 from .llama_backend import DEVICES, physical_cores, split_batches
 from .vocab import check_same_vocab
-
-log = logging.getLogger("edgespec.onnx")
 
 MANIFEST = "edgespec-onnx.json"
 FORMAT = "edgespec-onnx/1"
@@ -120,7 +117,6 @@ class _Buffer:
             self.array = None
             self._value = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.float32, device_type, 0)
             self.ptr = self._value.data_ptr()
-        self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * 4 if len(shape) > 1 else 4
 
 
 class OnnxModel:
@@ -205,8 +201,8 @@ class OnnxModel:
 
     # -- lifetime / metadata ----------------------------------------------------------------------------
     def close(self) -> None:
-        self._layers = []
-        self._bindings = []
+        """Release the sessions (the view shares them, so it is closed too)."""
+        self._layers, self._bindings = [], []
 
     @property
     def description(self) -> str:

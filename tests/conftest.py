@@ -24,14 +24,15 @@ def spec_bench(categories: list[str], per_category: int = 1) -> list[dict]:
     return chosen
 
 
-def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32") -> Path:
+def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
     """An ONNX export of a shipped model, written once into the edgespec cache by the real exporter."""
     from edgespec.models import cache_dir
     from export.onnx_export import export_onnx
 
-    out = cache_dir().parent / "onnx" / f"{model}-{quant}"
+    suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
+    out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"
     if not (out / "edgespec-onnx.json").is_file():
-        export_onnx(model, out, quant=quant, progress=False)
+        export_onnx(model, out, quant=quant, progress=False, **options)  # type: ignore[arg-type]
     return out
 
 
