@@ -26,7 +26,7 @@ from .verify import verify_greedy, verify_sampled
 
 MODES = ("ngram", "draft", "layerskip", "hybrid", "none")
 SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subset of its layers
-# The layer-skip draft stops at a token it gives less than this probability (tuned on SmolLM2, README).
+# The layer-skip draft stops at a position whose own top-1 probability is below this (a round value, not tuned).
 LAYERSKIP_MIN_CONFIDENCE = 0.5
 _CALIBRATION_TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model "
                      "then verifies in a single batched forward pass. ") * 4
