@@ -237,6 +237,7 @@ def test_self_draft_modes_need_an_onnx_model(engine: Engine) -> None:
 
 
 # -- Gemma 3 270M through the same path --------------------------------------------------------------------
+@pytest.mark.slow
 def test_gemma3_greedy_equals_target_only() -> None:
     """Gemma 3 (sliding-window layers, 262k vocabulary, no chat template in its GGUF), INT8 weights.
 
@@ -245,11 +246,11 @@ def test_gemma3_greedy_equals_target_only() -> None:
     """
     engine = edgespec.load(onnx_export_dir("gemma3-270m", "int8", accuracy_level=1), n_ctx=1024, n_threads=1)
     try:
-        for i, q in enumerate(spec_bench(["translation", "writing", "coding", "qa"])):
+        for q in spec_bench(["translation", "coding"]):  # the translation prompt caught accuracy_level 4
             prompt = engine.tokenize(q["turns"][0])
             expected = engine.generate(prompt, max_tokens=24, mode="none").tokens
-            mode, gamma = [("layerskip", 2), ("hybrid", 3), ("hybrid", "auto"), ("ngram", 4)][i]
-            out = engine.generate(prompt, max_tokens=24, mode=mode, gamma=gamma)
-            assert out.tokens == expected, f"{mode} γ={gamma}: {q['category']}"
+            for mode, gamma in (("layerskip", 2), ("hybrid", 3)):  # fixed γ: no cost calibration (slow on Gemma)
+                out = engine.generate(prompt, max_tokens=24, mode=mode, gamma=gamma)
+                assert out.tokens == expected, f"{mode} γ={gamma}: {q['category']}"
     finally:
         engine.close()
