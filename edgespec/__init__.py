@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
+from .backends import BACKENDS, ModelOptions, open_model
 from .engine import MODES, Completion, Engine, StreamChunk
 from .errors import (
     ContextOverflowError,
@@ -19,7 +21,8 @@ from .errors import (
     VocabMismatchError,
 )
 from .llama_backend import ContextOptions, LlamaModel
-from .models import DEFAULT_MODEL, resolve
+from .models import DEFAULT_MODEL
+from .onnx_backend import OnnxModel
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .tuning import Tuning, find_tuning
@@ -29,21 +32,27 @@ __version__ = "0.1.0"
 
 def load(target: str | os.PathLike[str] = DEFAULT_MODEL, draft: str | os.PathLike[str] | None = None,
          mode: str | None = None, gamma: int | str | None = None, n_ctx: int = 4096, device: str = "cpu",
-         n_threads: int | None = None, exact_numerics: bool = True, tuning: bool = True) -> Engine:
-    """Load a target model (a name such as ``smollm2-135m:q8_0`` or a GGUF path) and its drafters.
+         n_threads: int | None = None, exact_numerics: bool = True, backend: str = "auto",
+         layer_skip: Sequence[int] | None = None, tuning: bool = True) -> Engine:
+    """Load a target model (a name such as ``smollm2-135m:q8_0``, a GGUF path or an ONNX export directory)
+    and its drafters.
 
     ``mode`` is the default drafter: ``ngram`` (prompt lookup, no second model), ``draft`` (needs
-    ``draft=``, a GGUF with the target's vocabulary) or ``none``. ``gamma`` is ``"auto"`` (chosen each
-    step from measured costs and acceptance) or a fixed number of draft tokens. ``exact_numerics``
-    keeps logits batch-invariant, which greedy losslessness depends on (README, "Exact numerics").
+    ``draft=``, a model with the target's vocabulary), ``layerskip`` / ``hybrid`` (ONNX models: the target
+    drafts with some layers skipped; hybrid tries prompt lookup first) or ``none``. ``gamma`` is ``"auto"``
+    (chosen each step from measured costs and acceptance) or a fixed number of draft tokens.
+    ``exact_numerics`` keeps logits batch-invariant, which greedy losslessness depends on (README, "Exact
+    numerics"). ``backend`` is ``llamacpp``, ``onnx`` or ``auto`` (from the path); ``layer_skip`` overrides
+    the layers an ONNX model's self-draft skips (default: the calibrated set in its manifest).
     With ``tuning`` (default), what ``edgespec tune`` measured for these files, threads and device
     replaces the start-up calibration, and its chosen mode and γ are the defaults (None) of ``mode``
     and ``gamma``; without a tuning file they are n-gram (or draft) and ``"auto"``.
     """
-    options = ContextOptions(n_ctx=n_ctx, n_threads=n_threads, device=device, exact_numerics=exact_numerics)
-    target_model = LlamaModel(resolve(target), options)
+    options = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, device=device, exact_numerics=exact_numerics,
+                           layer_skip=layer_skip)
+    target_model = open_model(target, backend, options)
     try:
-        draft_model = LlamaModel(resolve(draft), options) if draft is not None else None
+        draft_model = open_model(draft, backend, options) if draft is not None else None
     except BaseException:
         target_model.close()
         raise
@@ -62,7 +71,7 @@ def load(target: str | os.PathLike[str] = DEFAULT_MODEL, draft: str | os.PathLik
 
 
 __all__ = [
-    "DEFAULT_MODEL", "MODES", "Completion", "ContextOptions", "ContextOverflowError", "EdgespecError",
-    "Engine", "GenerationStats", "InvalidParameterError", "LlamaModel", "ModelLoadError", "SamplingParams",
-    "StreamChunk", "Tuning", "VocabMismatchError", "load",
+    "BACKENDS", "DEFAULT_MODEL", "MODES", "Completion", "ContextOptions", "ContextOverflowError", "EdgespecError",
+    "Engine", "GenerationStats", "InvalidParameterError", "LlamaModel", "ModelLoadError", "OnnxModel",
+    "SamplingParams", "StreamChunk", "Tuning", "VocabMismatchError", "load",
 ]

@@ -6,6 +6,13 @@ cache with ``extend``; ``commit`` adds the tokens the verifier accepted and roll
 the longest prefix that still agrees with the committed sequence, all in one call. Draft tokens the
 target accepted stay in the draft's cache (same token, same position, same KV), so no cache recomputes
 what is already right. It is the only code that removes cache entries.
+
+A cache may also be a *view* of another cache's memory (the ONNX backend's layer-skip draft runs a subset
+of the target's layers over the target's KV buffer). A view never holds committed entries of its own: the
+positions its owner holds are its positions too (for the layers it runs, the owner wrote them), so it must
+never be fed them again — recomputing them with fewer layers would overwrite the owner's exact entries
+with draft values. After every owner pass and every commit a view *adopts* the owner's entries; what it
+wrote past them is speculative and is overwritten by the owner's next (verify) pass.
 """
 
 from __future__ import annotations
@@ -30,10 +37,22 @@ class Cache(Protocol):
     def cache_end(self) -> int: ...
 
 
+class SharedCache(Cache, Protocol):
+    """A cache over another cache's memory (see the module docstring)."""
+
+    def adopt(self, end: int) -> None:
+        """Take the owner's first ``end`` positions as this cache's own entries."""
+
+
 class KVArena:
-    def __init__(self, caches: dict[str, Cache]) -> None:
+    def __init__(self, caches: dict[str, Cache], views: dict[str, str] | None = None) -> None:
+        """``views`` maps the name of each cache that shares memory to the name of the cache owning it."""
         if "target" not in caches:
             raise EdgespecError("internal: an arena needs a 'target' cache")
+        self.views = dict(views or {})
+        for view, owner in self.views.items():
+            if view not in caches or owner not in caches or owner in self.views:
+                raise EdgespecError(f"internal: view {view!r} of {owner!r} must name two caches, the owner no view")
         self.caches = caches
         self.tokens: list[int] = []  # committed: prompt + accepted output
         self.held: dict[str, list[int]] = {name: [] for name in caches}  # tokens whose KV each cache holds
@@ -55,6 +74,8 @@ class KVArena:
             cache.truncate(0)
             self.held[name] = []
             self._agreed[name] = 0
+        for owner in set(self.views.values()):
+            self._sync_views(owner)
 
     def extend(self, name: str, speculative: Sequence[int], n_logits: int) -> np.ndarray:
         """Feed cache ``name`` the committed tokens it lacks, then ``speculative``; return the logits of
@@ -69,6 +90,7 @@ class KVArena:
                 f"the {name} context is full ({cache.n_ctx} tokens); load the model with a larger n_ctx")
         logits = cache.decode(feed, len(held), n_logits)
         held.extend(feed)
+        self._sync_views(name)
         return logits
 
     def commit(self, accepted: Iterable[int]) -> None:
@@ -76,8 +98,18 @@ class KVArena:
         self.tokens.extend(accepted)
         self._trim_all()
 
+    def _sync_views(self, owner: str) -> None:
+        """The views of ``owner`` hold exactly what it holds: its pass overwrote whatever they wrote past it."""
+        for view, of in self.views.items():
+            if of == owner:
+                self.held[view] = list(self.held[owner])
+                self._agreed[view] = self._agreed[owner]
+                self.caches[view].adopt(len(self.held[view]))  # type: ignore[attr-defined]
+
     def _trim_all(self) -> None:
         for name, cache in self.caches.items():
+            if name in self.views:
+                continue
             held = self.held[name]
             keep = self._agreed[name]  # only the tail fed since the last commit needs comparing
             limit = min(len(held), len(self.tokens))
@@ -91,3 +123,4 @@ class KVArena:
             end = cache.cache_end()
             if end != keep:
                 raise EdgespecError(f"internal: cache {name!r} ends at {end}, the arena expected {keep}")
+            self._sync_views(name)

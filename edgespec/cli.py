@@ -12,6 +12,7 @@ from dataclasses import asdict
 from export.cli import add_export_command
 from export.manifest import exported
 
+from .backends import BACKENDS
 from .bench.cli import add_bench_commands
 from .engine import Engine, collect
 from .errors import EdgespecError
@@ -28,10 +29,13 @@ def _stats_line(s: GenerationStats) -> str:
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model name (see `edgespec models`) or GGUF path")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="model name (see `edgespec models`), GGUF path or ONNX export directory")
     p.add_argument("--draft", default=None,
-                   help="'ngram' (prompt lookup), 'none' (target alone) or a draft GGUF path/model name "
+                   help="'ngram' (prompt lookup), 'none' (target alone), 'layerskip' / 'hybrid' (ONNX models: the "
+                        "model drafts with layers skipped; hybrid tries lookup first) or a draft model path/name "
                         "(default: what `edgespec tune` chose, else ngram)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: from the model path")
     p.add_argument("--gamma", default=None,
                    help="'auto' or a fixed number of draft tokens per step (default: tuned, else auto)")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
@@ -44,7 +48,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace) -> Engine:
     return ModelSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics).load_engine()
+                     args.fast_numerics, args.backend).load_engine()
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -73,6 +77,14 @@ def _generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     engine.close()
+    return 0
+
+
+def _calibrate_skip(args: argparse.Namespace) -> int:
+    from .layer_skip import calibrate_dir
+
+    result = calibrate_dir(args.model, n_threads=args.threads, n_tokens=args.tokens, save=not args.dry_run)
+    print(json.dumps(result.manifest_entry()))
     return 0
 
 
@@ -134,6 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = sub.add_parser("models", help="list the models edgespec can find")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_models)
+    c = sub.add_parser("calibrate-skip", help="choose the layers an ONNX model's self-draft skips; store them in "
+                                              "its manifest (the default skip set from then on)")
+    c.add_argument("model", help="ONNX export directory")
+    c.add_argument("--tokens", type=int, default=48, help="greedy tokens generated per calibration prompt")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--dry-run", action="store_true", help="report, but do not write the manifest")
+    c.set_defaults(func=_calibrate_skip)
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)
     add_bench_commands(sub)

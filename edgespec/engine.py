@@ -12,21 +12,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arena import KVArena
+from .arena import Cache, KVArena
 from .chat import ChatTemplate, Message
-from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
+from .drafters import Draft, Drafter, DraftModelDrafter, HybridDrafter, NgramDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .llama_backend import LlamaModel
+from .onnx_backend import OnnxModel
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
 from .tuning import Tuning
 from .verify import verify_greedy, verify_sampled
 
-MODES = ("ngram", "draft", "none")
+MODES = ("ngram", "draft", "layerskip", "hybrid", "none")
+SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subset of its layers
+# The layer-skip draft stops at a position whose own top-1 probability is below this (a round value, not tuned).
+LAYERSKIP_MIN_CONFIDENCE = 0.5
 _CALIBRATION_TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model "
                      "then verifies in a single batched forward pass. ") * 4
+
+
+Model = LlamaModel | OnnxModel  # the backends: the engine uses only what both offer
 
 
 @dataclass
@@ -52,19 +59,27 @@ class Completion:
 class Engine:
     """A target model plus its drafters, sharing one KV arena. Create it with ``edgespec.load``."""
 
-    def __init__(self, target: LlamaModel, draft: LlamaModel | None = None, mode: str | None = None,
+    def __init__(self, target: Model, draft: Model | None = None, mode: str | None = None,
                  gamma: int | str = "auto", tuning: Tuning | None = None) -> None:
         self.target = target
         self.tuning = tuning  # from `edgespec tune`: replaces the start-up calibration and seeds the controller
         self.draft_model = draft
-        caches = {"target": target}
+        caches: dict[str, Cache] = {"target": target}
         if draft is not None:
             target.check_same_vocab(draft)
             caches["draft"] = draft
-        self.arena = KVArena(caches)
+        # A target that can skip layers drafts for itself over its own KV memory (a view: see KVArena).
+        self_draft = target.self_draft()
+        if self_draft is not None:
+            caches["layerskip"] = self_draft
+        self.arena = KVArena(caches, views={"layerskip": "target"} if self_draft is not None else None)
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
         if draft is not None:
             self.drafters["draft"] = DraftModelDrafter(self.arena, "draft")
+        if self_draft is not None:
+            layerskip = DraftModelDrafter(self.arena, "layerskip", "layerskip", LAYERSKIP_MIN_CONFIDENCE)
+            self.drafters["layerskip"] = layerskip
+            self.drafters["hybrid"] = HybridDrafter([self.drafters["ngram"], layerskip])
         self.mode = mode or ("draft" if draft is not None else "ngram")
         self._check_mode(self.mode)
         self.gamma = _check_gamma(gamma)
@@ -193,14 +208,27 @@ class Engine:
             stats.draft_s += drafted_at - step_start
             stats.verify_s += verified_at - drafted_at
             if controller is not None:
-                controller.observe(drafter.name if drafter else None, draft.key, len(draft), n_accepted,
-                                   drafted_at - step_start, verified_at - drafted_at)
+                controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
+                                   drafted_at - step_start, verified_at - drafted_at, draft.passes)
 
     def _propose(self, drafter: Drafter | None, gamma: int | str, controller: GammaController | None,
                  room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """The draft to verify this step, already cut to the chosen γ (empty: decode plainly)."""
+        """The draft to verify this step, already cut to the chosen γ (empty: decode plainly).
+
+        A hybrid drafter's stages are asked in order; the first that proposes something is verified.
+        """
         if drafter is None or room <= 0:
             return Draft([])
+        stages = drafter.stages if isinstance(drafter, HybridDrafter) else (drafter,)
+        for stage in stages:
+            draft = self._propose_one(stage, gamma, controller, room, params, rng)
+            if draft.tokens or draft.passes:  # a draft that spent passes is charged even when it came back empty
+                draft.source = stage.name
+                return draft
+        return Draft([])
+
+    def _propose_one(self, drafter: Drafter, gamma: int | str, controller: GammaController | None,
+                     room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         context = self.arena.tokens
         if drafter.costs_per_token:  # each draft token costs a forward pass: choose γ before drafting
             k = gamma if controller is None else controller.choose(drafter.name, 0, room, draft_cost_sunk=False)
@@ -235,6 +263,9 @@ class Engine:
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode in SELF_DRAFT_MODES and mode not in self.drafters:
+            raise InvalidParameterError(f"mode {mode!r} needs a model that can run a subset of its layers: an ONNX "
+                                        "export (`edgespec export onnx`); llama.cpp cannot skip layers")
         if mode != "none" and mode not in self.drafters:
             raise InvalidParameterError(f"mode {mode!r} needs a draft model: load one with draft=PATH")
 

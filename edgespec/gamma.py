@@ -150,19 +150,24 @@ class GammaController:
 
     # -- learning ---------------------------------------------------------------------------------------
     def observe(self, drafter: str | None, key: int, drafted: int, accepted: int,
-                draft_s: float, verify_s: float) -> None:
-        """One verify step: ``drafted`` tokens verified, ``accepted`` kept (plus the target's own token)."""
+                draft_s: float, verify_s: float, passes: int | None = None) -> None:
+        """One verify step: ``drafted`` tokens verified, ``accepted`` kept (plus the target's own token).
+
+        ``passes``: draft forward passes spent, when more than ``drafted`` (a draft that stopped on low
+        confidence): the extra pass is charged, and its doubted position counts as a rejected one.
+        """
         self.curve.observe(drafted + 1, verify_s)
         self._tokens = self._tokens * _DECAY + accepted + 1
         self._seconds = self._seconds * _DECAY + draft_s + verify_s + self._overhead
-        if drafter is None or drafted == 0:
+        tried = max(drafted, passes or 0)
+        if drafter is None or tried == 0:
             return
         cost = self._draft_cost.get(drafter)
-        per_token = draft_s / drafted
+        per_token = draft_s / tried
         self._draft_cost[drafter] = per_token if cost is None else cost + _EMA * (per_token - cost)
-        self._pooled.setdefault(drafter, _Acceptance()).observe(drafted, accepted)
-        self._keyed.setdefault(self._key(drafter, key), _Acceptance()).observe(drafted, accepted)
-        self._streak[drafter] = accepted == drafted
+        self._pooled.setdefault(drafter, _Acceptance()).observe(tried, accepted)
+        self._keyed.setdefault(self._key(drafter, key), _Acceptance()).observe(tried, accepted)
+        self._streak[drafter] = accepted == tried
 
     def observe_overhead(self, seconds: float) -> None:
         """Time spent per step outside drafting and verifying (accepting, detokenizing, bookkeeping)."""

@@ -21,7 +21,8 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
-from .errors import EdgespecError, InvalidParameterError, ModelLoadError, VocabMismatchError
+from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .vocab import check_same_vocab
 
 log = logging.getLogger("edgespec.llama")
 
@@ -76,6 +77,13 @@ class ContextOptions:
             raise InvalidParameterError(f"n_batch must be >= 1, got {self.n_batch}")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidParameterError(f"n_threads must be >= 1, got {self.n_threads}")
+
+
+def split_batches(n: int, step: int) -> list[tuple[int, int]]:
+    """Cut n tokens into runs of at most ``step`` so that the LAST run holds the final ``step`` tokens: every
+    row whose logits are wanted (at most ``step``, at the end) then comes out of the last forward pass."""
+    tail = max(0, n - step)
+    return [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, n)]
 
 
 def _gpu_layers(device: str) -> int:
@@ -224,14 +232,7 @@ class LlamaModel:
 
     def check_same_vocab(self, other: LlamaModel) -> None:
         """Raise unless both models map every token id to the same text (speculation exchanges token ids)."""
-        if self.n_vocab != other.n_vocab:
-            raise VocabMismatchError(f"vocabulary sizes differ: {self.path.name} has {self.n_vocab} tokens, "
-                                     f"{other.path.name} has {other.n_vocab}")
-        for token in range(self.n_vocab):
-            mine, theirs = self.token_text(token), other.token_text(token)
-            if mine != theirs:
-                raise VocabMismatchError(f"vocabularies differ at token {token}: {mine!r} in {self.path.name}, "
-                                         f"{theirs!r} in {other.path.name}")
+        check_same_vocab(self, other)
 
     # -- the KV cache (only KVArena calls these) ------------------------------------------------------
     def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
@@ -246,10 +247,8 @@ class LlamaModel:
         step = self.n_batch
         if n_logits > step:
             raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={step}")
-        # Chunk so that the last chunk holds the final `step` tokens: every requested row is then in the
-        # output buffer of the last llama_decode, as contiguous rows in batch order.
-        tail = max(0, len(tokens) - step)
-        chunks = [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, len(tokens))]
+        chunks = split_batches(len(tokens), step)
+        tail = chunks[-1][0]
         first_logit = len(tokens) - n_logits
         batch = self._batch
         for lo, hi in chunks:
@@ -277,3 +276,7 @@ class LlamaModel:
     def cache_end(self) -> int:
         """One past the highest position in the cache (0 when empty), as llama.cpp itself reports it."""
         return lc.llama_memory_seq_pos_max(self._memory, 0) + 1
+
+    def self_draft(self) -> None:
+        """No layer-skip self-draft: llama.cpp offers no way to run a subset of a model's layers."""
+        return None

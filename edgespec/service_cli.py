@@ -44,7 +44,7 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
 
 def _spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics)
+                     args.fast_numerics, args.backend)
 
 
 def _serve(args: argparse.Namespace) -> int:

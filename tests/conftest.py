@@ -28,6 +28,26 @@ def spec_bench(categories: list[str], per_category: int = 1) -> list[dict]:
     return chosen
 
 
+def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
+    """An ONNX export of a shipped model, written once into the edgespec cache by the real exporter."""
+    from edgespec.models import cache_dir
+    from export.onnx_export import export_onnx
+
+    suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
+    out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"
+    if not (out / "edgespec-onnx.json").is_file():
+        export_onnx(model, out, quant=quant, progress=False, **options)  # type: ignore[arg-type]
+    return out
+
+
+@pytest.fixture(scope="session")
+def onnx_engine() -> Iterator[Engine]:
+    """SmolLM2-135M exported to ONNX (FP32) on one thread: layer-skip, hybrid and n-gram drafting."""
+    e = edgespec.load(onnx_export_dir(), n_ctx=2048, n_threads=1)
+    yield e
+    e.close()
+
+
 @pytest.fixture(scope="session")
 def engine() -> Iterator[Engine]:
     """The default model (SmolLM2-135M Q4_0) with n-gram lookup."""

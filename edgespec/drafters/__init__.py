@@ -2,6 +2,7 @@
 
 from .base import Draft, Drafter
 from .draft_model import DraftModelDrafter
+from .hybrid import HybridDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Draft", "DraftModelDrafter", "Drafter", "NgramDrafter"]
+__all__ = ["Draft", "DraftModelDrafter", "Drafter", "HybridDrafter", "NgramDrafter"]

@@ -1,4 +1,4 @@
-"""The one interface every drafter implements (n-gram lookup, a draft model, later layer-skip)."""
+"""The one interface every drafter implements (n-gram lookup, a draft model, layer-skip, hybrid)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ class Draft:
     # The context the proposal came from (n-gram: the matched length). Acceptance is tracked per key, so
     # the γ controller learns e.g. that 1-token matches rarely pay while 4-token matches do.
     key: int = 0
+    # Forward passes the drafter spent (a model drafter that stopped early on low confidence spent one more
+    # than it proposed); None: one per token. The γ controller charges them all.
+    passes: int | None = None
+    # Which drafter proposed it (the hybrid drafter delegates); set by the engine.
+    source: str = ""
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -29,7 +34,8 @@ class Draft:
     def truncated(self, k: int) -> Draft:
         if k >= len(self.tokens):
             return self
-        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.key)
+        return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.key, self.passes,
+                     self.source)
 
 
 class Drafter(Protocol):

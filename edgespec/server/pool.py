@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from .. import load
-from ..engine import Engine
+from ..engine import MODES, Engine
 from ..errors import EdgespecError, InvalidParameterError
 from .metrics import Metrics
 from .worker import EngineWorker
@@ -18,8 +18,9 @@ class ModelNotFoundError(EdgespecError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load, as on the command line: ``draft`` is ``ngram``, ``none`` or a draft model name/path;
-    None (and ``gamma`` None) take what ``edgespec tune`` chose, else n-gram lookup with γ auto."""
+    """What to load, as on the command line: ``draft`` is a mode (``ngram``, ``layerskip``, ``hybrid``,
+    ``none``) or a draft model name/path; None (and ``gamma`` None) take what ``edgespec tune`` chose, else
+    n-gram lookup with γ auto."""
 
     model: str
     draft: str | None = None
@@ -29,13 +30,14 @@ class ModelSpec:
     threads: int | None = None
     device: str = "cpu"
     fast_numerics: bool = False
+    backend: str = "auto"
 
     def load_engine(self) -> Engine:
-        has_draft = self.draft not in (None, "ngram", "none")
+        has_draft = self.draft is not None and self.draft not in MODES
         return load(self.model, draft=self.draft if has_draft else None,
                     mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
                     n_ctx=self.ctx, n_threads=self.threads, device=self.device,
-                    exact_numerics=not self.fast_numerics)
+                    exact_numerics=not self.fast_numerics, backend=self.backend)
 
     def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
         return EngineWorker(self.model, self.load_engine(), metrics, max_queue)

@@ -1,0 +1,405 @@
+"""ONNX Runtime backend: a model exported as per-layer graphs, run over edgespec's own KV memory.
+
+An exported directory (docs/onnx-format.md, written by ``edgespec export onnx``) holds ``embed.onnx``, one
+``layer_NN.onnx`` per decoder layer and ``head.onnx``. One ``OnnxModel`` opens one session per file and
+allocates the whole KV cache once: a single float32 buffer (layers × K/V × kv_heads × context × head_dim).
+Each layer session has its ``past_key``/``present_key`` (and value) bound through IO binding to the SAME
+slice of that buffer, so GroupQueryAttention writes the new positions in place: nothing is concatenated
+or reallocated per token, and rolling back is moving the committed boundary.
+
+Because each layer's weights live in exactly one session, a layer-skip draft (``LayerSkipView``) is the
+same sessions chained over a subset of the layers, writing into the same buffer: one copy of the weights
+and of the KV memory serves target and draft (see ``KVArena`` for how the draft's entries are kept apart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .hf_tokenizer import HFTokenizer
+from .llama_backend import DEVICES, physical_cores, split_batches
+from .vocab import check_same_vocab
+
+MANIFEST = "edgespec-onnx.json"
+FORMAT = "edgespec-onnx/1"
+_KV_INPUTS = ("past_key", "past_value")
+_LAYER_INPUTS = ("hidden", "past_key", "past_value", "seqlens_k", "total_sequence_length")
+_LAYER_OUTPUTS = ("hidden_out", "present_key", "present_value")
+# Execution providers tried for each device, best first; the CPU provider always comes last.
+_PROVIDERS = {"cpu": (), "cuda": ("CUDAExecutionProvider",), "metal": ("CoreMLExecutionProvider",),
+              "auto": ("CUDAExecutionProvider", "CoreMLExecutionProvider")}
+
+
+def is_onnx_model(path: str | os.PathLike[str]) -> bool:
+    """Whether a path is for the ONNX backend: a directory (GGUF models are files), a .onnx file or a manifest."""
+    p = Path(path).expanduser()
+    return p.is_dir() or p.suffix == ".onnx" or p.name == MANIFEST
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    """How the sessions are created. The defaults make logits batch-invariant (README, "ONNX backend")."""
+
+    n_ctx: int = 4096
+    n_batch: int = 256
+    n_threads: int | None = None  # None: physical cores
+    device: str = "cpu"
+    layer_skip: Sequence[int] | None = None  # layers the self-draft skips; None: the manifest's calibrated set
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.n_ctx < 16:
+            raise InvalidParameterError(f"n_ctx must be >= 16, got {self.n_ctx}")
+        if self.n_batch < 1:
+            raise InvalidParameterError(f"n_batch must be >= 1, got {self.n_batch}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise InvalidParameterError(f"n_threads must be >= 1, got {self.n_threads}")
+
+
+def read_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ModelLoadError(f"{folder} is not an edgespec ONNX model directory (no {MANIFEST}); "
+                             "make one with `edgespec export onnx`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
+    if manifest.get("format") != FORMAT:
+        raise ModelLoadError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
+    missing = [k for k in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "context_length",
+                           "embed", "layers", "head") if k not in manifest]
+    if missing:
+        raise ModelLoadError(f"{path}: missing {', '.join(missing)}")
+    if manifest.get("kv_dtype", "float32") != "float32":
+        raise ModelLoadError(f"{path}: kv_dtype {manifest['kv_dtype']!r} is not supported (float32 only)")
+    if len(manifest["layers"]) != manifest["num_layers"]:
+        raise ModelLoadError(f"{path}: {len(manifest['layers'])} layer files for num_layers={manifest['num_layers']}")
+    return manifest
+
+
+def _providers(device: str) -> list[str]:
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    wanted = [p for p in _PROVIDERS[device] if p in available]
+    if device in ("cuda", "metal") and not wanted:
+        package = "onnxruntime-gpu (pip install 'edgespec[cuda]')" if device == "cuda" else "an onnxruntime with CoreML"
+        raise InvalidParameterError(f"device={device!r}, but this onnxruntime has no {_PROVIDERS[device][0]}; "
+                                    f"install {package}")
+    return [*wanted, "CPUExecutionProvider"]
+
+
+class _Buffer:
+    """One preallocated float32 array the sessions read and write through raw pointers.
+
+    On the CPU (and CoreML, which works on host memory) it is a numpy array; with CUDA it lives on the GPU
+    as an OrtValue, and only the logits come back to the host.
+    """
+
+    def __init__(self, shape: tuple[int, ...], device_type: str) -> None:
+        self.shape, self.device_type = shape, device_type
+        if device_type == "cpu":
+            self.array: np.ndarray | None = np.zeros(shape, dtype=np.float32)
+            self.ptr = self.array.ctypes.data
+        else:  # pragma: no cover - needs a GPU
+            import onnxruntime as ort
+
+            self.array = None
+            self._value = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.float32, device_type, 0)
+            self.ptr = self._value.data_ptr()
+
+
+class OnnxModel:
+    """An exported model: per-layer sessions, one KV buffer, a tokenizer. Satisfies the arena's ``Cache``."""
+
+    def __init__(self, path: str | os.PathLike[str], options: OnnxOptions | None = None) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path).expanduser()
+        self.options = options or OnnxOptions()
+        if self.path.suffix == ".onnx" or self.path.name == MANIFEST:
+            if self.path.name == MANIFEST or (self.path.parent / MANIFEST).is_file():
+                self.path = self.path.parent
+            else:
+                raise ModelLoadError(_lone_onnx_message(self.path))
+        if not self.path.is_dir():
+            raise ModelLoadError(f"ONNX model directory not found: {self.path}")
+        self.manifest = m = read_manifest(self.path)
+        self.n_layer: int = m["num_layers"]
+        self.n_vocab: int = m["vocab_size"]
+        self._hidden: int = m["hidden_size"]
+        kv_heads, head_dim, context = m["num_kv_heads"], m["head_dim"], m["context_length"]
+        # The graphs run a lone token as a pair (batch-invariant numerics, docs/onnx-format.md), whose second
+        # row writes one scratch slot past the last position: the buffer is one row longer than the context.
+        kv_length = m.get("kv_length", context + 1)
+        self.n_ctx = min(self.options.n_ctx, context)
+        self.n_batch = min(self.options.n_batch, self.n_ctx)
+        self.n_threads = self.options.n_threads or physical_cores()
+        self.tokenizer = HFTokenizer(self.path)
+        providers = _providers(self.options.device)
+        self.device_type = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.n_threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        # One thread pool per session (30+ here): spinning pools would steal the cores the running one needs.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+
+        def session(name: str) -> ort.InferenceSession:
+            file = self.path / name
+            if not file.is_file():
+                raise ModelLoadError(f"{self.path}: {name} is missing")
+            try:
+                return ort.InferenceSession(str(file), so, providers=providers)
+            except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
+                raise ModelLoadError(f"onnxruntime cannot load {file}: {e}") from e
+
+        self._embed = session(m["embed"])
+        self._layers = [session(name) for name in m["layers"]]
+        self._head = session(m["head"])
+        # The KV arena, allocated once at the length the graphs declare.
+        kv_shape = (self.n_layer, 2, 1, kv_heads, kv_length, head_dim)
+        for i, s in enumerate(self._layers):
+            _check_layer(s, self.path / m["layers"][i], kv_shape[2:])
+        self.kv = _Buffer(kv_shape, self.device_type)
+        self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
+        self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
+        self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
+        self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
+        self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
+        self._bindings = [self._bind_layer(i, s) for i, s in enumerate(self._layers)]
+        self._embed_io = self._embed.io_binding()
+        self._head_io = self._head.io_binding()
+        self._end = 0
+        skip = self.options.layer_skip
+        if skip is None:
+            skip = (m.get("layer_skip") or {}).get("skip", default_skip(self.n_layer))
+        self.skip = check_skip(skip, self.n_layer)
+
+    def _bind_layer(self, index: int, sess: object) -> object:
+        io = sess.io_binding()  # type: ignore[attr-defined]
+        shape = list(self.kv.shape[2:])
+        for j, (past, present) in enumerate((("past_key", "present_key"), ("past_value", "present_value"))):
+            ptr = self.kv.ptr + (2 * index + j) * self._kv_bytes
+            io.bind_input(past, self.device_type, 0, np.float32, shape, ptr)
+            io.bind_output(present, self.device_type, 0, np.float32, shape, ptr)  # same memory: written in place
+        io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
+        io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
+        return io
+
+    # -- lifetime / metadata ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the sessions (the view shares them, so it is closed too)."""
+        self._layers, self._bindings = [], []
+
+    @property
+    def description(self) -> str:
+        m = self.manifest
+        return f"{m.get('architecture', '?')} {self.n_layer} layers, {m.get('quant', '?')} (ONNX)"
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.manifest.get("chat_template") or self.tokenizer.config.get("chat_template")
+
+    @property
+    def bos(self) -> int:
+        bos = self.manifest.get("bos_token_id")
+        return int(bos) if bos is not None else -1
+
+    @property
+    def eos(self) -> int:
+        return int(self.manifest.get("eos_token_ids", [-1])[0])
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.manifest.get("eos_token_ids", ())
+
+    def token_text(self, token: int) -> bytes:
+        return self.tokenizer.token_text(token)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.tokenize(text, add_special, parse_special)
+
+    def piece(self, token: int) -> bytes:
+        return self.tokenizer.piece(token)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def check_same_vocab(self, other: object) -> None:
+        check_same_vocab(self, other)  # type: ignore[arg-type]
+
+    # -- the forward pass --------------------------------------------------------------------------------
+    def forward(self, layers: Sequence[int], tokens: Sequence[int], start: int, n_logits: int,
+                clock: np.ndarray | None = None) -> np.ndarray:
+        """Run ``tokens`` at positions start.. through embed → ``layers`` → head, writing the KV of those
+        positions for those layers in place; return the logits of the last ``n_logits`` positions.
+
+        ``clock`` (calibration): seconds spent in each layer's session are added to ``clock[layer]``.
+        """
+        if start + len(tokens) > self.n_ctx:
+            raise EdgespecError(f"internal: positions up to {start + len(tokens)} exceed n_ctx={self.n_ctx}")
+        n_logits = min(n_logits, len(tokens))
+        if n_logits > self.n_batch:
+            raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={self.n_batch}")
+        out, last = self._ping[0], 0
+        for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
+            out = self._run_chunk(layers, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo, clock)
+            last = hi - lo
+        if n_logits == 0:
+            return self._logits[:0]
+        return self._run_head(out, last, n_logits)
+
+    def _run_chunk(self, layers: Sequence[int], ids: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
+        n = ids.shape[1]
+        dev, h = self.device_type, self._hidden
+        io = self._embed_io
+        io.bind_cpu_input("input_ids", ids)
+        src, dst = self._ping
+        io.bind_output("hidden", dev, 0, np.float32, [1, n, h], src.ptr)
+        self._embed.run_with_iobinding(io)
+        self._pos[0] = start + n - 1
+        self._total[()] = start + n
+        for i in layers:
+            io = self._bindings[i]
+            io.bind_input("hidden", dev, 0, np.float32, [1, n, h], src.ptr)
+            io.bind_output("hidden_out", dev, 0, np.float32, [1, n, h], dst.ptr)
+            if clock is None:
+                self._layers[i].run_with_iobinding(io)
+            else:
+                t = time.perf_counter()
+                self._layers[i].run_with_iobinding(io)
+                clock[i] += time.perf_counter() - t
+            src, dst = dst, src
+        return src
+
+    def _run_head(self, hidden: _Buffer, n: int, n_logits: int) -> np.ndarray:
+        if self._logits.shape[0] < n_logits:  # grows a few times at most (to the largest verify batch)
+            self._logits = np.zeros((max(n_logits, 2 * self._logits.shape[0], 8), self.n_vocab), dtype=np.float32)
+        io = self._head_io
+        ptr = hidden.ptr + (n - n_logits) * self._hidden * 4
+        io.bind_input("hidden", self.device_type, 0, np.float32, [1, n_logits, self._hidden], ptr)
+        io.bind_output("logits", "cpu", 0, np.float32, [1, n_logits, self.n_vocab], self._logits.ctypes.data)
+        self._head.run_with_iobinding(io)
+        return self._logits[:n_logits]
+
+    # -- the Cache protocol (the arena's view of the target) ---------------------------------------------
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        if start != self._end:
+            raise EdgespecError(f"internal: decode at {start}, but the cache ends at {self._end}")
+        logits = self.forward(range(self.n_layer), tokens, start, n_logits)
+        self._end = start + len(tokens)
+        return logits
+
+    def truncate(self, keep: int) -> None:
+        self._end = min(self._end, keep)
+
+    def cache_end(self) -> int:
+        return self._end
+
+    def self_draft(self) -> LayerSkipView:
+        """The layer-skip draft: this model without the layers in ``skip``, over the same sessions and KV."""
+        return LayerSkipView(self, self.skip)
+
+    @property
+    def kv_array(self) -> np.ndarray | None:
+        """The KV arena as a numpy array (CPU), for inspection."""
+        return self.kv.array
+
+
+class LayerSkipView:
+    """The target minus some layers, sharing its sessions and its KV buffer (a ``SharedCache`` for the arena).
+
+    It writes the KV of the layers it runs at the positions it decodes; the arena makes it adopt the
+    target's committed entries instead of recomputing them, and the target's verify pass overwrites
+    the positions the view wrote speculatively.
+    """
+
+    def __init__(self, model: OnnxModel, skip: Sequence[int]) -> None:
+        self.model = model
+        self.skip = check_skip(skip, model.n_layer)
+        self.layers = [i for i in range(model.n_layer) if i not in set(self.skip)]
+        self.n_ctx = model.n_ctx
+        self._end = 0
+
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        if start != self._end:
+            raise EdgespecError(f"internal: draft decode at {start}, but its cache ends at {self._end}")
+        logits = self.model.forward(self.layers, tokens, start, n_logits)
+        self._end = start + len(tokens)
+        return logits
+
+    def truncate(self, keep: int) -> None:
+        self._end = min(self._end, keep)
+
+    def adopt(self, end: int) -> None:
+        """Take the owner's first ``end`` positions as this view's own (they are in the shared memory)."""
+        self._end = end
+
+    def cache_end(self) -> int:
+        return self._end
+
+
+def default_skip(n_layer: int) -> list[int]:
+    """Without a calibrated set: every other layer of the middle third (measured on SmolLM2 to agree on
+    ~60% of greedy tokens for 6 of 30 layers; `edgespec calibrate-skip` finds a better set)."""
+    lo, hi = n_layer // 3, 2 * n_layer // 3
+    return list(range(lo + 1, hi, 2))
+
+
+def check_skip(skip: Sequence[int], n_layer: int) -> list[int]:
+    try:
+        layers = sorted({int(i) for i in skip})
+    except (TypeError, ValueError) as e:
+        raise InvalidParameterError(f"layer_skip must be a list of layer indices, got {skip!r}") from e
+    bad = [i for i in layers if not 0 <= i < n_layer]
+    if bad:
+        raise InvalidParameterError(f"layer_skip has layer {bad[0]}, outside 0..{n_layer - 1}")
+    if len(layers) >= n_layer:
+        raise InvalidParameterError(f"layer_skip skips all {n_layer} layers: the draft would be the embedding alone")
+    return layers
+
+
+def _check_layer(sess: object, file: Path, kv_shape: tuple[int, ...]) -> None:
+    """Refuse a layer graph whose inputs do not match the contract, naming what is wrong."""
+    inputs = {i.name: i for i in sess.get_inputs()}  # type: ignore[attr-defined]
+    outputs = {o.name: o for o in sess.get_outputs()}  # type: ignore[attr-defined]
+    missing = [n for n in _LAYER_INPUTS if n not in inputs] + [n for n in _LAYER_OUTPUTS if n not in outputs]
+    if missing:
+        kv = " (it has no KV cache inputs)" if any(n in _KV_INPUTS for n in missing) else ""
+        raise ModelLoadError(f"{file} lacks {', '.join(missing)}{kv}: not a layer graph of the edgespec ONNX format")
+    for name in (*_KV_INPUTS, "present_key", "present_value"):
+        arg = inputs.get(name) or outputs[name]
+        if arg.type != "tensor(float)":
+            raise ModelLoadError(f"{file}: {name} is {arg.type}, but the KV arena holds float32")
+        fixed = [d for d in arg.shape]
+        if len(fixed) != len(kv_shape) or any(isinstance(d, int) and d != k for d, k in zip(fixed, kv_shape,
+                                                                                                strict=False)):
+            raise ModelLoadError(f"{file}: {name} has shape {arg.shape}, but the manifest gives {list(kv_shape)}")
+
+
+def _lone_onnx_message(path: Path) -> str:
+    if not path.is_file():
+        return f"ONNX model not found: {path}"
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        names = [i.name for i in model.graph.input]
+    except Exception:  # any unreadable file gets the generic message below
+        names = []
+    kv = any("past" in n or "cache" in n for n in names)
+    why = ("it has KV inputs but is a single graph" if kv else "it has no KV cache inputs (past_key/past_value)")
+    return (f"{path} is a lone ONNX file; {why}. edgespec runs models exported as a directory by "
+            f"`edgespec export onnx` (embed.onnx, layer_NN.onnx with past_key/past_value, head.onnx, {MANIFEST})")

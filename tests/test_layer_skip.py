@@ -1,0 +1,56 @@
+"""Skip-set calibration and the command line on the real SmolLM2 ONNX export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.cli import main
+from edgespec.engine import Engine
+from edgespec.layer_skip import calibrate, expected_speedup, save_to_manifest
+from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions
+from tests.conftest import onnx_export_dir
+
+
+def test_expected_speedup_model() -> None:
+    verify = np.linspace(1.0, 2.0, 10)
+    assert expected_speedup(0.0, 0.5, verify) == (1.0, 0)  # a draft that is never right never pays
+    speedup, gamma = expected_speedup(0.9, 0.1, verify)
+    assert speedup > 2.0 and gamma >= 3
+    assert expected_speedup(0.8, 0.8, verify)[0] < expected_speedup(0.8, 0.4, verify)[0]  # dearer draft, less gain
+
+
+def test_calibration_finds_and_stores_a_skip_set(onnx_engine: Engine, tmp_path: Path) -> None:
+    model: OnnxModel = onnx_engine.target  # type: ignore[assignment]
+    prompt = model.tokenize("The three primary colours are")
+    result = calibrate(model, prompts=[prompt], n_tokens=12, candidates_per_round=2, max_skip=3)
+    assert 1 <= len(result.skip) <= 3 and all(0 <= i < model.n_layer for i in result.skip)
+    assert 0.0 <= result.agreement <= 1.0 and 0.0 < result.cost_ratio < 1.0
+    assert len(result.tried) >= model.n_layer  # every layer was scored alone first
+    # A fresh model directory (files linked) gets the set in its manifest and uses it by default.
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for f in model.path.iterdir():
+        if f.name == MANIFEST:
+            (folder / f.name).write_bytes(f.read_bytes())
+        else:
+            (folder / f.name).symlink_to(f)
+    save_to_manifest(folder, result)
+    assert json.loads((folder / MANIFEST).read_text())["layer_skip"]["skip"] == result.skip
+    assert OnnxModel(folder, OnnxOptions(n_threads=1, n_ctx=64)).self_draft().skip == result.skip
+
+
+def test_cli_generate_layerskip_on_onnx(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["generate", "List three fruits:", "--model", str(onnx_export_dir()), "--draft", "hybrid",
+               "--gamma", "2", "--max-tokens", "12", "--threads", "1", "--ctx", "256", "--json", "--compare"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["compare"]["identical"] is True and report["stats"]["mode"] == "hybrid"
+
+
+def test_cli_layerskip_needs_onnx(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "Hi", "--draft", "layerskip", "--max-tokens", "2", "--threads", "1"]) == 2
+    assert "cannot skip layers" in capsys.readouterr().err
