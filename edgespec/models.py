@@ -142,12 +142,18 @@ def resolve(model: str | os.PathLike[str]) -> Path:
     path = Path(text).expanduser()
     if path.suffix == ".gguf" or path.exists() or os.sep in text:
         return path
+    return prepare_named(text, "a path to a .gguf file")
+
+
+def prepare_named(text: str, alternatives: str, shipped: bool = False) -> Path:
+    """``name[:quant]`` → that variant's GGUF: the family's default quantization when none is given, or its
+    shipped one with ``shipped``. ``alternatives`` says what else the caller would have accepted."""
     name, _, quant = text.partition(":")
     known = families()
     if name not in known:
-        raise ModelLoadError(f"unknown model {text!r}: give a path to a .gguf file or one of "
-                             f"{', '.join(sorted(known))}")
-    return known[name].prepare(quant or None)
+        raise ModelLoadError(f"unknown model {text!r}: give {alternatives} or one of {', '.join(sorted(known))}")
+    family = known[name]
+    return family.prepare(quant or (family.source_quant if shipped else None))
 
 
 def quantize(src: Path, dst: Path, quant: str | None, prune_layers: Sequence[int] = ()) -> Path:

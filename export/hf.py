@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
 from edgespec.llama_backend import check_gguf
-from edgespec.models import cache_dir, families
+from edgespec.models import cache_dir, prepare_named
 
 from . import require
 
@@ -41,14 +41,8 @@ def resolve_source(src: str | os.PathLike[str]) -> Path:
     if path.exists() or path.suffix == ".gguf" or os.sep in text:
         check_gguf(path)
         return path
-    name, _, quant = text.partition(":")
-    known = families()
-    if name not in known:
-        raise ModelLoadError(f"unknown model {text!r}: give a GGUF file, a Hugging Face folder or one of "
-                             f"{', '.join(sorted(known))}")
-    family = known[name]
     # The shipped file is the most faithful source: re-quantizing it again only loses precision.
-    return family.prepare(quant or family.source_quant)
+    return prepare_named(text, "a GGUF file, a Hugging Face folder", shipped=True)
 
 
 def check_architecture(model_type: str, where: Path) -> None:

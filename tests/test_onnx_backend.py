@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from scipy.stats import chisquare, kstest
 
 import edgespec
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
 from edgespec.onnx_backend import MANIFEST, LayerSkipView, OnnxModel, OnnxOptions
-from edgespec.sampling import SamplingParams
 from tests.conftest import onnx_export_dir, spec_bench
+from tests.test_sampling_e2e import assert_sampling_matches_target
 
 CATEGORIES = ["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
               "math_reasoning", "rag"]
@@ -124,52 +123,12 @@ def test_self_speculation_memory_within_10_percent(onnx_engine: Engine) -> None:
 
 
 # -- sampling -----------------------------------------------------------------------------------------------
-RUNS = 120
-PARAMS = SamplingParams(temperature=0.8, top_k=40)
-
-
 def test_layerskip_sampling_matches_target(onnx_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tokens sampled at speculative positions follow the target's distribution (KS on the randomized CDF
-    values, chi-square on the second token), with the layer-skip draft proposing them (its confidence stop
-    off, so that every step drafts: where a draft stops never matters to the distribution, only to speed)."""
+    """Tokens sampled at speculative positions follow the target's distribution, with the layer-skip draft
+    proposing them (its confidence stop off, so that every step drafts: where a draft stops never matters to
+    the distribution, only to speed)."""
     monkeypatch.setattr(onnx_engine.drafters["layerskip"], "min_confidence", 0.0)
-    prompt = onnx_engine.chat_tokens([{"role": "user", "content": "Name a colour and a fruit."}])
-    outputs, drafted = [], 0
-    for seed in range(RUNS):
-        out = onnx_engine.generate(prompt, max_tokens=3, temperature=PARAMS.temperature, top_k=PARAMS.top_k,
-                                   seed=seed, mode="layerskip", gamma=2)
-        outputs.append(out.tokens)
-        drafted += out.stats.drafted
-    assert drafted >= RUNS
-
-    cache: dict = {}
-
-    def probs(prefix: list[int]) -> np.ndarray:
-        if tuple(prefix) not in cache:
-            onnx_engine.arena.reset(prefix)
-            cache[tuple(prefix)] = PARAMS.probs(onnx_engine.arena.extend("target", [], 1)[0])[0]
-        return cache[tuple(prefix)]
-
-    rng = np.random.default_rng(0)
-    u_values, pairs = [], []
-    for tokens in outputs:
-        for i in range(1, len(tokens)):
-            p = probs(prompt + tokens[:i])
-            assert p[tokens[i]] > 0, "a token outside the target's top-k support was produced"
-            u_values.append(p[:tokens[i]].sum() + rng.random() * p[tokens[i]])
-        if len(tokens) > 1:
-            pairs.append(tuple(tokens[:2]))
-    assert kstest(u_values, "uniform").pvalue > 1e-3
-    first = max({t[0] for t in pairs}, key=lambda f: sum(1 for t in pairs if t[0] == f))
-    after = [t[1] for t in pairs if t[0] == first]
-    p = probs(prompt + [first])
-    frequent = [t for t in np.argsort(-p)[:5] if p[t] * len(after) >= 5]
-    if len(frequent) >= 2:
-        observed = [after.count(t) for t in frequent]
-        expected = [p[t] * len(after) for t in frequent]
-        observed[-1] += len(after) - sum(observed)
-        expected[-1] += len(after) - sum(expected)
-        assert chisquare(observed, expected).pvalue > 1e-3
+    assert_sampling_matches_target(onnx_engine, "layerskip", runs=120)
 
 
 # -- bad input ---------------------------------------------------------------------------------------------

@@ -18,34 +18,35 @@ RUNS = 250
 PARAMS = SamplingParams(temperature=0.8, top_k=40)
 
 
-def _target_probs(engine: Engine, prefix: list[int], cache: dict) -> np.ndarray:
-    key = tuple(prefix)
-    if key not in cache:
-        engine.arena.reset(prefix)
-        cache[key] = PARAMS.probs(engine.arena.extend("target", [], 1)[0])[0]
-    return cache[key]
-
-
-def test_draft_model_sampling_matches_target(pair_engine: Engine) -> None:
-    prompt = pair_engine.chat_tokens([{"role": "user", "content": "Name a colour and a fruit."}])
+def assert_sampling_matches_target(engine: Engine, mode: str, runs: int = RUNS,
+                                   params: SamplingParams = PARAMS) -> None:
+    """Sample 3 tokens ``runs`` times with drafter ``mode`` at γ=2 and test them against the target's exact
+    distributions: KS on the randomized CDF values of tokens 2 and 3, chi-square on the second token."""
+    prompt = engine.chat_tokens([{"role": "user", "content": "Name a colour and a fruit."}])
     outputs, drafted = [], 0
-    for seed in range(RUNS):
-        out = pair_engine.generate(prompt, max_tokens=3, temperature=PARAMS.temperature, top_k=PARAMS.top_k,
-                                   seed=seed, mode="draft", gamma=2)
+    for seed in range(runs):
+        out = engine.generate(prompt, max_tokens=3, temperature=params.temperature, top_k=params.top_k,
+                              seed=seed, mode=mode, gamma=2)
         outputs.append(out.tokens)
         drafted += out.stats.drafted
-    assert drafted >= RUNS  # positions 2 and 3 went through speculative verification
+    assert drafted >= runs  # positions 2 and 3 went through speculative verification
+
+    cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def target_probs(prefix: list[int]) -> np.ndarray:
+        key = tuple(prefix)
+        if key not in cache:
+            engine.arena.reset(prefix)
+            cache[key] = params.probs(engine.arena.extend("target", [], 1)[0])[0]
+        return cache[key]
 
     rng = np.random.default_rng(0)
-    cache: dict = {}
     u_values, second = [], []
     for tokens in outputs:
-        for i in (1, 2):
-            if i < len(tokens):
-                p = _target_probs(pair_engine, prompt + tokens[:i], cache)
-                t = tokens[i]
-                assert p[t] > 0, "a token outside the target's top-k support was produced"
-                u_values.append(p[:t].sum() + rng.random() * p[t])
+        for i in range(1, len(tokens)):
+            p, t = target_probs(prompt + tokens[:i]), tokens[i]
+            assert p[t] > 0, "a token outside the target's top-k support was produced"
+            u_values.append(p[:t].sum() + rng.random() * p[t])
         if len(tokens) > 1:
             second.append(tuple(tokens[:2]))
     assert kstest(u_values, "uniform").pvalue > 1e-3
@@ -53,7 +54,7 @@ def test_draft_model_sampling_matches_target(pair_engine: Engine) -> None:
     # Chi-square on the second token, given the most frequent first token.
     first = max({t[0] for t in second}, key=lambda f: sum(1 for t in second if t[0] == f))
     after = [t[1] for t in second if t[0] == first]
-    p = _target_probs(pair_engine, prompt + [first], cache)
+    p = target_probs(prompt + [first])
     frequent = [t for t in np.argsort(-p)[:5] if p[t] * len(after) >= 5]
     if len(frequent) >= 2:
         observed = [after.count(t) for t in frequent]
@@ -61,3 +62,8 @@ def test_draft_model_sampling_matches_target(pair_engine: Engine) -> None:
         observed[-1] += len(after) - sum(observed)  # the last bucket also holds every other token
         expected[-1] += len(after) - sum(expected)
         assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_draft_model_sampling_matches_target(pair_engine: Engine) -> None:
+    assert_sampling_matches_target(pair_engine, "draft")
+

@@ -77,9 +77,13 @@ CONFIGS = {c.name: c for c in [
            description="edgespec ONNX backend, target alone"),
     Config("onnx-ngram", "edgespec", {"model": "@onnx_model", "mode": "ngram"}, baseline="onnx-target",
            description="edgespec ONNX backend, n-gram lookup, γ auto"),
+    Config("onnx-layerskip", "edgespec", {"model": "@onnx_model", "mode": "layerskip"}, baseline="onnx-target",
+           description="edgespec ONNX backend, layer-skip self-draft, γ auto"),
+    Config("onnx-hybrid", "edgespec", {"model": "@onnx_model", "mode": "hybrid"}, baseline="onnx-target",
+           description="edgespec ONNX backend, n-gram lookup else layer-skip self-draft, γ auto"),
 ]}
 DEFAULT_CONFIGS = ("target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld", "ortg-plain",
-                   "ortg-ngram")
+                   "ortg-ngram", "onnx-target", "onnx-ngram", "onnx-layerskip", "onnx-hybrid")
 
 
 def select(names: list[str], run_options: dict[str, object]) -> tuple[list[Config], dict[str, str]]:
