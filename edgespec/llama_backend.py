@@ -69,14 +69,19 @@ class ContextOptions:
     exact_numerics: bool = True  # F32 KV cache, flash attention off
 
     def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.n_ctx < 16:
-            raise InvalidParameterError(f"n_ctx must be >= 16, got {self.n_ctx}")
-        if self.n_batch < 1:
-            raise InvalidParameterError(f"n_batch must be >= 1, got {self.n_batch}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise InvalidParameterError(f"n_threads must be >= 1, got {self.n_threads}")
+        check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
+
+
+def check_options(device: str, n_ctx: int, n_batch: int, n_threads: int | None) -> None:
+    """The options every backend shares, checked alike."""
+    if device not in DEVICES:
+        raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if n_ctx < 16:
+        raise InvalidParameterError(f"n_ctx must be >= 16, got {n_ctx}")
+    if n_batch < 1:
+        raise InvalidParameterError(f"n_batch must be >= 1, got {n_batch}")
+    if n_threads is not None and n_threads < 1:
+        raise InvalidParameterError(f"n_threads must be >= 1, got {n_threads}")
 
 
 def split_batches(n: int, step: int) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .hf_tokenizer import HFTokenizer
-from .llama_backend import DEVICES, physical_cores, split_batches
+from .llama_backend import check_options, physical_cores, split_batches
 from .vocab import check_same_vocab
 
 MANIFEST = "edgespec-onnx.json"
@@ -55,14 +55,7 @@ class OnnxOptions:
     layer_skip: Sequence[int] | None = None  # layers the self-draft skips; None: the manifest's calibrated set
 
     def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.n_ctx < 16:
-            raise InvalidParameterError(f"n_ctx must be >= 16, got {self.n_ctx}")
-        if self.n_batch < 1:
-            raise InvalidParameterError(f"n_batch must be >= 1, got {self.n_batch}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise InvalidParameterError(f"n_threads must be >= 1, got {self.n_threads}")
+        check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
 
 
 def read_manifest(folder: Path) -> dict:
