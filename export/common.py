@@ -71,9 +71,16 @@ class Steps:
         self._open = True
         self.bar.set_postfix_str(what)
 
-    def close(self) -> float:
+    def close(self) -> None:
+        """Close the bar and keep the seconds since the start in ``seconds`` (for the summary line)."""
         self.bar.close()
-        return time.perf_counter() - self.started
+        self.seconds = time.perf_counter() - self.started
+
+    def __enter__(self) -> Steps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass

@@ -57,13 +57,10 @@ def _run(args: argparse.Namespace) -> int:
         searched = run_search(source, args.budget, args.search_prompts, args.search_tokens, args.candidates,
                               args.threads)
         keep = searched.keep
-    steps = Steps(1 if args.no_quality else 5, "export draft")
-    try:
+    with Steps(1 if args.no_quality else 5, "export draft") as steps:
         entry = export_draft(source, args.out, keep, args.quant, searched, args.prompts, args.tokens,
                              not args.no_quality, args.threads, steps)
-    finally:
-        seconds = steps.close()
-    return emit(args, entry, seconds)
+    return emit(args, entry, steps.seconds)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

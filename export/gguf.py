@@ -34,15 +34,12 @@ def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tok
 
 
 def _run(args: argparse.Namespace) -> int:
-    steps = Steps(2 if args.no_quality else 5, f"export gguf {args.quant}")
-    steps("reading the source")
-    source = resolve_source(args.src)
-    try:
+    with Steps(2 if args.no_quality else 5, f"export gguf {args.quant}") as steps:
+        steps("reading the source")
+        source = resolve_source(args.src)
         entry = export_gguf(source, args.quant, args.out, args.prompts, args.tokens, not args.no_quality,
                             args.threads, steps)
-    finally:
-        seconds = steps.close()
-    return emit(args, entry, seconds)
+    return emit(args, entry, steps.seconds)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -39,8 +39,7 @@ def export_pair(src: str, out: Path | None, index: int = 0, n_prompts: int = 4, 
     source = resolve_source(src)
     stem = (family or source.path.stem).replace(":", "-")
     out = out or cache_dir().parent / "exports" / f"{stem}-pair"
-    steps = Steps(9, f"export pair {stem}")
-    try:
+    with Steps(9, f"export pair {stem}") as steps:
         target_path = out / f"{stem}-{pairing.target}.gguf"
         target = export_gguf(source, pairing.target, target_path, n_prompts, n_tokens, True, threads, steps)
         target_source = replace(resolve_source(str(target_path)), name=f"{family}:{pairing.target}" if family else None)
@@ -54,8 +53,6 @@ def export_pair(src: str, out: Path | None, index: int = 0, n_prompts: int = 4, 
         else:
             draft = export_gguf(source, str(pairing.draft), out / f"{stem}-{pairing.draft}-draft.gguf", n_prompts,
                                 n_tokens, True, threads, steps, draft_of=target_path.resolve())
-    finally:
-        steps.close()
     command = f"edgespec generate --model {target['artefact']} --draft {draft['artefact']} \"PROMPT\""
     pair = {"target": target["manifest"], "draft": draft["manifest"], "mode": pairing.mode, "command": command,
             "acceptance": draft["quality"]["acceptance"], "cost_ratio": draft["quality"]["cost_ratio"]}
