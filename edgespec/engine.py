@@ -69,7 +69,7 @@ class Engine:
             target.check_same_vocab(draft)
             caches["draft"] = draft
         # A target that can skip layers drafts for itself over its own KV memory (a view: see KVArena).
-        self_draft = target.self_draft()
+        self_draft = self._self_draft = target.self_draft()
         if self_draft is not None:
             caches["layerskip"] = self_draft
         self.arena = KVArena(caches, views={"layerskip": "target"} if self_draft is not None else None)
@@ -241,9 +241,20 @@ class Engine:
     def _get_controller(self) -> GammaController:
         if self._controller is None:
             t = self.tuning
-            self._controller = (GammaController(self.calibrate()) if t is None else
+            self._controller = (self._untuned_controller() if t is None else
                                 GammaController(t.curve(), t.acceptance, t.draft_cost_s, t.overhead_s))
         return self._controller
+
+    def _untuned_controller(self) -> GammaController:
+        """Costs measured now; acceptance learned as it goes, except the layer-skip draft's, whose
+        calibration (when it is the calibrated set) says how often it agrees and what a draft token costs:
+        a self-draft that cannot pay is then declined from the first step instead of after a costly start."""
+        curve = self.calibrate()
+        estimate = self._self_draft.calibrated if self._self_draft is not None else None
+        if estimate is None:
+            return GammaController(curve)
+        agreement, cost_ratio = estimate
+        return GammaController(curve, {"layerskip": [agreement]}, {"layerskip": cost_ratio * curve.scale})
 
     def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
                   context: Sequence[int] | None = None) -> CostCurve:
