@@ -85,6 +85,32 @@ def summarize(result: dict) -> dict[str, dict[str, dict[str, object]]]:
     return summary
 
 
+def head_to_head(result: dict) -> dict[str, dict[str, object]]:
+    """Per category: the fastest of edgespec's automatic configurations that was lossless on every generation,
+    against the fastest peer configuration (any runner but edgespec's own), in decode tokens/s.
+
+    Absolute rates, not ratios: peers run their own model files (an onnxruntime-genai export, weights
+    dequantized for transformers) of the same source model, and the question a user asks is which is faster.
+    """
+    configs = {c["name"]: c for c in result["configs"]}
+    summary = result["summary"]
+    ours = [n for n in summary if configs[n]["auto"]]
+    peers = [n for n in summary if configs[n]["runner"] != "edgespec"]
+    out: dict[str, dict[str, object]] = {}
+    if not ours or not peers:
+        return out
+    for cat in summary[ours[0]]:
+        lossless = [n for n in ours if summary[n][cat]["lossless"] == summary[n][cat]["generations"]]
+        if not lossless:
+            continue
+        best = max(lossless, key=lambda n: summary[n][cat]["decode_tok_s"])
+        rival = max(peers, key=lambda n: summary[n][cat]["decode_tok_s"])
+        a, b = summary[best][cat]["decode_tok_s"], summary[rival][cat]["decode_tok_s"]
+        out[cat] = {"edgespec": best, "edgespec_tok_s": a, "peer": rival, "peer_tok_s": b, "ratio": a / b,
+                    "peer_lossless": summary[rival][cat]["lossless"], "generations": summary[rival][cat]["generations"]}
+    return out
+
+
 def bandwidth_bounds(result: dict, bandwidth: float, per_token: dict[str, float]) -> dict[str, object]:
     """Plain decoding's memory-bandwidth bound per category, at that category's mean context."""
     contexts: dict[str, list[float]] = defaultdict(list)
@@ -127,6 +153,17 @@ def table(result: dict) -> str:
                 f"{_fmt(ach, '.0f'):>5}"
                 f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
                 f"{s['peak_rss_mb']:>7.0f}")
+        lines.append("")
+    duel = result.get("head_to_head")
+    if duel:
+        lines.append(f"{'head to head':<15}{'edgespec (auto, lossless)':<26}{'tok/s':>7}  {'fastest peer':<14}"
+                     f"{'tok/s':>7}{'lossless':>9}{'×':>7}")
+        for cat in categories:
+            d = duel.get(cat)
+            if d is not None:
+                lossless = "-" if d["peer_lossless"] is None else f"{d['peer_lossless']}/{d['generations']}"
+                lines.append(f"{cat:<15}{d['edgespec']:<26}{d['edgespec_tok_s']:>7.1f}  {d['peer']:<14}"
+                             f"{d['peer_tok_s']:>7.1f}{lossless:>9}{d['ratio']:>7.2f}")
         lines.append("")
     if bw:
         bound = bw["by_category"][OVERALL]["bound_tok_s"]
