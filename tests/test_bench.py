@@ -15,7 +15,8 @@ from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
-                 "bound_tok_s", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e", "latency_ratio"}
+                 "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
+                 "latency_ratio"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:

@@ -66,6 +66,9 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         s["bound_tok_s"] = decoded / bound_s if bound_s else None
     else:
         s["bound_tok_s"] = None
+    # c: a drafted token's model compute against one single-token target pass (draft models, layer-skip).
+    s["draft_cost_ratio"] = (model_draft_s / drafted / curve["1"]
+                             if curve is not None and model_draft_s and drafted else None)
     s["verify_only_tok_s"] = decoded / (verify_s + model_draft_s) if verify_s else None
     s["bound_fraction"] = _ratio(s["decode_tok_s"], s["bound_tok_s"])  # type: ignore[arg-type]
     return s
@@ -135,7 +138,7 @@ def table(result: dict) -> str:
     summary, bw = result["summary"], result.get("bandwidth")
     categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
     head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'lat s':>7}{'α':>6}{'τ':>6}"
-            f"{'γ':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
+            f"{'γ':>5}{'c':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
     lines = [head]
     for name, by_cat in summary.items():
         for cat in categories:
@@ -149,7 +152,8 @@ def table(result: dict) -> str:
                 f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
                 f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
-                f"{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
+                f"{_fmt(s['draft_cost_ratio'], '.2f'):>5}{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}"
+                f"{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
                 f"{_fmt(ach, '.0f'):>5}"
                 f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
                 f"{s['peak_rss_mb']:>7.0f}")
