@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 import edgespec
 from edgespec.cli import main
-from edgespec.tuning import tuning_dir
+from edgespec.tuning import file_identity, tuning_dir
 
 
 def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -54,3 +55,14 @@ def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("EDGESPEC_TUNING", "off")
     assert main(["tune", "--show", "--threads", "1"]) == 2
     assert "EDGESPEC_TUNING is off" in capsys.readouterr().err
+
+
+def test_a_model_directory_is_identified_by_its_files(tmp_path: Path) -> None:
+    """An ONNX export is a directory: rewriting one graph or the manifest inside it makes its tuning stale."""
+    (tmp_path / "layer_00.onnx").write_bytes(b"x" * 10)
+    (tmp_path / "edgespec-onnx.json").write_text("{}")
+    before = file_identity(tmp_path)
+    assert before["size"] == 12
+    time.sleep(0.01)
+    (tmp_path / "layer_00.onnx").write_bytes(b"y" * 10)  # same size, same directory entries: only the time moves
+    assert file_identity(tmp_path) != before
