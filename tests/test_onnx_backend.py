@@ -108,7 +108,7 @@ def test_draft_and_target_share_sessions_and_memory(onnx_engine: Engine) -> None
     view = onnx_engine.arena.caches["layerskip"]
     assert isinstance(view, LayerSkipView)
     assert view.model is target  # one set of sessions: the view has none of its own
-    assert set(vars(view)) == {"model", "skip", "layers", "n_ctx", "_end"}
+    assert set(vars(view)) == {"model", "skip", "layers", "n_ctx", "_end", "calibrated"}
     assert 0 < len(view.layers) < target.n_layer and not set(view.layers) & set(view.skip)
 
 
