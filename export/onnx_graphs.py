@@ -21,6 +21,8 @@ from .hf import UnsupportedArchitectureError, check_architecture
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
+# Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
+GRAPHS_REVISION = 2  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance)
 
 
 @dataclass(frozen=True)
