@@ -144,8 +144,9 @@ def single_row_padding(g: GraphBuilder, x: str) -> tuple[str, str]:
 
     onnxruntime's CPU kernels take a special path for a single row — the M = 1 GEMM in GroupQueryAttention's
     Q·Kᵀ, and MatMulNBits at accuracy_level 0–2 — which rounds differently from the multi-row path, while every
-    path with ≥ 2 rows gives a row bit-identical results whatever the other rows are. Padding single-row calls
-    to two rows makes a position's logits independent of how many tokens share the call (README, "ONNX export").
+    path with ≥ 2 rows gives a row bit-identical results whatever the other rows are (with head_dim > 128 only
+    past 64 keys: ``attention_min_total``). Padding single-row calls to two rows makes a position's logits
+    independent of how many tokens share the call (README, "ONNX export").
     """
     seq = g.one("Slice", [g.one("Shape", [x]), g.ints(1), g.ints(2)])
     return g.one("Max", [g.one("Sub", [g.ints(2), seq]), g.ints(0)]), seq
