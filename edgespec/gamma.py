@@ -29,7 +29,8 @@ _PRIOR_WEIGHT = 2.0
 _PRIOR = np.full(MAX_GAMMA, _PRIOR_MEAN)
 _EMA = 0.1
 # Every this many declined drafts of a key, verify one token anyway: estimates of a key that is never tried
-# would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%.
+# would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%. Not for
+# a drafter so dear that even a draft accepted whole would not pay (a layer-skip draft at c ≈ 1).
 _EXPLORE_EVERY = 32
 
 
@@ -145,8 +146,11 @@ class GammaController:
         seconds = self.curve.shape[1:available + 2] * self.curve.scale + self._overhead
         if not draft_cost_sunk:
             seconds = seconds + ks * self._draft_cost.get(drafter, 0.0)
-        k = int(np.argmax(tokens - self.rate() * seconds))
+        value = tokens - self.rate() * seconds
+        k = int(np.argmax(value))
         if k == 0:
+            if np.all(ks + 1 - self.rate() * seconds <= value[0]):
+                return 0  # even a draft accepted whole would not pay (a dear one): nothing to explore
             stats_key = self._key(drafter, key)
             self._declined[stats_key] = self._declined.get(stats_key, 0) + 1
             if self._declined[stats_key] >= _EXPLORE_EVERY:

@@ -50,3 +50,12 @@ def test_the_cost_curve_never_dips() -> None:
     assert np.all(np.diff(curve.shape[1:]) >= 0)
     measured = CostCurve.measure(lambda k: None, rounds=1)  # timings of nothing: noise only
     assert np.all(np.diff(measured.shape[1:]) >= 0)
+
+
+def test_a_draft_that_could_not_pay_even_if_always_right_is_never_explored() -> None:
+    """Exploration (one token every 32 declined steps) is for drafts that might pay; a draft costing a whole
+    target pass per token on a verify curve this steep cannot, at any acceptance."""
+    dear = GammaController(CostCurve(STEEP.copy(), SCALE), {"layerskip": [0.3]}, {"layerskip": SCALE})
+    assert all(dear.choose("layerskip", 0, 8, draft_cost_sunk=False) == 0 for _ in range(100))
+    cheap = GammaController(CostCurve(STEEP.copy(), SCALE), {"layerskip": [0.05]}, {"layerskip": SCALE / 20})
+    assert sum(cheap.choose("layerskip", 0, 8, draft_cost_sunk=False) for _ in range(100)) >= 3  # explored
