@@ -100,6 +100,9 @@ def _session_options(n_threads: int) -> object:
     so = ort.SessionOptions()
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
+    # Without: each of the 32+ sessions keeps its own memory arena at its peak size (SmolLM2 INT8 after a
+    # 400-token prompt and a few verify passes: peak RSS 794 MB with arenas, 580 MB without, same speed).
+    so.enable_cpu_mem_arena = False
     if _shared_pool_threads is None:
         try:
             _pybind_state.set_global_thread_pool_sizes(n_threads, 1)

@@ -30,7 +30,13 @@ class TuningError(EdgespecError):
 
 
 def file_identity(path: str | os.PathLike[str]) -> dict[str, object]:
+    """Path, size and modification time; for a model directory (ONNX export) the sum of its files' sizes and
+    the latest of their times, so rewriting any graph or the manifest makes the tuning stale."""
     p = Path(path).resolve()
+    if p.is_dir():
+        stats = [f.stat() for f in sorted(p.iterdir()) if f.is_file()]
+        return {"path": str(p), "size": sum(st.st_size for st in stats),
+                "mtime_ns": max((st.st_mtime_ns for st in stats), default=0)}
     st = p.stat()
     return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 

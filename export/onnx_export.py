@@ -21,7 +21,15 @@ from edgespec.errors import EdgespecError, InvalidParameterError
 
 from . import require
 from .hf import hf_folder
-from .onnx_graphs import ModelSpec, embed_graph, head_graph, kv_length, layer_graph
+from .onnx_graphs import (
+    GRAPHS_REVISION,
+    ModelSpec,
+    attention_min_total,
+    embed_graph,
+    head_graph,
+    kv_length,
+    layer_graph,
+)
 from .onnx_reference import MANIFEST
 
 QUANTS = ("fp32", "fp16", "int8", "int4")
@@ -128,6 +136,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
                 shutil.copy2(folder / name, tmp / name)
         manifest = _manifest(spec, folder, quant, context_length, layers)
         manifest["quant_options"]["single_row_padding"] = "layer" if pad_matmuls else "attention"
+        manifest["quant_options"]["attention_min_total"] = attention_min_total(spec, context_length)
         if bits:
             manifest["quant_options"].update(bits=bits, head_bits=head_bits, block_size=block_size,
                                              is_symmetric=symmetric, accuracy_level=accuracy_level)
@@ -161,4 +170,5 @@ def _manifest(spec: ModelSpec, folder: Path, quant: str, context_length: int, la
             "bos_token_id": spec.bos_token_id, "eos_token_ids": list(spec.eos_token_ids),
             "chat_template": chat_template, "layer_types": list(spec.layer_types),
             "sliding_window": spec.sliding_window, "embed": "embed.onnx", "layers": layers, "head": "head.onnx",
-            "source": {"hf_folder": str(folder), "exporter": "edgespec export onnx"}, "quality": {}}
+            "source": {"hf_folder": str(folder), "exporter": "edgespec export onnx", "graphs": GRAPHS_REVISION},
+            "quality": {}}

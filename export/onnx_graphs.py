@@ -21,6 +21,9 @@ from .hf import UnsupportedArchitectureError, check_architecture
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
+# Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
+GRAPHS_REVISION = 3  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+# q|k|v and gate|up projections, SkipSimplifiedLayerNormalization
 
 
 @dataclass(frozen=True)
@@ -150,16 +153,20 @@ def single_row_padding(g: GraphBuilder, x: str) -> tuple[str, str]:
 
     onnxruntime's CPU kernels take a special path for a single row — the M = 1 GEMM in GroupQueryAttention's
     Q·Kᵀ, and MatMulNBits at accuracy_level 0–2 — which rounds differently from the multi-row path, while every
-    path with ≥ 2 rows gives a row bit-identical results whatever the other rows are. Padding single-row calls
-    to two rows makes a position's logits independent of how many tokens share the call (README, "ONNX export").
+    path with ≥ 2 rows gives a row bit-identical results whatever the other rows are (with head_dim > 128 only
+    past 64 keys: ``attention_min_total``). Padding single-row calls to two rows makes a position's logits
+    independent of how many tokens share the call (README, "ONNX export").
     """
     seq = g.one("Slice", [g.one("Shape", [x]), g.ints(1), g.ints(2)])
     return g.one("Max", [g.one("Sub", [g.ints(2), seq]), g.ints(0)]), seq
 
 
 def pad_rows(g: GraphBuilder, x: str, pad: str) -> str:
-    """x with its first ``pad`` rows appended (any finite row will do: the extra row's result is dropped)."""
-    return g.one("Concat", [x, g.one("Slice", [x, g.ints(0), pad, g.ints(1)])], axis=1)
+    """x with ``pad`` copies of its first row appended (any finite row will do: the extra rows' results are
+    dropped); ``pad`` may exceed the number of rows."""
+    first = g.one("Slice", [x, g.ints(0), g.ints(1), g.ints(1)])
+    return g.one("Concat", [x, g.one("Expand", [first, g.one("Concat", [g.ints(1), pad, g.ints(1)], axis=0)])],
+                 axis=1)
 
 
 def drop_padding(g: GraphBuilder, y: str, seq: str, output: str | None = None) -> str:
@@ -167,8 +174,23 @@ def drop_padding(g: GraphBuilder, y: str, seq: str, output: str | None = None) -
 
 
 def kv_length(context_length: int) -> int:
-    """KV buffer rows: every position plus the scratch slot a padded single-row call writes."""
+    """KV buffer rows: every position plus the scratch slot a padded single-row call at the last position writes
+    (padded calls write scratch slots past their last position, see ``layer_graph``)."""
     return context_length + 1
+
+
+# MLAS's float GEMM (GroupQueryAttention's Q·Kᵀ, reduced over head_dim) sums in passes of StrideK = 128 but
+# widens the pass while the key count N is small (N ≤ 64: one pass of 256). With head_dim > 128 a row at a
+# position < 64 is therefore rounded one way in a call whose keys end at ≤ 64 and another way in a longer call
+# (measured ~4e-7 per op, up to 0.58 in Gemma 3's logits). For every N > 64 the passes are the same.
+SGEMM_WIDE_PASS_KEYS = 64
+
+
+def attention_min_total(spec: ModelSpec, context_length: int) -> int:
+    """The least key count GroupQueryAttention is called with (0: any): calls that end earlier are padded."""
+    if spec.head_dim <= 128:  # one pass at every N: nothing to pad
+        return 0
+    return min(SGEMM_WIDE_PASS_KEYS + 1, kv_length(context_length))
 
 
 def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -198,17 +220,27 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     eps = spec.rms_norm_eps
     pad, seq = single_row_padding(g, "hidden")
     hidden = pad_rows(g, "hidden", pad) if pad_matmuls else "hidden"
-    # The padding row is one position past the call's last one: it writes a scratch K/V slot at index
-    # `total` (overwritten by the next call before anything reads it) and no real row attends to it.
-    pad32 = g.one("Cast", [pad], to=onnx.TensorProto.INT32)
+    # Rows appended to q/k/v: the single-row pad, and up to the least key count (``attention_min_total``).
+    attn_pad = pad
+    min_total = attention_min_total(spec, context_length)
+    if min_total:
+        total64 = g.one("Reshape", [g.one("Cast", ["total_sequence_length"], to=onnx.TensorProto.INT64), g.ints(1)])
+        attn_pad = g.one("Max", [g.one("Sub", [g.ints(min_total), total64]), pad])
+    if not pad_matmuls:
+        extra: str | None = attn_pad
+    else:  # the layer's rows already carry the single-row pad
+        extra = g.one("Sub", [attn_pad, pad]) if min_total else None
+    # The padding rows follow the call's last position: they write scratch K/V slots from index `total` on
+    # (overwritten by later calls before anything reads them) and no real row attends to them.
+    pad32 = g.one("Cast", [attn_pad], to=onnx.TensorProto.INT32)
     seqlens = g.one("Add", ["seqlens_k", pad32])
     total = g.one("Add", ["total_sequence_length", g.one("Squeeze", [pad32, g.ints(0)])])
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
     # woken once, not three times); each output column is computed as by its own projection.
     qkv = linear(g, h, np.concatenate([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
-    if not pad_matmuls:
-        qkv = pad_rows(g, qkv, pad)
+    if extra:
+        qkv = pad_rows(g, qkv, extra)
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     if spec.gemma:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
         q, k, v = g.op("Split", [qkv, g.ints(q_size, kv_size, kv_size)], 3, axis=-1)
@@ -228,8 +260,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
                 # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
                 # window − 1 differs from position 511 on.
                 local_window_size=window or -1)[0]
-    if not pad_matmuls:
-        attn = drop_padding(g, attn, seq)
+    if extra:
+        attn = drop_padding(g, attn, g.one("Add", [seq, pad]) if pad_matmuls else seq)
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
     if spec.gemma:
         o = rms_norm(g, o, _norm_weight(spec, w("post_attention_layernorm.weight")), eps, "post_attn_norm")

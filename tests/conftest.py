@@ -29,13 +29,16 @@ def spec_bench(categories: list[str], per_category: int = 1) -> list[dict]:
 
 
 def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
-    """An ONNX export of a shipped model, written once into the edgespec cache by the real exporter."""
+    """An ONNX export of a shipped model, written into the edgespec cache by the real exporter (again when the
+    graph writer's revision changed)."""
     from edgespec.models import cache_dir
     from export.onnx_export import export_onnx
+    from export.onnx_graphs import GRAPHS_REVISION
 
     suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
     out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"
-    if not (out / "edgespec-onnx.json").is_file():
+    manifest = out / "edgespec-onnx.json"
+    if not manifest.is_file() or json.loads(manifest.read_text())["source"].get("graphs") != GRAPHS_REVISION:
         export_onnx(model, out, quant=quant, progress=False, **options)  # type: ignore[arg-type]
     return out
 

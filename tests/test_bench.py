@@ -9,12 +9,14 @@ import pytest
 
 from edgespec.bench.configs import CONFIGS, select
 from edgespec.bench.questions import BenchError, load_questions
+from edgespec.bench.report import head_to_head
 from edgespec.cli import main
 from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
-                 "bound_tok_s", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e", "latency_ratio"}
+                 "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
+                 "latency_ratio"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -58,6 +60,8 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     overall = summary["ngram-g4"]["overall"]
     assert 0 < overall["gamma_mean"] <= 4 and overall["alpha"] is not None and overall["tau"] >= 1.0
     assert overall["speedup"] == pytest.approx(overall["decode_tok_s"] / summary["target"]["overall"]["decode_tok_s"])
+
+    assert result["head_to_head"] == {}  # no peer configuration ran (tests below run peers)
 
     curve = result["workers"]["target"]["verify_curve"]
     assert [int(k) for k in curve] == list(range(1, 18)) and all(v > 0 for v in curve.values())
@@ -116,3 +120,24 @@ def test_a_configuration_that_cannot_start_is_named(tmp_path: Path, capsys: pyte
                  "--configs", "tuned"]) == 2
     err = capsys.readouterr().err
     assert "configuration tuned: no tuning for this model" in err and "Traceback" not in err
+
+
+def test_head_to_head_takes_the_fastest_lossless_automatic_mode_and_the_fastest_peer() -> None:
+    def s(tok_s: float, lossless: int | None, generations: int = 2) -> dict:
+        return {"decode_tok_s": tok_s, "lossless": lossless, "generations": generations}
+
+    configs = [{"name": n, "runner": CONFIGS[n].runner, "auto": CONFIGS[n].auto}
+               for n in ("target", "ngram-auto", "ngram-g4", "onnx-ngram", "lcpp-plain", "ortg-ngram")]
+    summary = {  # ngram-g4 is fast but fixed-γ (not automatic); onnx-ngram was lossy on "qa" (a bug it would show)
+        "target": {"qa": s(90, None), "overall": s(90, None)},
+        "ngram-auto": {"qa": s(100, 2), "overall": s(110, 2)},
+        "ngram-g4": {"qa": s(200, 2), "overall": s(200, 2)},
+        "onnx-ngram": {"qa": s(150, 1), "overall": s(120, 2)},
+        "lcpp-plain": {"qa": s(95, None), "overall": s(95, None)},
+        "ortg-ngram": {"qa": s(80, 0), "overall": s(130, 1)},
+    }
+    duel = head_to_head({"configs": configs, "summary": summary})
+    assert duel["qa"] == {"edgespec": "ngram-auto", "edgespec_tok_s": 100, "peer": "lcpp-plain", "peer_tok_s": 95,
+                          "ratio": 100 / 95, "peer_lossless": None, "generations": 2}
+    assert (duel["overall"]["edgespec"], duel["overall"]["peer"]) == ("onnx-ngram", "ortg-ngram")
+    assert duel["overall"]["ratio"] == pytest.approx(120 / 130) and duel["overall"]["peer_lossless"] == 1

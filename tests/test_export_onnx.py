@@ -20,6 +20,7 @@ from export.onnx_cmd import summary
 from export.onnx_export import export_onnx
 from export.onnx_quality import compare, export_logits, source_logits
 from export.onnx_reference import OnnxReference
+from tests.conftest import onnx_export_dir
 
 pytest.importorskip("onnxruntime")
 CONTEXT = 1536  # enough for the 1000-token prefill below, small enough to keep the exports quick
@@ -75,6 +76,7 @@ def test_manifest_and_tokenizer_follow_the_contract(smol_onnx: dict[str, Path]) 
     m = json.loads((folder / "edgespec-onnx.json").read_text())
     assert m["format"] == "edgespec-onnx/1" and m["architecture"] == "llama" and m["num_layers"] == 30
     assert m["kv_length"] == m["context_length"] + 1 == CONTEXT + 1
+    assert m["quant_options"]["attention_min_total"] == 0  # head_dim 64: no key padding
     assert len(m["layers"]) == 30 and all((folder / f).is_file() for f in [m["embed"], m["head"], *m["layers"]])
     assert "<|im_start|>" in m["chat_template"] and m["layer_types"] == ["full_attention"] * 30
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -114,16 +116,19 @@ def _long_ids(hf: Path, n: int) -> list[int]:
 @pytest.mark.parametrize("quant", ["fp32", "int4"])
 def test_a_position_s_logits_do_not_depend_on_the_call(smol_onnx: dict[str, Path], smol_hf: Path,
                                                       quant: str) -> None:
-    runner = OnnxReference(smol_onnx[quant])
-    ids = _long_ids(smol_hf, 1008)
-    for prefill in (300, 1000):
+    _assert_batch_invariant(OnnxReference(smol_onnx[quant]), _long_ids(smol_hf, 1008), (300, 1000))
+
+
+def _assert_batch_invariant(runner: OnnxReference, ids: list[int], prefills: tuple[int, ...]) -> None:
+    """The 8 positions after each prefill: one prompt call, single-token calls and calls of k = 2, 4, 8 agree."""
+    for prefill in prefills:
         whole = runner.logits(ids[:prefill + 8])  # prompt path: everything in one call
         runner.truncate(prefill)
         singles = np.stack([runner.forward([t])[0] for t in ids[prefill:prefill + 8]])
-        assert np.array_equal(singles, whole[prefill:])
+        assert np.array_equal(singles, whole[prefill:]), f"prefill {prefill}: prompt call"
         for k in (2, 4, 8):
             runner.truncate(prefill)
-            assert np.array_equal(runner.forward(ids[prefill:prefill + k]), singles[:k]), f"k={k}"
+            assert np.array_equal(runner.forward(ids[prefill:prefill + k]), singles[:k]), f"prefill {prefill}: k={k}"
 
 
 def test_int8_is_batch_invariant(smol_int8_cli: tuple[Path, dict], smol_hf: Path) -> None:
@@ -183,6 +188,15 @@ def test_genai_format_loads_and_generates(tmp_path: Path, model: str) -> None:
     while not generator.is_done():
         generator.generate_next_token()
     assert len(generator.get_sequence(0)) > 6
+
+
+@pytest.mark.slow
+def test_gemma3_int8_is_batch_invariant() -> None:
+    """The default INT8 export of Gemma 3 (head_dim 256): calls crossing 64 keys (prefill 60: exact only with
+    the graphs' key padding, 0.73 apart before) and past the sliding window, on 2 threads."""
+    runner = OnnxReference(onnx_export_dir("gemma3-270m", "int8"), threads=2)
+    assert runner.manifest["quant_options"]["attention_min_total"] == 65
+    _assert_batch_invariant(runner, _long_ids(hf_folder("gemma3-270m"), 1008), (60, 1000))
 
 
 @pytest.mark.slow

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import edgespec
 from edgespec.cli import main
 from edgespec.engine import Engine
-from edgespec.layer_skip import calibrate, expected_speedup, save_to_manifest
+from edgespec.layer_skip import SkipCalibration, calibrate, expected_speedup, save_to_manifest
 from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions
 from tests.conftest import onnx_export_dir
 
@@ -30,17 +31,43 @@ def test_calibration_finds_and_stores_a_skip_set(onnx_engine: Engine, tmp_path: 
     assert 1 <= len(result.skip) <= 3 and all(0 <= i < model.n_layer for i in result.skip)
     assert 0.0 <= result.agreement <= 1.0 and 0.0 < result.cost_ratio < 1.0
     assert len(result.tried) >= model.n_layer  # every layer was scored alone first
-    # A fresh model directory (files linked) gets the set in its manifest and uses it by default.
+    # A fresh model directory gets the set in its manifest and uses it by default.
+    folder = _linked_copy(model.path, tmp_path)
+    save_to_manifest(folder, result)
+    assert json.loads((folder / MANIFEST).read_text())["layer_skip"]["skip"] == result.skip
+    view = OnnxModel(folder, OnnxOptions(n_threads=1, n_ctx=64)).self_draft()
+    assert view.skip == result.skip and view.calibrated == (round(result.agreement, 4), round(result.cost_ratio, 4))
+    # Another set than the calibrated one has no calibration to start from.
+    other = [i for i in range(model.n_layer) if i not in result.skip][:1]
+    assert OnnxModel(folder, OnnxOptions(n_threads=1, n_ctx=64, layer_skip=other)).self_draft().calibrated is None
+
+
+def test_a_calibrated_draft_that_cannot_pay_is_declined_from_the_start(tmp_path: Path) -> None:
+    """A self-draft whose calibration says it agrees rarely and costs nearly a full pass is not tried
+    (beyond the controller's occasional exploration), and the output stays the target's."""
+    folder = _linked_copy(onnx_export_dir(), tmp_path)
+    save_to_manifest(folder, SkipCalibration(skip=[3], agreement=0.3, cost_ratio=0.97, expected_speedup=1.0,
+                                             gamma=0))
+    engine = edgespec.load(folder, mode="layerskip", n_ctx=512, n_threads=1, tuning=False)
+    try:
+        prompt = engine.tokenize("List the planets of the solar system in order:")
+        out = engine.generate(prompt, max_tokens=24)
+        assert out.stats.drafted <= 1, out.stats  # 24 steps: at most one exploratory draft token
+        assert out.tokens == engine.generate(prompt, max_tokens=24, mode="none").tokens
+    finally:
+        engine.close()
+
+
+def _linked_copy(model_dir: Path, tmp_path: Path) -> Path:
+    """A model directory whose manifest can be edited: the manifest copied, the graphs linked."""
     folder = tmp_path / "m"
     folder.mkdir()
-    for f in model.path.iterdir():
+    for f in model_dir.iterdir():
         if f.name == MANIFEST:
             (folder / f.name).write_bytes(f.read_bytes())
         else:
             (folder / f.name).symlink_to(f)
-    save_to_manifest(folder, result)
-    assert json.loads((folder / MANIFEST).read_text())["layer_skip"]["skip"] == result.skip
-    assert OnnxModel(folder, OnnxOptions(n_threads=1, n_ctx=64)).self_draft().skip == result.skip
+    return folder
 
 
 def test_cli_generate_layerskip_on_onnx(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 
 import edgespec
 from edgespec.cli import main
-from edgespec.tuning import tuning_dir
+from edgespec.tuning import file_identity, tuning_dir
+from tests.conftest import onnx_export_dir
 
 
 def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -54,3 +56,34 @@ def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("EDGESPEC_TUNING", "off")
     assert main(["tune", "--show", "--threads", "1"]) == 2
     assert "EDGESPEC_TUNING is off" in capsys.readouterr().err
+
+
+def test_a_model_directory_is_identified_by_its_files(tmp_path: Path) -> None:
+    """An ONNX export is a directory: rewriting one graph or the manifest inside it makes its tuning stale."""
+    (tmp_path / "layer_00.onnx").write_bytes(b"x" * 10)
+    (tmp_path / "edgespec-onnx.json").write_text("{}")
+    before = file_identity(tmp_path)
+    assert before["size"] == 12
+    time.sleep(0.01)
+    (tmp_path / "layer_00.onnx").write_bytes(b"y" * 10)  # same size, same directory entries: only the time moves
+    assert file_identity(tmp_path) != before
+
+
+def test_tune_an_onnx_model_races_the_self_draft_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """On an ONNX export, tune measures the layer-skip draft too and races layer-skip and hybrid."""
+    model_dir = onnx_export_dir()  # before EDGESPEC_HOME moves: the export lives in the usual cache
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("EDGESPEC_TUNING", "on")
+    assert main(["tune", str(model_dir), "--quick", "--threads", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["acceptance"]) == {"ngram", "layerskip"} and report["draft_cost_s"]["layerskip"] > 0
+    candidates = report["details"]["candidates"]
+    assert {(c["mode"], c["gamma"]) for c in candidates} >= {("none", 0), ("ngram", "auto"), ("layerskip", "auto"),
+                                                              ("hybrid", "auto")}
+    assert all(c["identical"] == c["generations"] for c in candidates)
+    engine = edgespec.load(model_dir, n_threads=1, n_ctx=1024)
+    try:
+        assert engine.tuning is not None and engine.tuning.key == report["key"] and engine.mode == report["mode"]
+    finally:
+        engine.close()

@@ -58,7 +58,7 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .report import bandwidth_bounds, summarize, table
+    from .report import bandwidth_bounds, head_to_head, summarize, table
     from .run import BenchArgs, run
 
     bench_args = BenchArgs(
@@ -70,6 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     result = run(bench_args)
     result["summary"] = summarize(result)
+    result["head_to_head"] = head_to_head(result)
     from .bandwidth import bytes_per_token, measure_bandwidth
 
     result["bandwidth"] = bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),

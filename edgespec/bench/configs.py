@@ -31,6 +31,7 @@ class Config:
     # reference: its "lossless" is empty, and "same as baseline" says whether its numerics match edgespec's.
     reference: str | None = None
     description: str = ""
+    auto: bool = False  # one of edgespec's automatic modes (γ chosen by the controller): the head-to-head's side
 
     @property
     def lossless_reference(self) -> str:
@@ -49,13 +50,13 @@ class Config:
 # numerics differ from edgespec's: "same as baseline" and "lossless" are separate columns.
 CONFIGS = {c.name: c for c in [
     Config("target", "edgespec", {"mode": "none"}, description="edgespec, target alone"),
-    Config("ngram-auto", "edgespec", {"mode": "ngram"}, description="edgespec, n-gram lookup, γ auto"),
+    Config("ngram-auto", "edgespec", {"mode": "ngram"}, auto=True, description="edgespec, n-gram lookup, γ auto"),
     Config("ngram-g4", "edgespec", {"mode": "ngram", "gamma": 4}, description="edgespec, n-gram lookup, γ = 4"),
-    Config("tuned", "edgespec", {"tuned": True}, description="edgespec with what `edgespec tune` chose"),
+    Config("tuned", "edgespec", {"tuned": True}, auto=True, description="edgespec with what `edgespec tune` chose"),
     Config("target-q8", "edgespec", {"model": "smollm2-135m:q8_0", "mode": "none"}, baseline="target-q8",
            description="edgespec, Q8_0 target alone"),
     Config("draft-auto", "edgespec", {"model": "smollm2-135m:q8_0", "draft": "smollm2-135m:q4_0", "mode": "draft"},
-           baseline="target-q8", description="edgespec, Q8_0 target, Q4_0 draft model, γ auto"),
+           baseline="target-q8", auto=True, description="edgespec, Q8_0 target, Q4_0 draft model, γ auto"),
     Config("lcpp-plain", "llama-cpp-python", {}, reference="lcpp-plain", description="llama-cpp-python Llama.generate"),
     Config("lcpp-pld", "llama-cpp-python", {"prompt_lookup": 10}, reference="lcpp-plain",
            description="llama-cpp-python LlamaPromptLookupDecoding(num_pred_tokens=10)"),
@@ -76,11 +77,11 @@ CONFIGS = {c.name: c for c in [
     Config("onnx-target", "edgespec", {"model": "@onnx_model", "mode": "none"}, baseline="onnx-target",
            description="edgespec ONNX backend, target alone"),
     Config("onnx-ngram", "edgespec", {"model": "@onnx_model", "mode": "ngram"}, baseline="onnx-target",
-           description="edgespec ONNX backend, n-gram lookup, γ auto"),
+           auto=True, description="edgespec ONNX backend, n-gram lookup, γ auto"),
     Config("onnx-layerskip", "edgespec", {"model": "@onnx_model", "mode": "layerskip"}, baseline="onnx-target",
-           description="edgespec ONNX backend, layer-skip self-draft, γ auto"),
+           auto=True, description="edgespec ONNX backend, layer-skip self-draft, γ auto"),
     Config("onnx-hybrid", "edgespec", {"model": "@onnx_model", "mode": "hybrid"}, baseline="onnx-target",
-           description="edgespec ONNX backend, n-gram lookup else layer-skip self-draft, γ auto"),
+           auto=True, description="edgespec ONNX backend, n-gram lookup else layer-skip self-draft, γ auto"),
 ]}
 DEFAULT_CONFIGS = ("target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld", "ortg-plain",
                    "ortg-ngram", "onnx-target", "onnx-ngram", "onnx-layerskip", "onnx-hybrid")

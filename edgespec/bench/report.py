@@ -66,6 +66,9 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         s["bound_tok_s"] = decoded / bound_s if bound_s else None
     else:
         s["bound_tok_s"] = None
+    # c: a drafted token's model compute against one single-token target pass (draft models, layer-skip).
+    s["draft_cost_ratio"] = (model_draft_s / drafted / curve["1"]
+                             if curve is not None and model_draft_s and drafted else None)
     s["verify_only_tok_s"] = decoded / (verify_s + model_draft_s) if verify_s else None
     s["bound_fraction"] = _ratio(s["decode_tok_s"], s["bound_tok_s"])  # type: ignore[arg-type]
     return s
@@ -83,6 +86,32 @@ def summarize(result: dict) -> dict[str, dict[str, dict[str, object]]]:
             s["speedup_e2e"] = _ratio(s["e2e_tok_s"], base[cat]["e2e_tok_s"])  # type: ignore[arg-type]
             s["latency_ratio"] = _ratio(s["e2e_latency_s"], base[cat]["e2e_latency_s"])  # type: ignore[arg-type]
     return summary
+
+
+def head_to_head(result: dict) -> dict[str, dict[str, object]]:
+    """Per category: the fastest of edgespec's automatic configurations that was lossless on every generation,
+    against the fastest peer configuration (any runner but edgespec's own), in decode tokens/s.
+
+    Absolute rates, not ratios: peers run their own model files (an onnxruntime-genai export, weights
+    dequantized for transformers) of the same source model, and the question a user asks is which is faster.
+    """
+    configs = {c["name"]: c for c in result["configs"]}
+    summary = result["summary"]
+    ours = [n for n in summary if configs[n]["auto"]]
+    peers = [n for n in summary if configs[n]["runner"] != "edgespec"]
+    out: dict[str, dict[str, object]] = {}
+    if not ours or not peers:
+        return out
+    for cat in summary[ours[0]]:
+        lossless = [n for n in ours if summary[n][cat]["lossless"] == summary[n][cat]["generations"]]
+        if not lossless:
+            continue
+        best = max(lossless, key=lambda n: summary[n][cat]["decode_tok_s"])
+        rival = max(peers, key=lambda n: summary[n][cat]["decode_tok_s"])
+        a, b = summary[best][cat]["decode_tok_s"], summary[rival][cat]["decode_tok_s"]
+        out[cat] = {"edgespec": best, "edgespec_tok_s": a, "peer": rival, "peer_tok_s": b, "ratio": a / b,
+                    "peer_lossless": summary[rival][cat]["lossless"], "generations": summary[rival][cat]["generations"]}
+    return out
 
 
 def bandwidth_bounds(result: dict, bandwidth: float, per_token: dict[str, float]) -> dict[str, object]:
@@ -109,7 +138,7 @@ def table(result: dict) -> str:
     summary, bw = result["summary"], result.get("bandwidth")
     categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
     head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'lat s':>7}{'α':>6}{'τ':>6}"
-            f"{'γ':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
+            f"{'γ':>5}{'c':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
     lines = [head]
     for name, by_cat in summary.items():
         for cat in categories:
@@ -123,10 +152,22 @@ def table(result: dict) -> str:
                 f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
                 f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
-                f"{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
+                f"{_fmt(s['draft_cost_ratio'], '.2f'):>5}{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}"
+                f"{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
                 f"{_fmt(ach, '.0f'):>5}"
                 f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
                 f"{s['peak_rss_mb']:>7.0f}")
+        lines.append("")
+    duel = result.get("head_to_head")
+    if duel:
+        lines.append(f"{'head to head':<15}{'edgespec (auto, lossless)':<26}{'tok/s':>7}  {'fastest peer':<14}"
+                     f"{'tok/s':>7}{'lossless':>9}{'×':>7}")
+        for cat in categories:
+            d = duel.get(cat)
+            if d is not None:
+                lossless = "-" if d["peer_lossless"] is None else f"{d['peer_lossless']}/{d['generations']}"
+                lines.append(f"{cat:<15}{d['edgespec']:<26}{d['edgespec_tok_s']:>7.1f}  {d['peer']:<14}"
+                             f"{d['peer_tok_s']:>7.1f}{lossless:>9}{d['ratio']:>7.2f}")
         lines.append("")
     if bw:
         bound = bw["by_category"][OVERALL]["bound_tok_s"]

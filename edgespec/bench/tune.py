@@ -61,7 +61,7 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
         curve = engine.calibrate(rounds=3 if quick else 7)
         say("verify cost (ms): " + ", ".join(f"k={k} {s * 1e3:.1f}" for k, s in curve.as_dict().items()
                                              if k in (1, 2, 4, 8, 16)))
-        drafters = [d for d in ("ngram", "draft") if d in engine.drafters]
+        drafters = [d for d in ("ngram", "draft", "layerskip") if d in engine.drafters]
         acceptance, draft_cost, overheads = {}, {}, []
         for d in drafters:
             stats = [engine.generate(t, max_tokens=max_tokens, mode=d, gamma=_ACCEPTANCE_GAMMA).stats
@@ -84,6 +84,8 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
         for d in drafters:
             best_k = int(np.argmax(estimates[d][1:]) + 1)
             candidates += [(d, "auto"), (d, best_k)]
+        if "hybrid" in engine.drafters:  # its stages are the drafters measured above, keyed by name
+            candidates.append(("hybrid", "auto"))
         measured = _race(engine, candidates, prompt_tokens, max_tokens, rounds)
         base = measured[("none", 0)]["decode_tok_s"]
         for m in measured.values():

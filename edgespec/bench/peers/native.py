@@ -51,7 +51,7 @@ class NativeRunner:
                       drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist,
                       position_trials=stats.position_trials, position_accepts=stats.position_accepts,
                       draft_s=stats.draft_s, verify_s=stats.verify_s,
-                      model_draft_s=stats.draft_s if stats.mode == "draft" else 0.0)
+                      model_draft_s=stats.draft_s if stats.mode in ("draft", "layerskip", "hybrid") else 0.0)
 
     def close(self) -> None:
         self.engine.close()

@@ -1,0 +1,52 @@
+"""The γ controller's decisions from costs and acceptance (pure arithmetic: no model needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.gamma import MAX_GAMMA, CostCurve, GammaController
+
+# A CPU-like verify curve: cost(k tokens) / cost(1) = 1 + 0.35 (k − 1), as llama.cpp's on this machine.
+STEEP = np.concatenate(([np.nan], 1 + 0.35 * np.arange(MAX_GAMMA + 1)))
+SCALE = 0.01
+
+
+def _controller(shape: np.ndarray = STEEP) -> GammaController:
+    return GammaController(CostCurve(shape.copy(), SCALE))
+
+
+def _learn(controller: GammaController, accepted_share: float, drafted: int = 4, steps: int = 40) -> None:
+    for i in range(steps):
+        accepted = drafted if (i * accepted_share) % 1 + accepted_share >= 1 else 0
+        controller.observe("ngram", 5, drafted, accepted, 0.0, SCALE * STEEP[drafted + 1])
+
+
+def test_drafts_that_are_always_accepted_are_verified_long() -> None:
+    controller = _controller()
+    _learn(controller, 1.0, drafted=12)
+    assert controller.choose("ngram", 5, 16, draft_cost_sunk=True) >= 8
+
+
+def test_drafts_that_are_rarely_accepted_are_declined() -> None:
+    controller = _controller()
+    _learn(controller, 0.1)
+    assert controller.choose("ngram", 5, 16, draft_cost_sunk=True) == 0
+
+
+def test_a_draft_that_costs_a_target_pass_per_token_is_declined() -> None:
+    """Draft tokens accepted 80% of the time but each as dear as a target pass cannot pay on this curve."""
+    controller = GammaController(CostCurve(STEEP.copy(), SCALE), {"layerskip": [0.8]}, {"layerskip": SCALE})
+    assert controller.choose("layerskip", 0, 8, draft_cost_sunk=False) == 0
+    cheap = GammaController(CostCurve(STEEP.copy(), SCALE), {"layerskip": [0.8]}, {"layerskip": SCALE / 20})
+    assert cheap.choose("layerskip", 0, 8, draft_cost_sunk=False) >= 1
+
+
+def test_the_cost_curve_never_dips() -> None:
+    """A noisy timing (a long verify that happened to run fast on a busy machine) must not make long drafts
+    look cheaper than short ones."""
+    curve = CostCurve(STEEP.copy(), SCALE)
+    for _ in range(50):
+        curve.observe(9, SCALE * 1.1)  # 9 tokens "as cheap as" one
+    assert np.all(np.diff(curve.shape[1:]) >= 0)
+    measured = CostCurve.measure(lambda k: None, rounds=1)  # timings of nothing: noise only
+    assert np.all(np.diff(measured.shape[1:]) >= 0)
