@@ -22,7 +22,8 @@ from .hf import UnsupportedArchitectureError, check_architecture
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 2  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance)
+GRAPHS_REVISION = 3  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+# q|k|v and gate|up projections, SkipSimplifiedLayerNormalization
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,14 @@ def rms_norm(g: GraphBuilder, x: str, weight: np.ndarray, eps: float, name: str)
                  axis=-1, epsilon=eps, stash_type=1)
 
 
+def skip_rms_norm(g: GraphBuilder, x: str, skip: str, weight: np.ndarray, eps: float, name: str) -> tuple[str, str]:
+    """(RMSNorm(x + skip), x + skip) in one com.microsoft op (onnxruntime does not fuse the pair itself)."""
+    normed, total = f"{name}_out", f"{name}_sum"
+    g.op("SkipSimplifiedLayerNormalization", [x, skip, g.const(name, weight.astype(np.float32))],
+         [normed, "", "", total], MS_DOMAIN, epsilon=eps)
+    return normed, total
+
+
 def linear(g: GraphBuilder, x: str, weight: np.ndarray, name: str) -> str:
     """x @ W.T with W stored transposed ([in, out]) so MatMulNBitsQuantizer can quantize it."""
     w = g.const(name, np.ascontiguousarray(weight.T.astype(g.weight_dtype)))
@@ -227,19 +236,23 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     seqlens = g.one("Add", ["seqlens_k", pad32])
     total = g.one("Add", ["total_sequence_length", g.one("Squeeze", [pad32, g.ints(0)])])
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
-    q = linear(g, h, w("self_attn.q_proj.weight"), "q_proj")
-    k = linear(g, h, w("self_attn.k_proj.weight"), "k_proj")
-    v = linear(g, h, w("self_attn.v_proj.weight"), "v_proj")
+    # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
+    # woken once, not three times); each output column is computed as by its own projection.
+    qkv = linear(g, h, np.concatenate([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
+    if extra:
+        qkv = pad_rows(g, qkv, extra)
+    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     if spec.gemma:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
-        q = _head_norm(g, q, spec.num_heads, spec, w("self_attn.q_norm.weight"), "q_norm")
-        k = _head_norm(g, k, spec.num_kv_heads, spec, w("self_attn.k_norm.weight"), "k_norm")
+        q, k, v = g.op("Split", [qkv, g.ints(q_size, kv_size, kv_size)], 3, axis=-1)
+        qkv_inputs = [_head_norm(g, q, spec.num_heads, spec, w("self_attn.q_norm.weight"), "q_norm"),
+                      _head_norm(g, k, spec.num_kv_heads, spec, w("self_attn.k_norm.weight"), "k_norm"), v]
+    else:  # GroupQueryAttention reads packed q|k|v from `query` when `key` and `value` are empty
+        qkv_inputs = [qkv, "", ""]
     layer_type = spec.layer_types[index]
     cos, sin = rope_cache(spec, layer_type, kv_length(context_length))
     window = spec.sliding_window if layer_type == "sliding_attention" else None
-    if extra:
-        q, k, v = (pad_rows(g, t, extra) for t in (q, k, v))
     attn = g.op("GroupQueryAttention",
-                [q, k, v, "past_key", "past_value", seqlens, total,
+                [*qkv_inputs, "past_key", "past_value", seqlens, total,
                  g.const("cos_cache", cos), g.const("sin_cache", sin)],
                 [g.name + "_attn", "present_key", "present_value"], domain=MS_DOMAIN,
                 num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, scale=spec.scale, do_rotary=1,
@@ -252,11 +265,12 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
     if spec.gemma:
         o = rms_norm(g, o, _norm_weight(spec, w("post_attention_layernorm.weight")), eps, "post_attn_norm")
-    x = g.one("Add", [hidden, o])
     mlp_norm = "pre_feedforward_layernorm.weight" if spec.gemma else "post_attention_layernorm.weight"
-    h = rms_norm(g, x, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
-    gate = linear(g, h, w("mlp.gate_proj.weight"), "gate_proj")
-    up = linear(g, h, w("mlp.up_proj.weight"), "up_proj")
+    h, x = skip_rms_norm(g, hidden, o, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
+    # gate and up as one projection too, split after
+    intermediate = w("mlp.gate_proj.weight").shape[0]
+    gate_up = linear(g, h, np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), "gate_up_proj")
+    gate, up = g.op("Split", [gate_up, g.ints(intermediate, intermediate)], 2, axis=-1)
     # Gemma: GELU (tanh approximation); Llama: SiLU
     act = g.one("Gelu", [gate], approximate="tanh") if spec.gemma else g.one("Mul", [gate, g.one("Sigmoid", [gate])])
     d = linear(g, g.one("Mul", [act, up]), w("mlp.down_proj.weight"), "down_proj")
