@@ -80,18 +80,23 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-# The intra-op thread count of the process-wide pool, once one exists (onnxruntime cannot resize it).
+# onnxruntime's process-wide thread pool: its intra-op thread count once edgespec made it, -1 when another
+# library made it first, None while there is none.
 _shared_pool_threads: int | None = None
 
 
-def _session_options(n_threads: int) -> object:
-    """Session options whose sessions all run on one process-wide thread pool when they can.
+def session_options(n_threads: int, make_shared: bool = True) -> tuple[object, int]:
+    """Session options for edgespec's sessions, and the intra-op thread count they will really run with.
 
-    A forward pass chains 30+ sessions. Each with its own pool, the pools must not spin (an idle spinning pool
-    steals the cores the running one needs), and then every parallel op pays for waking sleeping threads:
-    measured 16.3 ms per SmolLM2 INT8 token on 2 threads, against 11.5 ms on one shared spinning pool. The
-    shared pool's size is fixed when it is made; a later model asking for another thread count gets
-    per-session pools.
+    A forward pass chains 30+ sessions. Each with its own pool, the pools must not spin between calls (an idle
+    spinning pool steals the cores the running one needs), and every parallel op then waits for sleeping
+    threads to wake: SmolLM2 INT8, 2 threads, 600 tokens of context, 20.0 ms per token without spinning,
+    17.4 ms spinning within a call only, 15.5 ms with all sessions on ONE process-wide spinning pool. That
+    pool is the default. onnxruntime allows only one per process, of a fixed size, and once it exists every
+    session in the process must use it: a later model asking for another thread count runs on it too (the
+    count returned says so), and so must other onnxruntime sessions in the process (``use_per_session_threads
+    = False``; this function's options do). ``EDGESPEC_ORT_SHARED_POOL=0`` keeps per-session pools instead,
+    and so does ``make_shared=False`` while there is no shared pool yet (the exporter's checks).
     """
     import onnxruntime as ort
     from onnxruntime.capi import _pybind_state
@@ -103,18 +108,19 @@ def _session_options(n_threads: int) -> object:
     # Without: each of the 32+ sessions keeps its own memory arena at its peak size (SmolLM2 INT8 after a
     # 400-token prompt and a few verify passes: peak RSS 794 MB with arenas, 580 MB without, same speed).
     so.enable_cpu_mem_arena = False
-    if _shared_pool_threads is None:
+    if _shared_pool_threads is None and make_shared and os.environ.get("EDGESPEC_ORT_SHARED_POOL", "1") != "0":
         try:
             _pybind_state.set_global_thread_pool_sizes(n_threads, 1)
             _shared_pool_threads = n_threads
-        except Exception:  # another library in this process made onnxruntime's pools first
-            _shared_pool_threads = 0
-    if _shared_pool_threads == n_threads:
+        except Exception:  # someone else made the process-wide pool first: its size is unknown
+            _shared_pool_threads = -1
+    if _shared_pool_threads is not None:
         so.use_per_session_threads = False
-    else:
-        so.intra_op_num_threads, so.inter_op_num_threads = n_threads, 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
+        return so, n_threads if _shared_pool_threads < 0 else _shared_pool_threads
+    so.intra_op_num_threads, so.inter_op_num_threads = n_threads, 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.add_session_config_entry("session.force_spinning_stop", "1")  # spin within a call, sleep between calls
+    return so, n_threads
 
 
 def _providers(device: str) -> list[str]:
@@ -179,7 +185,7 @@ class OnnxModel:
         providers = _providers(self.options.device)
         self.device_type = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
 
-        so = _session_options(self.n_threads)
+        so, self.n_threads = session_options(self.n_threads)
 
         def session(name: str) -> ort.InferenceSession:
             file = self.path / name

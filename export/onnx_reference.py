@@ -17,13 +17,13 @@ from . import require
 MANIFEST = "edgespec-onnx.json"
 
 
-def session_options(threads: int = 1, spinning: bool = False, optimization: str = "all"):
-    """The session settings the exporter checked its graphs with (see README, "ONNX export")."""
+def session_options(threads: int = 1, optimization: str = "all"):
+    """The runtime's session settings (edgespec.onnx_backend.session_options: the process-wide thread pool
+    when the runtime made one, else per-session pools) at a chosen graph optimization level."""
     ort = require("onnxruntime", "onnx")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    from edgespec.onnx_backend import session_options as runtime_options
+
+    so, _ = runtime_options(threads, make_shared=False)
     so.graph_optimization_level = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
                                    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
                                    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,

@@ -214,3 +214,19 @@ def test_gemma3_greedy_equals_target_only() -> None:
                 assert out.tokens == expected, f"{mode} γ={gamma}: {q['category']}"
     finally:
         engine.close()
+
+
+def test_every_session_in_the_process_runs_on_the_one_shared_pool(onnx_engine: Engine) -> None:
+    """onnxruntime allows one process-wide pool, and then every session must use it: a second model asking
+    for another thread count loads (and says what it really runs on), and so do the exporter's sessions."""
+    from export.onnx_reference import OnnxReference
+
+    threads = onnx_engine.target.n_threads
+    other = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=threads + 1, n_ctx=64))
+    try:
+        assert other.n_threads == threads
+        ids = other.tokenize("The capital of France is")
+        logits = other.decode(ids, 0, 1)[0].copy()
+    finally:
+        other.close()
+    assert np.array_equal(OnnxReference(onnx_export_dir()).logits(ids)[-1], logits)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgespec.onnx_backend import session_options
 from export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize
 from export.onnx_graphs import ModelSpec, attention_min_total, kv_length, layer_graph
 
@@ -45,8 +46,7 @@ class _Layer:
     """One layer session over one in-place KV buffer (past_* and present_* bound to the same memory)."""
 
     def __init__(self, path: Path) -> None:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
+        so, _ = session_options(1, make_shared=False)  # the runtime's settings (and its shared pool, if made)
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         shape = (1, 1, kv_length(CONTEXT), HEAD_DIM)
         self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2)]
