@@ -18,7 +18,7 @@ from .drafters import Draft, Drafter, DraftModelDrafter, HybridDrafter, NgramDra
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .llama_backend import LlamaModel
-from .onnx_backend import OnnxModel
+from .onnx_backend import LayerSkipView, OnnxModel
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
@@ -69,7 +69,7 @@ class Engine:
             target.check_same_vocab(draft)
             caches["draft"] = draft
         # A target that can skip layers drafts for itself over its own KV memory (a view: see KVArena).
-        self_draft = self._self_draft = target.self_draft()
+        self_draft = target.self_draft()
         if self_draft is not None:
             caches["layerskip"] = self_draft
         self.arena = KVArena(caches, views={"layerskip": "target"} if self_draft is not None else None)
@@ -250,7 +250,8 @@ class Engine:
         calibration (when it is the calibrated set) says how often it agrees and what a draft token costs:
         a self-draft that cannot pay is then declined from the first step instead of after a costly start."""
         curve = self.calibrate()
-        estimate = self._self_draft.calibrated if self._self_draft is not None else None
+        view = self.arena.caches.get("layerskip")
+        estimate = view.calibrated if isinstance(view, LayerSkipView) else None
         if estimate is None:
             return GammaController(curve)
         agreement, cost_ratio = estimate
