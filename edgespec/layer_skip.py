@@ -130,7 +130,12 @@ def measure_costs(model: OnnxModel, position: int = 256, repeats: int = 9) -> tu
 
 def calibrate(model: OnnxModel, prompts: Sequence[Sequence[int]] | None = None, n_tokens: int = 48,
               candidates_per_round: int = 4, max_skip: int | None = None) -> SkipCalibration:
-    """Search the skip set that maximises the expected speed-up of layer-skip self-speculation."""
+    """Search the skip set that maximises the expected speed-up of layer-skip self-speculation.
+
+    ``model`` must be loaded with ``fuse_layers=False``: candidates are arbitrary layer subsets.
+    """
+    if model.options.fuse_layers:
+        raise EdgespecError("skip-set calibration runs any layer subset: load the model with fuse_layers=False")
     if prompts is None:
         prompts = [_chat_prompt(model, text) for text in CALIBRATION_PROMPTS]
     scorer = _Scorer(model, prompts, n_tokens)
@@ -198,7 +203,8 @@ def calibrate_dir(folder: str | os.PathLike[str], n_threads: int | None = None, 
     """Calibrate the ONNX model in ``folder`` and (by default) store the result in its manifest."""
     from .onnx_backend import OnnxOptions
 
-    model = OnnxModel(folder, OnnxOptions(n_ctx=2048, n_threads=n_threads))
+    # Per-layer sessions: candidates are arbitrary subsets, and each layer's time is clocked.
+    model = OnnxModel(folder, OnnxOptions(n_ctx=2048, n_threads=n_threads, fuse_layers=False))
     try:
         result = calibrate(model, n_tokens=n_tokens)
     finally:

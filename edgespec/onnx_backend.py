@@ -1,14 +1,15 @@
 """ONNX Runtime backend: a model exported as per-layer graphs, run over edgespec's own KV memory.
 
 An exported directory (docs/onnx-format.md, written by ``edgespec export onnx``) holds ``embed.onnx``, one
-``layer_NN.onnx`` per decoder layer and ``head.onnx``. One ``OnnxModel`` opens one session per file and
-allocates the whole KV cache once: a single float32 buffer (layers × K/V × kv_heads × context × head_dim).
-Each layer session has its ``past_key``/``present_key`` (and value) bound through IO binding to the SAME
-slice of that buffer, so GroupQueryAttention writes the new positions in place: nothing is concatenated
-or reallocated per token, and rolling back is moving the committed boundary.
+``layer_NN.onnx`` per decoder layer and ``head.onnx``. One ``OnnxModel`` opens a session for the embedding,
+the head and each *segment* of layers (the layers between skipped ones, merged into one graph at load time:
+edgespec/onnx_segments.py), and allocates the whole KV cache once: a single float32 buffer (layers × K/V ×
+kv_heads × context × head_dim). Each layer's ``past_key``/``present_key`` (and value) is bound through IO
+binding to the SAME slice of that buffer, so GroupQueryAttention writes the new positions in place: nothing
+is concatenated or reallocated per token, and rolling back is moving the committed boundary.
 
 Because each layer's weights live in exactly one session, a layer-skip draft (``LayerSkipView``) is the
-same sessions chained over a subset of the layers, writing into the same buffer: one copy of the weights
+same sessions chained without the skipped segments, writing into the same buffer: one copy of the weights
 and of the KV memory serves target and draft (see ``KVArena`` for how the draft's entries are kept apart).
 """
 
@@ -20,9 +21,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from . import onnx_segments as segments
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .hf_tokenizer import HFTokenizer
 from .llama_backend import check_options, physical_cores, split_batches
@@ -30,9 +33,6 @@ from .vocab import check_same_vocab
 
 MANIFEST = "edgespec-onnx.json"
 FORMAT = "edgespec-onnx/1"
-_KV_INPUTS = ("past_key", "past_value")
-_LAYER_INPUTS = ("hidden", "past_key", "past_value", "seqlens_k", "total_sequence_length")
-_LAYER_OUTPUTS = ("hidden_out", "present_key", "present_value")
 # Execution providers tried for each device, best first; the CPU provider always comes last.
 _PROVIDERS = {"cpu": (), "cuda": ("CUDAExecutionProvider",), "metal": ("CoreMLExecutionProvider",),
               "auto": ("CUDAExecutionProvider", "CoreMLExecutionProvider")}
@@ -53,6 +53,9 @@ class OnnxOptions:
     n_threads: int | None = None  # None: physical cores
     device: str = "cpu"
     layer_skip: Sequence[int] | None = None  # layers the self-draft skips; None: the manifest's calibrated set
+    # Run the layers between skipped ones as one session each (edgespec/onnx_segments.py); False: one session
+    # per layer, so that any layer subset can run (skip-set calibration).
+    fuse_layers: bool = True
 
     def __post_init__(self) -> None:
         check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
@@ -155,8 +158,30 @@ class _Buffer:
             self.ptr = self._value.data_ptr()
 
 
+@dataclass
+class _Stage:
+    """One session in the chain: a layer graph, or a segment of consecutive layers fused at load time."""
+
+    layers: tuple[int, ...]
+    session: Any
+    io: Any  # its IO binding: KV slices and the step's scalars bound once, hidden states per call
+
+    def name(self, name: str, layer: int) -> str:
+        return segments.io_name(name, layer, len(self.layers) > 1)
+
+
+def _can_fuse() -> bool:
+    """Fusing merges graphs with the ``onnx`` package (in the ``onnx`` extra); without it, per-layer sessions."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class OnnxModel:
-    """An exported model: per-layer sessions, one KV buffer, a tokenizer. Satisfies the arena's ``Cache``."""
+    """An exported model: sessions for embed, layer segments and head, one KV buffer, a tokenizer. Satisfies the
+    arena's ``Cache``."""
 
     def __init__(self, path: str | os.PathLike[str], options: OnnxOptions | None = None) -> None:
         import onnxruntime as ort
@@ -187,52 +212,85 @@ class OnnxModel:
 
         so, self.n_threads = session_options(self.n_threads)
 
-        def session(name: str) -> ort.InferenceSession:
-            file = self.path / name
-            if not file.is_file():
-                raise ModelLoadError(f"{self.path}: {name} is missing")
+        def session(name: str | bytes, where: Path) -> ort.InferenceSession:
             try:
-                return ort.InferenceSession(str(file), so, providers=providers)
+                return ort.InferenceSession(name, so, providers=providers)
             except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
-                raise ModelLoadError(f"onnxruntime cannot load {file}: {e}") from e
+                raise ModelLoadError(f"onnxruntime cannot load {where}: {e}") from e
 
-        self._embed = session(m["embed"])
-        self._layers = [session(name) for name in m["layers"]]
-        self._head = session(m["head"])
-        # The KV arena, allocated once at the length the graphs declare.
-        kv_shape = (self.n_layer, 2, 1, kv_heads, kv_length, head_dim)
-        for i, s in enumerate(self._layers):
-            _check_layer(s, self.path / m["layers"][i], kv_shape[2:])
-        self.kv = _Buffer(kv_shape, self.device_type)
-        self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
-        self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
-        self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
-        self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
-        self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
-        self._bindings = [self._bind_layer(i, s) for i, s in enumerate(self._layers)]
-        self._embed_io = self._embed.io_binding()
-        self._head_io = self._head.io_binding()
-        self._end = 0
+        files = [self.path / name for name in [m["embed"], *m["layers"], m["head"]]]
+        for file in files:
+            if not file.is_file():
+                raise ModelLoadError(f"{self.path}: {file.name} is missing")
+        self._embed = session(str(files[0]), files[0])
+        self._head = session(str(files[-1]), files[-1])
         skip = self.options.layer_skip
         if skip is None:
             skip = (m.get("layer_skip") or {}).get("skip", default_skip(self.n_layer))
         self.skip = check_skip(skip, self.n_layer)
+        # The KV arena, allocated once at the length the graphs declare.
+        kv_shape = (self.n_layer, 2, 1, kv_heads, kv_length, head_dim)
+        self.kv = _Buffer(kv_shape, self.device_type)
+        self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
+        layer_files = files[1:-1]
+        fuse = self.options.fuse_layers and _can_fuse()
+        self._stages: list[_Stage] = []
+        for layers in segments.plan(self.n_layer, self.skip, [f.stat().st_size for f in layer_files], fuse):
+            if len(layers) == 1:
+                sess = session(str(layer_files[layers[0]]), layer_files[layers[0]])
+            else:
+                where = self.path / f"{layer_files[layers[0]].name}..{layer_files[layers[-1]].name}"
+                try:
+                    sess = session(segments.fuse([layer_files[i] for i in layers], layers), where)
+                except ValueError as e:
+                    raise ModelLoadError(str(e)) from e
+            stage = _Stage(tuple(layers), sess, sess.io_binding())
+            _check_stage(stage, layer_files, kv_shape[2:])
+            self._bind_stage(stage)
+            self._stages.append(stage)
+        self._stage_of = {stage.layers[0]: stage for stage in self._stages}
+        self._plans: dict[tuple[int, ...], list[_Stage]] = {}
+        self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
+        self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
+        self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
+        self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
+        for stage in self._stages:
+            stage.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
+            stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
+        self._embed_io = self._embed.io_binding()
+        self._head_io = self._head.io_binding()
+        self._end = 0
 
-    def _bind_layer(self, index: int, sess: object) -> object:
-        io = sess.io_binding()  # type: ignore[attr-defined]
+    def _bind_stage(self, stage: _Stage) -> None:
         shape = list(self.kv.shape[2:])
-        for j, (past, present) in enumerate((("past_key", "present_key"), ("past_value", "present_value"))):
-            ptr = self.kv.ptr + (2 * index + j) * self._kv_bytes
-            io.bind_input(past, self.device_type, 0, np.float32, shape, ptr)
-            io.bind_output(present, self.device_type, 0, np.float32, shape, ptr)  # same memory: written in place
-        io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
-        io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
-        return io
+        for layer in stage.layers:
+            for j, (past, present) in enumerate((("past_key", "present_key"), ("past_value", "present_value"))):
+                ptr = self.kv.ptr + (2 * layer + j) * self._kv_bytes
+                stage.io.bind_input(stage.name(past, layer), self.device_type, 0, np.float32, shape, ptr)
+                # The same memory: GroupQueryAttention writes the new positions in place.
+                stage.io.bind_output(stage.name(present, layer), self.device_type, 0, np.float32, shape, ptr)
+
+    def _plan(self, layers: Sequence[int]) -> list[_Stage]:
+        """The sessions that run exactly ``layers`` (a layer set must not split a segment)."""
+        key = tuple(layers)
+        stages = self._plans.get(key)
+        if stages is None:
+            stages = [self._stage_of[i] for i in key if i in self._stage_of]
+            if [i for stage in stages for i in stage.layers] != list(key):
+                raise EdgespecError(f"internal: layers {list(key)} split a fused segment; load the model with "
+                                    "fuse_layers=False to run arbitrary layer subsets")
+            self._plans[key] = stages
+        return stages
 
     # -- lifetime / metadata ----------------------------------------------------------------------------
     def close(self) -> None:
         """Release the sessions (the view shares them, so it is closed too)."""
-        self._layers, self._bindings = [], []
+        self._stages, self._plans = [], {}
+
+    @property
+    def segments(self) -> list[tuple[int, ...]]:
+        """The layers each session runs, in order (several: a segment fused at load time)."""
+        return [stage.layers for stage in self._stages]
 
     @property
     def description(self) -> str:
@@ -276,22 +334,26 @@ class OnnxModel:
         """Run ``tokens`` at positions start.. through embed → ``layers`` → head, writing the KV of those
         positions for those layers in place; return the logits of the last ``n_logits`` positions.
 
-        ``clock`` (calibration): seconds spent in each layer's session are added to ``clock[layer]``.
+        ``clock`` (calibration, needs ``fuse_layers=False``): seconds spent in each layer's session are added
+        to ``clock[layer]``.
         """
         if start + len(tokens) > self.n_ctx:
             raise EdgespecError(f"internal: positions up to {start + len(tokens)} exceed n_ctx={self.n_ctx}")
         n_logits = min(n_logits, len(tokens))
         if n_logits > self.n_batch:
             raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={self.n_batch}")
+        stages = self._plan(layers)
+        if clock is not None and any(len(stage.layers) > 1 for stage in stages):
+            raise EdgespecError("internal: per-layer clocks need a model loaded with fuse_layers=False")
         out, last = self._ping[0], 0
         for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
-            out = self._run_chunk(layers, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo, clock)
+            out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo, clock)
             last = hi - lo
         if n_logits == 0:
             return self._logits[:0]
         return self._run_head(out, last, n_logits)
 
-    def _run_chunk(self, layers: Sequence[int], ids: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
+    def _run_chunk(self, stages: list[_Stage], ids: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
         n = ids.shape[1]
         dev, h = self.device_type, self._hidden
         io = self._embed_io
@@ -301,16 +363,16 @@ class OnnxModel:
         self._embed.run_with_iobinding(io)
         self._pos[0] = start + n - 1
         self._total[()] = start + n
-        for i in layers:
-            io = self._bindings[i]
+        for stage in stages:
+            io = stage.io
             io.bind_input("hidden", dev, 0, np.float32, [1, n, h], src.ptr)
             io.bind_output("hidden_out", dev, 0, np.float32, [1, n, h], dst.ptr)
             if clock is None:
-                self._layers[i].run_with_iobinding(io)
+                stage.session.run_with_iobinding(io)
             else:
                 t = time.perf_counter()
-                self._layers[i].run_with_iobinding(io)
-                clock[i] += time.perf_counter() - t
+                stage.session.run_with_iobinding(io)
+                clock[stage.layers[0]] += time.perf_counter() - t
             src, dst = dst, src
         return src
 
@@ -407,22 +469,28 @@ def check_skip(skip: Sequence[int], n_layer: int) -> list[int]:
     return layers
 
 
-def _check_layer(sess: object, file: Path, kv_shape: tuple[int, ...]) -> None:
-    """Refuse a layer graph whose inputs do not match the contract, naming what is wrong."""
-    inputs = {i.name: i for i in sess.get_inputs()}  # type: ignore[attr-defined]
-    outputs = {o.name: o for o in sess.get_outputs()}  # type: ignore[attr-defined]
-    missing = [n for n in _LAYER_INPUTS if n not in inputs] + [n for n in _LAYER_OUTPUTS if n not in outputs]
-    if missing:
-        kv = " (it has no KV cache inputs)" if any(n in _KV_INPUTS for n in missing) else ""
-        raise ModelLoadError(f"{file} lacks {', '.join(missing)}{kv}: not a layer graph of the edgespec ONNX format")
-    for name in (*_KV_INPUTS, "present_key", "present_value"):
-        arg = inputs.get(name) or outputs[name]
-        if arg.type != "tensor(float)":
-            raise ModelLoadError(f"{file}: {name} is {arg.type}, but the KV arena holds float32")
-        fixed = [d for d in arg.shape]
-        if len(fixed) != len(kv_shape) or any(isinstance(d, int) and d != k for d, k in zip(fixed, kv_shape,
-                                                                                                strict=False)):
-            raise ModelLoadError(f"{file}: {name} has shape {arg.shape}, but the manifest gives {list(kv_shape)}")
+def _check_stage(stage: _Stage, files: Sequence[Path], kv_shape: tuple[int, ...]) -> None:
+    """Refuse layer graphs whose inputs do not match the contract, naming the file and what is wrong."""
+    inputs = {i.name: i for i in stage.session.get_inputs()}
+    outputs = {o.name: o for o in stage.session.get_outputs()}
+    for layer in stage.layers:
+        file = files[layer]
+
+        def arg(name: str, layer: int = layer) -> object:
+            return inputs.get(stage.name(name, layer)) or outputs.get(stage.name(name, layer))
+
+        why = segments.contract_error(file, [n for n in segments.LAYER_INPUTS if arg(n)],
+                                      [n for n in segments.LAYER_OUTPUTS if arg(n)])
+        if why:
+            raise ModelLoadError(why)
+        for name in segments.KV_NAMES:
+            value = arg(name)
+            if value.type != "tensor(float)":  # type: ignore[attr-defined]
+                raise ModelLoadError(f"{file}: {name} is {value.type}, but the KV arena holds float32")  # type: ignore[attr-defined]
+            shape = list(value.shape)  # type: ignore[attr-defined]
+            if len(shape) != len(kv_shape) or any(isinstance(d, int) and d != k for d, k in zip(shape, kv_shape,
+                                                                                                   strict=False)):
+                raise ModelLoadError(f"{file}: {name} has shape {shape}, but the manifest gives {list(kv_shape)}")
 
 
 def _lone_onnx_message(path: Path) -> str:

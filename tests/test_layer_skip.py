@@ -11,6 +11,7 @@ import pytest
 import edgespec
 from edgespec.cli import main
 from edgespec.engine import Engine
+from edgespec.errors import EdgespecError
 from edgespec.layer_skip import SkipCalibration, calibrate, expected_speedup, save_to_manifest
 from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions
 from tests.conftest import onnx_export_dir
@@ -25,7 +26,9 @@ def test_expected_speedup_model() -> None:
 
 
 def test_calibration_finds_and_stores_a_skip_set(onnx_engine: Engine, tmp_path: Path) -> None:
-    model: OnnxModel = onnx_engine.target  # type: ignore[assignment]
+    with pytest.raises(EdgespecError, match="fuse_layers=False"):  # fused segments cannot run any subset
+        calibrate(onnx_engine.target, n_tokens=1)  # type: ignore[arg-type]
+    model = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=512, fuse_layers=False))
     prompt = model.tokenize("The three primary colours are")
     result = calibrate(model, prompts=[prompt], n_tokens=12, candidates_per_round=2, max_skip=3)
     assert 1 <= len(result.skip) <= 3 and all(0 <= i < model.n_layer for i in result.skip)

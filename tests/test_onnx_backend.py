@@ -112,6 +112,30 @@ def test_draft_and_target_share_sessions_and_memory(onnx_engine: Engine) -> None
     assert 0 < len(view.layers) < target.n_layer and not set(view.layers) & set(view.skip)
 
 
+def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: Engine) -> None:
+    """Layers between skipped ones run as one session (merged at load), with the per-layer sessions' logits
+    bit for bit: prefill, a verify batch, single tokens and the layer-skip draft's passes."""
+    skip = [3, 4, 10]
+    fused = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256, layer_skip=skip))
+    single = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256, layer_skip=skip, fuse_layers=False))
+    assert fused.segments == [(0, 1, 2), (3, 4), (5, 6, 7, 8, 9), (10,), tuple(range(11, fused.n_layer))]
+    assert single.segments == [(i,) for i in range(single.n_layer)]
+    prompt = fused.tokenize(QUESTIONS[0]["turns"][0])
+    n = len(prompt)
+    for model in (fused, single):
+        model.decode(prompt, 0, 1)
+    for tokens, n_logits in ((prompt[:4], 4), (prompt[4:5], 1)):  # a verify batch, then one token
+        end = fused.cache_end()
+        np.testing.assert_array_equal(fused.decode(tokens, end, n_logits), single.decode(tokens, end, n_logits))
+    draft = fused.self_draft()
+    kept = draft.layers
+    np.testing.assert_array_equal(fused.forward(kept, prompt[:3], n + 5, 3), single.forward(kept, prompt[:3], n + 5, 3))
+    with pytest.raises(EdgespecError, match="split a fused segment"):
+        fused.forward([0, 1], prompt[:1], n + 5, 1)
+    fused.close()
+    single.close()
+
+
 def test_self_speculation_memory_within_10_percent(onnx_engine: Engine) -> None:
     prompt = _prompt(onnx_engine, QUESTIONS[1])
     process = psutil.Process(os.getpid())

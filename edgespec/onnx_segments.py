@@ -1,0 +1,116 @@
+"""Running runs of consecutive decoder layers as ONE onnxruntime session (a segment).
+
+The exported format keeps one graph per layer so that a layer-skip draft can leave any layer out with one
+copy of the weights. Chaining 30 sessions per forward pass costs, though: each call re-binds and re-enters
+onnxruntime, and the hidden state crosses a session boundary per layer (SmolLM2 INT8, 2 threads: 11.0 ms
+per token over 30 layer sessions, 9.8 ms over one session of the same graphs, same logits). So when the
+model loads, the layer graphs are merged in memory into segments: maximal runs of layers that the target
+and the draft either both run or the target alone runs — the runs between skipped layers. Every layer's
+weights are still in exactly one session; the target chains all segments, the draft the ones it keeps.
+
+A segment graph is the layer graphs joined hidden_out → hidden, with every name prefixed by its layer,
+``seqlens_k``/``total_sequence_length`` shared, and each layer's KV as ``past_key.{i}``/``present_key.{i}``
+(and value). The graph optimizer may then fuse across layer boundaries: numerics stay batch-invariant (the
+same kernels run for any number of rows), which is what losslessness needs (tests/test_onnx_backend.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+LAYER_INPUTS = ("hidden", "past_key", "past_value", "seqlens_k", "total_sequence_length")
+LAYER_OUTPUTS = ("hidden_out", "present_key", "present_value")
+KV_NAMES = ("past_key", "past_value", "present_key", "present_value")
+SHARED_INPUTS = ("seqlens_k", "total_sequence_length")
+# Protobuf cannot serialize a model over 2 GiB; segments stay well under it (larger models get more segments).
+MAX_SEGMENT_BYTES = 1 << 30
+
+
+def io_name(name: str, layer: int, fused: bool) -> str:
+    """A layer's input/output name inside its session: as exported, or suffixed by the layer in a segment."""
+    return f"{name}.{layer}" if fused and name in KV_NAMES else name
+
+
+def contract_error(file: Path, inputs: Sequence[str], outputs: Sequence[str]) -> str | None:
+    """Why a graph with these input/output names is not a layer graph of the format, or None."""
+    missing = [n for n in LAYER_INPUTS if n not in inputs] + [n for n in LAYER_OUTPUTS if n not in outputs]
+    if not missing:
+        return None
+    kv = " (it has no KV cache inputs)" if any(n in KV_NAMES for n in missing) else ""
+    return f"{file} lacks {', '.join(missing)}{kv}: not a layer graph of the edgespec ONNX format"
+
+
+def plan(n_layer: int, skip: Sequence[int], sizes: Sequence[int], fuse: bool) -> list[list[int]]:
+    """Split layers 0..n_layer−1 into sessions: each skipped or kept run whole (capped in bytes) if ``fuse``,
+    else one layer per session (what calibration needs: it runs arbitrary subsets and clocks each layer)."""
+    if not fuse:
+        return [[i] for i in range(n_layer)]
+    skipped = set(skip)
+    segments: list[list[int]] = []
+    size = 0
+    for i in range(n_layer):
+        if segments and (i - 1 in skipped) == (i in skipped) and size + sizes[i] <= MAX_SEGMENT_BYTES:
+            segments[-1].append(i)
+            size += sizes[i]
+        else:
+            segments.append([i])
+            size = sizes[i]
+    return segments
+
+
+def fuse(files: Sequence[Path], layers: Sequence[int]) -> bytes:
+    """One serialized ONNX model running the layer graphs ``files`` (of ``layers``) one after the other.
+
+    Raises ValueError (with the reason) for a file that is not a layer graph of the format.
+    """
+    import onnx
+    from onnx import helper
+
+    nodes: list[onnx.NodeProto] = []
+    initializers: list[onnx.TensorProto] = []
+    inputs: list[onnx.ValueInfoProto] = []
+    outputs: list[onnx.ValueInfoProto] = []
+    first: onnx.ModelProto | None = None
+    hidden = "hidden"  # the name of the hidden state flowing into the next layer
+    for n, (file, layer) in enumerate(zip(files, layers, strict=True)):
+        try:
+            model = onnx.load(str(file))
+        except Exception as e:  # protobuf decode errors, unreadable files
+            raise ValueError(f"cannot read {file}: {e}") from e
+        graph = model.graph
+        why = contract_error(file, [i.name for i in graph.input], [o.name for o in graph.output])
+        if why:
+            raise ValueError(why)
+        first = first or model
+        if [(o.domain, o.version) for o in model.opset_import] != [(o.domain, o.version) for o in first.opset_import]:
+            raise ValueError(f"{file}: its opsets differ from {files[0]}'s")
+        last = n == len(layers) - 1
+        rename = {name: f"l{layer}.{name}" for name in
+                  [t.name for t in graph.initializer] + [o for node in graph.node for o in node.output if o]}
+        rename.update({name: io_name(name, layer, True) for name in KV_NAMES})
+        rename.update({"hidden": hidden, "hidden_out": "hidden_out" if last else f"l{layer}.hidden_out"})
+        for node in graph.node:
+            node.name = f"l{layer}.{node.name}"
+            node.input[:] = [rename.get(x, x) for x in node.input]
+            node.output[:] = [rename.get(x, x) for x in node.output]
+        for tensor in graph.initializer:
+            tensor.name = rename[tensor.name]
+        nodes.extend(graph.node)
+        initializers.extend(graph.initializer)
+        for value in graph.input:
+            if value.name in ("hidden", *SHARED_INPUTS) and n > 0:
+                continue  # fed by the previous layer / shared
+            value.name = rename.get(value.name, value.name)
+            inputs.append(value)
+        for value in graph.output:
+            if value.name == "hidden_out" and not last:
+                continue
+            value.name = rename[value.name]
+            outputs.append(value)
+        hidden = rename["hidden_out"]
+    assert first is not None
+    merged = helper.make_model(helper.make_graph(nodes, f"layers_{layers[0]}_{layers[-1]}", inputs, outputs,
+                                                 initializers),
+                               opset_imports=list(first.opset_import), ir_version=first.ir_version)
+    return merged.SerializeToString()
