@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ class OnnxModel:
 
         so, self.n_threads = session_options(self.n_threads)
 
-        def session(name: str | bytes, where: Path) -> ort.InferenceSession:
+        def session(name: str, where: Path) -> ort.InferenceSession:
             try:
                 return ort.InferenceSession(name, so, providers=providers)
             except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
@@ -235,19 +236,21 @@ class OnnxModel:
         layer_files = files[1:-1]
         fuse = self.options.fuse_layers and _can_fuse()
         self._stages: list[_Stage] = []
-        for layers in segments.plan(self.n_layer, self.skip, [f.stat().st_size for f in layer_files], fuse):
-            if len(layers) == 1:
-                sess = session(str(layer_files[layers[0]]), layer_files[layers[0]])
-            else:
-                where = self.path / f"{layer_files[layers[0]].name}..{layer_files[layers[-1]].name}"
-                try:
-                    sess = session(segments.fuse([layer_files[i] for i in layers], layers), where)
-                except ValueError as e:
-                    raise ModelLoadError(str(e)) from e
-            stage = _Stage(tuple(layers), sess, sess.io_binding())
-            _check_stage(stage, layer_files, kv_shape[2:])
-            self._bind_stage(stage)
-            self._stages.append(stage)
+        with tempfile.TemporaryDirectory(prefix="edgespec-segments-") as scratch:
+            for layers in segments.plan(self.n_layer, self.skip, [f.stat().st_size for f in layer_files], fuse):
+                file = layer_files[layers[0]]
+                if len(layers) > 1:
+                    file = Path(scratch) / f"layers_{layers[0]}_{layers[-1]}.onnx"
+                    try:
+                        segments.fuse([layer_files[i] for i in layers], layers, file)
+                    except ValueError as e:
+                        raise ModelLoadError(str(e)) from e
+                sess = session(str(file), self.path / f"{layer_files[layers[0]].name}..{layer_files[layers[-1]].name}"
+                               if len(layers) > 1 else file)
+                stage = _Stage(tuple(layers), sess, sess.io_binding())
+                _check_stage(stage, layer_files, kv_shape[2:])
+                self._bind_stage(stage)
+                self._stages.append(stage)
         self._stage_of = {stage.layers[0]: stage for stage in self._stages}
         self._plans: dict[tuple[int, ...], list[_Stage]] = {}
         self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import edgespec
+from edgespec import onnx_segments as segments
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
 from edgespec.onnx_backend import MANIFEST, LayerSkipView, OnnxModel, OnnxOptions
@@ -118,7 +119,10 @@ def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: E
     skip = [3, 4, 10]
     fused = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256, layer_skip=skip))
     single = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256, layer_skip=skip, fuse_layers=False))
-    assert fused.segments == [(0, 1, 2), (3, 4), (5, 6, 7, 8, 9), (10,), tuple(range(11, fused.n_layer))]
+    # Segments are runs between skip-set boundaries (capped in size: 3 FP32 layers here).
+    assert [i for segment in fused.segments for i in segment] == list(range(fused.n_layer))
+    assert {(0, 1, 2), (3, 4), (10,)} <= set(fused.segments) and len(fused.segments) < fused.n_layer // 2
+    assert all(len({i in skip for i in segment}) == 1 for segment in fused.segments)
     assert single.segments == [(i,) for i in range(single.n_layer)]
     prompt = fused.tokenize(QUESTIONS[0]["turns"][0])
     n = len(prompt)
@@ -134,6 +138,13 @@ def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: E
         fused.forward([0, 1], prompt[:1], n + 5, 1)
     fused.close()
     single.close()
+
+
+def test_segment_plan() -> None:
+    half = segments.MAX_SEGMENT_BYTES // 2
+    assert segments.plan(7, [2, 3], [half] * 7, fuse=True) == [[0, 1], [2, 3], [4, 5], [6]]  # skip runs, size cap
+    assert segments.plan(3, [1], [1] * 3, fuse=True) == [[0], [1], [2]]
+    assert segments.plan(3, [], [1] * 3, fuse=False) == [[0], [1], [2]]
 
 
 def test_self_speculation_memory_within_10_percent(onnx_engine: Engine) -> None:
