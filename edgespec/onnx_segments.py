@@ -16,6 +16,7 @@ same kernels run for any number of rows), which is what losslessness needs (test
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ LAYER_INPUTS = ("hidden", "past_key", "past_value", "seqlens_k", "total_sequence
 LAYER_OUTPUTS = ("hidden_out", "present_key", "present_value")
 KV_NAMES = ("past_key", "past_value", "present_key", "present_value")
 SHARED_INPUTS = ("seqlens_k", "total_sequence_length")
+_NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Dropout"}
 # Segment size cap, in layer-file bytes. A session call costs ~40 µs beyond its compute (SmolLM2 INT8, 2 threads:
 # 10.3 ms per token over 30 sessions, 9.4 over 5, the same over 3), and 48 MiB of weights take ~1.5 ms to read
 # at this machine's 31 GB/s, so bigger segments gain nothing; but merging one costs transient memory, ~3× its
@@ -77,6 +79,7 @@ def fuse(files: Sequence[Path], layers: Sequence[int], out: Path) -> None:
     inputs: list[onnx.ValueInfoProto] = []
     outputs: list[onnx.ValueInfoProto] = []
     first: onnx.ModelProto | None = None
+    seen: dict[bytes, list[str]] = {}  # a constant's content or a node's computation → the names it has here
     hidden = "hidden"  # the name of the hidden state flowing into the next layer
     for n, (file, layer) in enumerate(zip(files, layers, strict=True)):
         try:
@@ -93,16 +96,32 @@ def fuse(files: Sequence[Path], layers: Sequence[int], out: Path) -> None:
         last = n == len(layers) - 1
         rename = {name: f"l{layer}.{name}" for name in
                   [t.name for t in graph.initializer] + [o for node in graph.node for o in node.output if o]}
-        rename.update({name: io_name(name, layer, True) for name in KV_NAMES})
+        rename.update({name: io_name(name, layer, True) for name in KV_NAMES})  # never shared: no node dedupes
         rename.update({"hidden": hidden, "hidden_out": "hidden_out" if last else f"l{layer}.hidden_out"})
+        for tensor in graph.initializer:  # constants several layers share (rotary caches, shapes) are kept once
+            name, tensor.name = tensor.name, ""
+            key = b"T" + hashlib.blake2b(tensor.SerializeToString(), digest_size=20).digest()
+            if key in seen:
+                rename[name] = seen[key][0]
+            else:
+                tensor.name = rename[name]
+                seen[key] = [tensor.name]
+                initializers.append(tensor)
         for node in graph.node:
-            node.name = f"l{layer}.{node.name}"
             node.input[:] = [rename.get(x, x) for x in node.input]
+            if node.op_type == "Shape" and node.input[0] == hidden:
+                node.input[0] = "hidden"  # the hidden state has the same shape at every layer (the contract)
+            key = _node_key(node)
+            if (key in seen and node.input and node.op_type not in _NONDETERMINISTIC
+                    and not set(node.output) & set(LAYER_OUTPUTS)):
+                # The same op on the same values as in an earlier layer (the single-row padding arithmetic on
+                # the shared inputs): computed once per segment.
+                rename.update(zip(node.output, seen[key], strict=True))
+                continue
+            node.name = f"l{layer}.{node.name}"
             node.output[:] = [rename.get(x, x) for x in node.output]
-        for tensor in graph.initializer:
-            tensor.name = rename[tensor.name]
-        nodes.extend(graph.node)
-        initializers.extend(graph.initializer)
+            seen[key] = list(node.output)
+            nodes.append(node)
         for value in graph.input:
             if value.name in ("hidden", *SHARED_INPUTS) and n > 0:
                 continue  # fed by the previous layer / shared
@@ -119,3 +138,14 @@ def fuse(files: Sequence[Path], layers: Sequence[int], out: Path) -> None:
                                                  initializers),
                                opset_imports=list(first.opset_import), ir_version=first.ir_version)
     onnx.save_model(merged, str(out))
+
+
+def _node_key(node: object) -> bytes:
+    """What a node computes: its op, attributes and (renamed) inputs, without its own and its outputs' names."""
+    import onnx
+
+    probe = onnx.NodeProto()
+    probe.CopyFrom(node)  # type: ignore[arg-type]
+    probe.name = ""
+    del probe.output[:]
+    return b"N" + probe.SerializeToString()
