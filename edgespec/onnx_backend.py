@@ -19,7 +19,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -233,36 +233,38 @@ class OnnxModel:
         kv_shape = (self.n_layer, 2, 1, kv_heads, kv_length, head_dim)
         self.kv = _Buffer(kv_shape, self.device_type)
         self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
-        layer_files = files[1:-1]
-        fuse = self.options.fuse_layers and _can_fuse()
-        self._stages: list[_Stage] = []
-        with tempfile.TemporaryDirectory(prefix="edgespec-segments-") as scratch:
-            for layers in segments.plan(self.n_layer, self.skip, [f.stat().st_size for f in layer_files], fuse):
-                file = layer_files[layers[0]]
-                if len(layers) > 1:
-                    file = Path(scratch) / f"layers_{layers[0]}_{layers[-1]}.onnx"
-                    try:
-                        segments.fuse([layer_files[i] for i in layers], layers, file)
-                    except ValueError as e:
-                        raise ModelLoadError(str(e)) from e
-                sess = session(str(file), self.path / f"{layer_files[layers[0]].name}..{layer_files[layers[-1]].name}"
-                               if len(layers) > 1 else file)
-                stage = _Stage(tuple(layers), sess, sess.io_binding())
-                _check_stage(stage, layer_files, kv_shape[2:])
-                self._bind_stage(stage)
-                self._stages.append(stage)
+        self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
+        self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
+        self._stages = self._open_stages(files[1:-1], session)
         self._stage_of = {stage.layers[0]: stage for stage in self._stages}
         self._plans: dict[tuple[int, ...], list[_Stage]] = {}
         self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
         self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
-        self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
-        self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
-        for stage in self._stages:
-            stage.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
-            stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
         self._embed_io = self._embed.io_binding()
         self._head_io = self._head.io_binding()
         self._end = 0
+
+    def _open_stages(self, layer_files: list[Path], session: Callable[[str, Path], Any]) -> list[_Stage]:
+        """One session per segment of layers (edgespec/onnx_segments.py), each bound to its slices of the KV."""
+        fuse = self.options.fuse_layers and _can_fuse()
+        stages = []
+        with tempfile.TemporaryDirectory(prefix="edgespec-segments-") as scratch:
+            for layers in segments.plan(self.n_layer, self.skip, [f.stat().st_size for f in layer_files], fuse):
+                if len(layers) == 1:
+                    sess = session(str(layer_files[layers[0]]), layer_files[layers[0]])
+                else:
+                    merged = Path(scratch) / f"layers_{layers[0]}_{layers[-1]}.onnx"
+                    try:
+                        segments.fuse([layer_files[i] for i in layers], layers, merged)
+                    except ValueError as e:
+                        raise ModelLoadError(str(e)) from e
+                    where = f"{layer_files[layers[0]].name}..{layer_files[layers[-1]].name}"
+                    sess = session(str(merged), self.path / where)
+                stage = _Stage(tuple(layers), sess, sess.io_binding())
+                _check_stage(stage, layer_files, self.kv.shape[2:])
+                self._bind_stage(stage)
+                stages.append(stage)
+        return stages
 
     def _bind_stage(self, stage: _Stage) -> None:
         shape = list(self.kv.shape[2:])
@@ -272,6 +274,8 @@ class OnnxModel:
                 stage.io.bind_input(stage.name(past, layer), self.device_type, 0, np.float32, shape, ptr)
                 # The same memory: GroupQueryAttention writes the new positions in place.
                 stage.io.bind_output(stage.name(present, layer), self.device_type, 0, np.float32, shape, ptr)
+        stage.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
+        stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
 
     def _plan(self, layers: Sequence[int]) -> list[_Stage]:
         """The sessions that run exactly ``layers`` (a layer set must not split a segment)."""
