@@ -59,3 +59,22 @@ def test_a_draft_that_could_not_pay_even_if_always_right_is_never_explored() -> 
     assert all(dear.choose("layerskip", 0, 8, draft_cost_sunk=False) == 0 for _ in range(100))
     cheap = GammaController(CostCurve(STEEP.copy(), SCALE), {"layerskip": [0.05]}, {"layerskip": SCALE / 20})
     assert sum(cheap.choose("layerskip", 0, 8, draft_cost_sunk=False) for _ in range(100)) >= 3  # explored
+
+
+def test_declined_keys_fade_back_to_drafting_but_a_bad_one_stays_rare() -> None:
+    """Rejections seen once must not switch a key off for good (the next passage may be copyable): each declined
+    step weighs them less, until the key drafts again. A key that keeps being rejected still drafts rarely."""
+    recovered = _controller()
+    _learn(recovered, 0.1)
+    assert sum(recovered.choose("ngram", 5, 16, draft_cost_sunk=True) > 0 for _ in range(200)) > 100
+    bad = _controller()
+    _learn(bad, 0.1)
+    drafts = 0
+    for _ in range(400):
+        k = bad.choose("ngram", 5, 16, draft_cost_sunk=True)
+        if k:
+            drafts += 1
+            bad.observe("ngram", 5, k, 0, 0.0, SCALE * STEEP[k + 1])
+        else:
+            bad.observe(None, 0, 0, 0, 0.0, SCALE)
+    assert 400 / 32 <= drafts <= 400 * 0.15
