@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from edgespec.gamma import MAX_GAMMA, CostCurve, GammaController
@@ -50,6 +52,17 @@ def test_the_cost_curve_never_dips() -> None:
     assert np.all(np.diff(curve.shape[1:]) >= 0)
     measured = CostCurve.measure(lambda k: None, rounds=1)  # timings of nothing: noise only
     assert np.all(np.diff(measured.shape[1:]) >= 0)
+
+
+def test_the_cost_curve_never_says_a_batch_costs_more_than_its_tokens_one_by_one() -> None:
+    """Timings taken while the machine stalled (k = 14 at 83× one token, measured) must not convince the
+    controller that no draft could ever pay: k tokens in one pass are worth at most k single passes."""
+    stalls = iter([1.0, 2.2, 40.0, 83.0] * 100)
+    curve = CostCurve.measure(lambda k: time.sleep(1e-4 * next(stalls)) if k > 1 else time.sleep(1e-4), rounds=1)
+    assert np.all(curve.shape[1:] <= np.arange(1, len(curve.shape)) + 1e-9)
+    for _ in range(50):
+        curve.observe(3, curve.scale * 50)
+    assert curve.shape[3] <= 3
 
 
 def test_a_draft_that_could_not_pay_even_if_always_right_is_never_explored() -> None:

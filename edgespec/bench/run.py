@@ -76,11 +76,13 @@ def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
 
     workers: dict[str, Worker] = {}
     try:
+        # One at a time: each engine times its verify passes as it starts (its γ controller's cost curve);
+        # timed beside 12 other loading workers on 2 cores, that curve was garbage (k = 2 at 2.2× k = 1, k = 14
+        # at 83×) and the controller concluded that no draft could ever pay.
         for c in configs:
             log(f"starting {c.name} ({c.description})")
             workers[c.name] = Worker(c, c.resolved_options(run_options), setup)
-        for w in workers.values():
-            w.wait_ready()
+            workers[c.name].wait_ready()
         records = _play(questions, configs, workers, chat, args, log)
         _fastest_curves({name: w.info for name, w in workers.items()},
                         {name: w.verify_curve() for name, w in workers.items()})

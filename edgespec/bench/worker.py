@@ -117,7 +117,7 @@ class Worker:
         self.info: dict = {}
 
     def wait_ready(self) -> None:
-        """Workers load their models concurrently; this waits for this one's."""
+        """Wait until this worker has loaded its model and measured its costs."""
         self.info = self._receive()
 
     def _receive(self) -> dict:
