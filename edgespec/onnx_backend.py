@@ -237,6 +237,7 @@ class OnnxModel:
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
         self._stages = self._open_stages(files[1:-1], session)
         self._stage_of = {stage.layers[0]: stage for stage in self._stages}
+        self._all_layers = tuple(range(self.n_layer))  # plans are keyed by tuples: no new one per token
         self._plans: dict[tuple[int, ...], list[_Stage]] = {}
         self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
         self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
@@ -397,7 +398,7 @@ class OnnxModel:
     def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
         if start != self._end:
             raise EdgespecError(f"internal: decode at {start}, but the cache ends at {self._end}")
-        logits = self.forward(range(self.n_layer), tokens, start, n_logits)
+        logits = self.forward(self._all_layers, tokens, start, n_logits)
         self._end = start + len(tokens)
         return logits
 
@@ -428,7 +429,7 @@ class LayerSkipView:
     def __init__(self, model: OnnxModel, skip: Sequence[int]) -> None:
         self.model = model
         self.skip = check_skip(skip, model.n_layer)
-        self.layers = [i for i in range(model.n_layer) if i not in set(self.skip)]
+        self.layers = tuple(i for i in range(model.n_layer) if i not in set(self.skip))
         self.n_ctx = model.n_ctx
         self._end = 0
         # What `edgespec calibrate-skip` measured for this very set: (top-1 agreement with the target, draft
