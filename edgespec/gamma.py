@@ -6,7 +6,7 @@ maximises   E[tokens | k] − λ · E[seconds | k]   where λ is the rate the en
 (Dinkelbach's method for maximising a ratio: at the fixed point λ is the best achievable tokens/s).
 
   E[tokens | k]  = 1 + Σ_{i≤k} Π_{j≤i} a_j       a_j: P(draft token j accepted | tokens 1..j-1 accepted)
-  E[seconds | k] = verify(k+1) + draft_cost·k + overhead
+  E[seconds | k] = verify(k+1) + c·verify(1)·k + overhead     c: a draft token's cost / one target pass
 
 k = 0 (plain decoding) is always a candidate, so speculation only happens when it is expected to pay.
 Acceptance a_j is tracked per drafter, per draft "key" (n-gram match length) and per streak (whether the
@@ -115,8 +115,9 @@ class GammaController:
 
     def __init__(self, curve: CostCurve, priors: dict[str, list[float]] | None = None,
                  draft_costs: dict[str, float] | None = None, overhead: float = 0.0) -> None:
-        """``priors`` (per drafter, acceptance per draft position), ``draft_costs`` and ``overhead`` seed what
-        would otherwise be learned from scratch: ``edgespec tune`` measures them (edgespec/tuning.py)."""
+        """``priors`` (per drafter, acceptance per draft position), ``draft_costs`` (seconds per drafted token
+        when one target pass costs ``curve.scale``) and ``overhead`` seed what would otherwise be learned from
+        scratch: ``edgespec tune`` measures them (edgespec/tuning.py)."""
         self.curve = curve
         # Positions beyond those measured take the last measured rate.
         self._priors = {name: np.array([*p, *[p[-1]] * MAX_GAMMA][:MAX_GAMMA], dtype=float)
@@ -125,7 +126,10 @@ class GammaController:
         self._keyed: dict[tuple[str, int, bool], _Acceptance] = {}
         self._streak: dict[str, bool] = {}  # per drafter: was its last verified draft accepted whole?
         self._declined: dict[tuple[str, int, bool], int] = {}
-        self._draft_cost: dict[str, float] = dict(draft_costs or {})  # seconds per drafted token, per drafter
+        # Per drafter: a drafted token's cost as a share of one single-token target pass (c). Kept as a ratio, not
+        # in seconds, because both get dearer as the context grows: a draft cost frozen in seconds while the
+        # verify scale rose made a layer-skip draft that cannot pay look as if it could (c 0.97, verify(2) 1.2×).
+        self._draft_ratio = {name: s / curve.scale for name, s in (draft_costs or {}).items()}
         self._overhead = overhead  # seconds per step outside drafting and verifying
         self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
         self._seconds = 0.0
@@ -156,7 +160,7 @@ class GammaController:
         tokens = np.cumsum(survive)  # tokens[k] = 1 + Σ_{i≤k} Π_{j≤i} a_j
         seconds = self.curve.shape[1:available + 2] * self.curve.scale + self._overhead
         if not draft_cost_sunk:
-            seconds = seconds + ks * self._draft_cost.get(drafter, 0.0)
+            seconds = seconds + ks * self._draft_ratio.get(drafter, 0.0) * self.curve.scale
         value = tokens - self.rate() * seconds
         k = int(np.argmax(value))
         if k == 0:
@@ -190,9 +194,9 @@ class GammaController:
         tried = max(drafted, passes or 0)
         if drafter is None or tried == 0:
             return
-        cost = self._draft_cost.get(drafter)
-        per_token = draft_s / tried
-        self._draft_cost[drafter] = per_token if cost is None else cost + _EMA * (per_token - cost)
+        ratio = self._draft_ratio.get(drafter)
+        per_token = draft_s / tried / self.curve.scale
+        self._draft_ratio[drafter] = per_token if ratio is None else ratio + _EMA * (per_token - ratio)
         self._pooled.setdefault(drafter, _Acceptance()).observe(tried, accepted)
         self._keyed.setdefault(self._key(drafter, key), _Acceptance()).observe(tried, accepted)
         self._streak[drafter] = accepted == tried

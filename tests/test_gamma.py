@@ -74,6 +74,18 @@ def test_a_draft_that_could_not_pay_even_if_always_right_is_never_explored() -> 
     assert sum(cheap.choose("layerskip", 0, 8, draft_cost_sunk=False) for _ in range(100)) >= 3  # explored
 
 
+def test_a_draft_that_cannot_pay_stays_declined_as_the_context_grows() -> None:
+    """A longer context makes the target's passes dearer, and a self-draft's passes with them: a draft costing
+    0.97 of a target pass on a flat verify curve (2 tokens at 1.2× one, as onnxruntime's) cannot pay at any
+    context length, so the controller must not start drafting once the verify scale has doubled."""
+    flat = np.concatenate(([np.nan], 1 + 0.2 * np.arange(MAX_GAMMA + 1)))
+    controller = GammaController(CostCurve(flat.copy(), SCALE), {"layerskip": [0.86]}, {"layerskip": 0.97 * SCALE})
+    assert controller.choose("layerskip", 0, 8, draft_cost_sunk=False) == 0
+    for _ in range(100):  # plain steps at twice the cost: the context grew
+        controller.observe(None, 0, 0, 0, 0.0, 2 * SCALE)
+    assert all(controller.choose("layerskip", 0, 8, draft_cost_sunk=False) == 0 for _ in range(100))
+
+
 def test_declined_keys_fade_back_to_drafting_but_a_bad_one_stays_rare() -> None:
     """Rejections seen once must not switch a key off for good (the next passage may be copyable): each declined
     step weighs them less, until the key drafts again. A key that keeps being rejected still drafts rarely."""
