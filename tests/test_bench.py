@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.bench.configs import CONFIGS, select
 from edgespec.bench.questions import BenchError, load_questions
-from edgespec.bench.report import head_to_head
+from edgespec.bench.report import head_to_head, ratio_interval
 from edgespec.cli import main
 from tests.conftest import SPEC_BENCH
 
@@ -138,6 +138,25 @@ def test_head_to_head_takes_the_fastest_lossless_automatic_mode_and_the_fastest_
     }
     duel = head_to_head({"configs": configs, "summary": summary})
     assert duel["qa"] == {"edgespec": "ngram-auto", "edgespec_tok_s": 100, "peer": "lcpp-plain", "peer_tok_s": 95,
-                          "ratio": 100 / 95, "peer_lossless": None, "generations": 2}
+                          "ratio": 100 / 95, "peer_lossless": None, "generations": 2, "ratio_90": None}
     assert (duel["overall"]["edgespec"], duel["overall"]["peer"]) == ("onnx-ngram", "ortg-ngram")
     assert duel["overall"]["ratio"] == pytest.approx(120 / 130) and duel["overall"]["peer_lossless"] == 1
+
+
+def test_the_head_to_head_interval_resamples_questions() -> None:
+    """Equal speeds give an interval around 1; one question decoding 3× (a repeated answer) widens it; a
+    configuration faster on every question has its whole interval above 1."""
+    def record(config: str, question: int, tok_s: float) -> dict:
+        return {"config": config, "category": "qa", "question_id": question, "tokens": [0] * 101,
+                "first_tokens": 1, "decode_s": 100 / tok_s}
+
+    equal = [record(c, q, 80 + q) for q in range(6) for c in ("ngram-auto", "lcpp-plain")]
+    lo, hi = ratio_interval(equal, "ngram-auto", "lcpp-plain", "qa")
+    assert lo == pytest.approx(1) and hi == pytest.approx(1)
+    lucky = equal + [record("ngram-auto", 6, 240), record("lcpp-plain", 6, 80)]
+    lo, hi = ratio_interval(lucky, "ngram-auto", "lcpp-plain", "overall")
+    assert lo == pytest.approx(1) and hi > 1.2
+    faster = [record("ngram-auto", q, 100 + 5 * q) for q in range(6)] + [record("lcpp-plain", q, 80) for q in range(6)]
+    lo, hi = ratio_interval(faster, "ngram-auto", "lcpp-plain", "qa")
+    assert 1.2 < lo < hi < 1.5
+    assert ratio_interval(faster[:1] + faster[6:7], "ngram-auto", "lcpp-plain", "qa") is None
