@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.bench.configs import CONFIGS, select
 from edgespec.bench.questions import BenchError, load_questions
-from edgespec.bench.report import head_to_head, ratio_interval
+from edgespec.bench.report import head_to_head, ratio_interval, summarize
 from edgespec.cli import main
 from tests.conftest import SPEC_BENCH
 
@@ -39,6 +39,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     turns = sum(len(q["turns"]) for q in questions)
     assert len(result["records"]) == 2 * turns  # every turn of every question, for both configurations
     assert all(0 < r["n_tokens"] <= 16 for r in result["records"])
+    assert summarize(result) == result["summary"]  # a saved run can be summarized again from its JSON
 
     summary = result["summary"]
     categories = {q["category"] for q in questions} | {"overall"}

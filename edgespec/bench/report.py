@@ -29,6 +29,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _generated(r: dict) -> int:
+    """Tokens a generation produced (a saved JSON keeps their count, not the ids: summaries can be redone)."""
+    return len(r["tokens"]) if "tokens" in r else r["n_tokens"]
+
+
+def _decoded(r: dict) -> int:
+    """Tokens decoded after the first step (decode tok/s counts these: prefill is excluded)."""
+    return max(_generated(r) - r["first_tokens"], 0)
+
+
 def _group(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
@@ -38,8 +48,8 @@ def _group(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
 
 
 def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str, object]:
-    decoded = sum(max(len(r["tokens"]) - r["first_tokens"], 0) for r in rs)  # after the first token (step)
-    generated = sum(len(r["tokens"]) for r in rs)
+    decoded = sum(_decoded(r) for r in rs)
+    generated = sum(_generated(r) for r in rs)
     decode_s = sum(r["decode_s"] for r in rs)
     e2e_s = decode_s + sum(r["ttft_s"] for r in rs)
     has = {k: all(r[k] is not None for r in rs) for k in ("steps", "drafted", "draft_s", "gamma_hist")}
@@ -130,7 +140,7 @@ def ratio_interval(records: list[dict], ours: str, peer: str, category: str, dra
     for r in records:
         if r["config"] in (ours, peer) and category in (OVERALL, r["category"]):
             total = totals[r["question_id"]][r["config"]]
-            total[0] += max(len(r["tokens"]) - r["first_tokens"], 0)
+            total[0] += _decoded(r)
             total[1] += r["decode_s"]
     both = [t for t in totals.values() if ours in t and peer in t]
     if len(both) < 2:
@@ -147,7 +157,7 @@ def bandwidth_bounds(result: dict, bandwidth: float, per_token: dict[str, float]
     """Plain decoding's memory-bandwidth bound per category, at that category's mean context."""
     contexts: dict[str, list[float]] = defaultdict(list)
     for r in result["records"]:
-        ctx = r["prompt_tokens"] + len(r["tokens"]) / 2
+        ctx = r["prompt_tokens"] + _generated(r) / 2
         contexts[r["category"]].append(ctx)
         contexts[OVERALL].append(ctx)
     by_cat = {}
