@@ -56,6 +56,20 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--json", action="store_true", help="print the tuning as JSON")
     t.set_defaults(func=_tune)
 
+    r = sub.add_parser("row-cost", help="what each onnxruntime kernel of an ONNX export charges per row of a call",
+                       description="Times one layer of an ONNX export at each row count (a verify pass over k "
+                                   "tokens is one call over k rows): the layer graph, each MatMulNBits alone, the "
+                                   "same products as MatMulInteger, and GroupQueryAttention alone. Prints a table, "
+                                   "writes JSON and a PNG.")
+    r.add_argument("model", help="edgespec ONNX model folder (`edgespec export onnx`)")
+    r.add_argument("--rows", default="1,2,3,4,5,8,12,17", help="row counts (default: %(default)s)")
+    r.add_argument("--context", type=_positive, default=200, help="committed positions before the call")
+    r.add_argument("--threads", type=_positive, default=2)
+    r.add_argument("--repeats", type=_positive, default=100, help="calls timed per kernel and row count")
+    r.add_argument("--out", default="benchmarks/results", help="where JSON and PNG go (default: %(default)s)")
+    r.add_argument("--no-plots", action="store_true")
+    r.set_defaults(func=_row_cost)
+
 
 def _bench(args: argparse.Namespace) -> int:
     from .report import bandwidth_bounds, head_to_head, summarize, table
@@ -93,6 +107,18 @@ def _plots(result: dict, stem: Path) -> list[str]:
     except ModuleNotFoundError as e:
         raise BenchError(f"plots need matplotlib ({e.name} is missing): pip install 'edgespec[bench]', "
                          "or pass --no-plots") from e
+
+
+def _row_cost(args: argparse.Namespace) -> int:
+    from .row_cost import run
+
+    try:
+        rows = sorted({int(k) for k in args.rows.split(",")})
+    except ValueError:
+        rows = []
+    if not rows or rows[0] < 1:
+        raise BenchError(f"--rows needs positive integers separated by commas, got {args.rows!r}")
+    return run(args.model, rows, args.context, args.threads, args.repeats, args.out, not args.no_plots)
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -1,0 +1,219 @@
+"""``edgespec row-cost``: what each onnxruntime kernel of an ONNX export charges for one more row.
+
+A verify pass over k tokens is one call over k rows, and how much dearer it is than one row (the verify-cost
+curve the γ controller plans with) is set by the kernels. This times, at the shapes and weights of one layer
+of an export: the layer graph as exported (single-row padding included), each of its MatMulNBits alone, the
+same products as MatMulInteger (uint8 activations × int8 weights: integer accumulation is exact for any
+number of rows, so it would need no padding, and MLAS has AMX kernels for it), and its GroupQueryAttention
+alone at a given context. Prints a table, writes JSON and a PNG.
+
+Measured here (Xeon with AMX, 2 threads, SmolLM2 INT8) a MatMulNBits row costs about as much as the first
+(its int8 kernel is compute-bound per row), while MatMulInteger's cost hardly moves up to 16 rows: that is
+where ONNX Runtime's verify curve comes from, and what a format with integer GEMMs would change.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+from ..onnx_backend import read_manifest, session_options
+
+DEFAULT_ROWS = (1, 2, 3, 4, 5, 8, 12, 17)
+
+
+def _median_us(run: Callable[[], None], repeats: int) -> float:
+    for _ in range(max(3, repeats // 10)):  # warm-up: first calls allocate and pack
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e6
+
+
+def _session(model: object, threads: int) -> object:
+    import onnxruntime as ort
+
+    so, _ = session_options(threads, make_shared=False)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
+
+
+def _one_op_model(model: object, node: object, inputs: Sequence[tuple[str, int, list]]) -> object:
+    """A model running just ``node`` of ``model``, with the initializers it reads and ``inputs`` as
+    (name, onnx element type, shape) for everything else it reads."""
+    from onnx import TensorProto, helper
+
+    names = set(node.input)  # type: ignore[attr-defined]
+    initializers = [t for t in model.graph.initializer if t.name in names]  # type: ignore[attr-defined]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output if o]  # type: ignore[attr-defined]
+    value_infos = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
+    return helper.make_model(helper.make_graph([node], "one_op", value_infos, outputs, initializers),
+                             opset_imports=model.opset_import, ir_version=model.ir_version)  # type: ignore[attr-defined]
+
+
+def _weight_products(graph: object) -> list[tuple[object, int, int]]:
+    """(node, K, N) of every product of activations with a weight: MatMulNBits (quantized exports) or MatMul
+    with a constant right-hand side (fp32)."""
+    weights = {t.name: list(t.dims) for t in graph.initializer}  # type: ignore[attr-defined]
+    found = []
+    for node in graph.node:  # type: ignore[attr-defined]
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            found.append((node, int(attrs["K"]), int(attrs["N"])))
+        elif node.op_type == "MatMul" and len(weights.get(node.input[1], [])) == 2:
+            k_in, n_out = weights[node.input[1]]
+            found.append((node, int(k_in), int(n_out)))
+    return found
+
+
+class _KV:
+    """One layer's KV buffers, bound as both past and present (in place, as the runtime binds them)."""
+
+    def __init__(self, kv_heads: int, length: int, head_dim: int) -> None:
+        self.shape = [1, kv_heads, length, head_dim]
+        self.key = np.zeros(self.shape, np.float32)
+        self.value = np.zeros(self.shape, np.float32)
+        self.pos = np.zeros(1, np.int32)
+        self.total = np.zeros((), np.int32)
+
+    def bind(self, io: object, past: tuple[str, str], present: tuple[str, str], seqlens: str, total: str) -> None:
+        for p, q, a in ((past[0], present[0], self.key), (past[1], present[1], self.value)):
+            io.bind_input(p, "cpu", 0, np.float32, self.shape, a.ctypes.data)  # type: ignore[attr-defined]
+            io.bind_output(q, "cpu", 0, np.float32, self.shape, a.ctypes.data)  # type: ignore[attr-defined]
+        io.bind_input(seqlens, "cpu", 0, np.int32, [1], self.pos.ctypes.data)  # type: ignore[attr-defined]
+        io.bind_input(total, "cpu", 0, np.int32, [], self.total.ctypes.data)  # type: ignore[attr-defined]
+
+    def at(self, context: int, rows: int) -> None:
+        """A call of ``rows`` rows after ``context`` committed positions."""
+        self.pos[0] = context + rows - 1
+        self.total[()] = context + rows
+
+
+def measure(folder: Path, rows: Sequence[int] = DEFAULT_ROWS, context: int = 200, threads: int = 2,
+            repeats: int = 100, layer: int = 0) -> dict:
+    """Median µs per call for each kernel of ``layer`` at each row count (see the module docstring)."""
+    import onnx
+    import onnxruntime as ort
+
+    m = read_manifest(folder)
+    layer_file = folder / m["layers"][layer]
+    graph_model = onnx.load(str(layer_file))
+    graph = graph_model.graph
+    kv_length, heads, kv_heads, head_dim = (m.get("kv_length", m["context_length"] + 1), m["num_attention_heads"],
+                                            m["num_kv_heads"], m["head_dim"])
+    if context + max(rows) + 1 > kv_length:
+        raise InvalidParameterError(f"context {context} + {max(rows)} rows does not fit the export's {kv_length} "
+                                    "KV positions")
+    hidden = m["hidden_size"]
+    rng = np.random.default_rng(0)
+    kv = _KV(kv_heads, kv_length, head_dim)
+    results: dict[str, dict[int, float]] = {}
+
+    # The layer as exported.
+    layer_session = _session(graph_model, threads)
+    io = layer_session.io_binding()  # type: ignore[attr-defined]
+    kv.bind(io, ("past_key", "past_value"), ("present_key", "present_value"), "seqlens_k", "total_sequence_length")
+    results["layer graph"] = {}
+    for k in rows:
+        x, y = rng.standard_normal((1, k, hidden)).astype(np.float32), np.zeros((1, k, hidden), np.float32)
+        io.bind_input("hidden", "cpu", 0, np.float32, [1, k, hidden], x.ctypes.data)
+        io.bind_output("hidden_out", "cpu", 0, np.float32, [1, k, hidden], y.ctypes.data)
+        kv.at(context, k)
+        results["layer graph"][k] = _median_us(partial(layer_session.run_with_iobinding, io), repeats)  # type: ignore[attr-defined]
+
+    # Each weight product with its own weights, and the same product as MatMulInteger.
+    elem = onnx.TensorProto
+    for node, k_in, n_out in _weight_products(graph):
+        label = f"{node.op_type} {k_in}×{n_out}"
+        own = _session(_one_op_model(graph_model, node, [(node.input[0], elem.FLOAT, ["rows", k_in])]), threads)
+        integer = _session(onnx.helper.make_model(onnx.helper.make_graph(
+            [onnx.helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "matmul_integer",
+            [onnx.helper.make_tensor_value_info("a", elem.UINT8, ["rows", k_in])],
+            [onnx.helper.make_tensor_value_info("y", elem.INT32, ["rows", n_out])],
+            [onnx.numpy_helper.from_array(rng.integers(-127, 128, (k_in, n_out), dtype=np.int8), "w")]),
+            opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8), threads)
+        results[label], results[f"MatMulInteger {k_in}×{n_out}"] = {}, {}
+        for k in rows:
+            a = rng.standard_normal((k, k_in)).astype(np.float32)
+            a8 = rng.integers(0, 256, (k, k_in), dtype=np.uint8)
+            results[label][k] = _median_us(partial(own.run, None, {node.input[0]: a}), repeats)  # type: ignore[attr-defined]
+            results[f"MatMulInteger {k_in}×{n_out}"][k] = _median_us(partial(integer.run, None, {"a": a8}), repeats)  # type: ignore[attr-defined]
+
+    # GroupQueryAttention alone (packed q/k/v, shared KV buffers), without the padding the layer adds.
+    gqa = next(n for n in graph.node if n.op_type == "GroupQueryAttention")
+    packed = (heads + 2 * kv_heads) * head_dim
+    inputs = [(gqa.input[0], elem.FLOAT, [1, "rows", packed]), (gqa.input[3], elem.FLOAT, kv.shape),
+              (gqa.input[4], elem.FLOAT, kv.shape), (gqa.input[5], elem.INT32, [1]), (gqa.input[6], elem.INT32, [])]
+    attention = _session(_one_op_model(graph_model, gqa, inputs), threads)
+    io = attention.io_binding()  # type: ignore[attr-defined]
+    kv.bind(io, (gqa.input[3], gqa.input[4]), (gqa.output[1], gqa.output[2]), gqa.input[5], gqa.input[6])
+    results["GroupQueryAttention"] = {}
+    for k in rows:
+        q, out = rng.standard_normal((1, k, packed)).astype(np.float32), np.zeros((1, k, heads * head_dim), np.float32)
+        io.bind_input(gqa.input[0], "cpu", 0, np.float32, [1, k, packed], q.ctypes.data)
+        io.bind_output(gqa.output[0], "cpu", 0, np.float32, [1, k, heads * head_dim], out.ctypes.data)
+        kv.at(context, k)
+        results["GroupQueryAttention"][k] = _median_us(partial(attention.run_with_iobinding, io), repeats)  # type: ignore[attr-defined]
+
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(folder),
+            "layer": layer_file.name, "quant_options": m.get("quant_options"), "context": context,
+            "threads": threads, "repeats": repeats, "rows": list(rows),
+            "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+                        "onnxruntime": ort.__version__},
+            "us": {name: {str(k): round(v, 1) for k, v in per.items()} for name, per in results.items()}}
+
+
+def table(result: dict) -> str:
+    rows = result["rows"]
+    lines = [f"µs per call (median of {result['repeats']}), {result['layer']} of {result['model']}, context "
+             f"{result['context']}, {result['threads']} threads, onnxruntime {result['machine']['onnxruntime']}; "
+             "in brackets: the cost relative to one row",
+             f"{'kernel':<28}" + "".join(f"{k:>16}" for k in rows)]
+    for name, per in result["us"].items():
+        one = per[str(rows[0])]
+        lines.append(f"{name:<28}" + "".join(f"{per[str(k)]:>8.0f} ({per[str(k)] / one:4.2f})" for k in rows))
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    rows = result["rows"]
+    for name, per in result["us"].items():
+        ax.plot(rows, [per[str(k)] / per[str(rows[0])] for k in rows], marker="o", label=name)
+    ax.plot(rows, [k / rows[0] for k in rows], color="grey", linestyle=":", label="k rows = k calls")
+    ax.set_xlabel("rows in the call (verify batch size)")
+    ax.set_ylabel(f"cost relative to {rows[0]} row")
+    ax.set_title(f"{result['layer']}, context {result['context']}, {result['threads']} threads")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
+def run(folder: str, rows: Sequence[int], context: int, threads: int, repeats: int, out: str,
+        plots: bool) -> int:
+    result = measure(Path(folder).expanduser(), rows, context, threads, repeats)
+    print(table(result))
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"row_cost-{datetime.now().strftime('%Y%m%dT%H%M%S')}"
+    result["plot"] = plot(result, stem.with_suffix(".png")) if plots else None
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {stem.with_suffix('.json')}" + (f", {result['plot']}" if result["plot"] else ""))
+    return 0
