@@ -9,14 +9,14 @@ import pytest
 
 from edgespec.bench.configs import CONFIGS, select
 from edgespec.bench.questions import BenchError, load_questions
-from edgespec.bench.report import head_to_head, ratio_interval, summarize
+from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
 from edgespec.cli import main
 from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
                  "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
-                 "latency_ratio"}
+                 "latency_ratio", "lookup_share"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -55,7 +55,9 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             assert 0 < s["bound_fraction"] <= 1.03
             assert s["decode_tok_s"] > 0 and s["ttft_s"] > 0 and s["peak_rss_mb"] > 50
             assert s["e2e_latency_s"] > s["ttft_s"]
-    for s in summary["target"].values():
+    for cat, s in summary["target"].items():
+        # lossless: the same text, so the same share of it that a 3-gram lookup predicts
+        assert 0 <= s["lookup_share"] == summary["ngram-g4"][cat]["lookup_share"] < 1
         assert s["speedup"] == s["speedup_e2e"] == s["latency_ratio"] == 1.0
         assert s["tau"] == 1.0 and s["gamma_mean"] == 0.0 and s["alpha"] is None
     overall = summary["ngram-g4"]["overall"]
@@ -125,7 +127,7 @@ def test_a_configuration_that_cannot_start_is_named(tmp_path: Path, capsys: pyte
 
 def test_head_to_head_takes_the_fastest_lossless_automatic_mode_and_the_fastest_peer() -> None:
     def s(tok_s: float, lossless: int | None, generations: int = 2) -> dict:
-        return {"decode_tok_s": tok_s, "lossless": lossless, "generations": generations}
+        return {"decode_tok_s": tok_s, "lossless": lossless, "generations": generations, "lookup_share": tok_s / 1000}
 
     configs = [{"name": n, "runner": CONFIGS[n].runner, "auto": CONFIGS[n].auto}
                for n in ("target", "ngram-auto", "ngram-g4", "onnx-ngram", "lcpp-plain", "ortg-ngram")]
@@ -139,9 +141,21 @@ def test_head_to_head_takes_the_fastest_lossless_automatic_mode_and_the_fastest_
     }
     duel = head_to_head({"configs": configs, "summary": summary})
     assert duel["qa"] == {"edgespec": "ngram-auto", "edgespec_tok_s": 100, "peer": "lcpp-plain", "peer_tok_s": 95,
-                          "ratio": 100 / 95, "peer_lossless": None, "generations": 2, "ratio_90": None}
+                          "ratio": 100 / 95, "peer_lossless": None, "generations": 2, "lookup_share": [0.1, 0.095],
+                          "ratio_90": None}
     assert (duel["overall"]["edgespec"], duel["overall"]["peer"]) == ("onnx-ngram", "ortg-ngram")
     assert duel["overall"]["ratio"] == pytest.approx(120 / 130) and duel["overall"]["peer_lossless"] == 1
+
+
+def test_lookup_hits_counts_what_a_3_gram_lookup_would_have_predicted() -> None:
+    """The most recent occurrence of the 3 tokens before a position decides; the output itself is indexed."""
+    prompt = [1, 2, 3, 4, 1, 2, 3, 5]  # "1 2 3" was last followed by 5
+    assert lookup_hits(prompt, [9, 9]) == 0
+    assert lookup_hits(prompt[:-1], [5]) == 0  # before the first output token "1 2 3" was last followed by 4
+    assert lookup_hits(prompt[:-1], [4]) == 1
+    # a period-3 output: its 3-grams are indexed during the second round and predict the third
+    assert lookup_hits([7], [1, 2, 3] * 3) == 3
+    assert lookup_hits([], []) == 0
 
 
 def test_the_head_to_head_interval_resamples_questions() -> None:

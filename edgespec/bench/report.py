@@ -9,6 +9,10 @@ Bounds (where the time goes):
   rate at this run's contexts.
 - ``bandwidth_bound_tok_s`` (per category, for plain decoding): measured memory bandwidth / bytes read per
   token (weights + KV cache at the category's mean context).
+
+``lookup_share`` is about the text, not the decoder: the share of generated tokens that a 3-gram lookup over
+the conversation predicts. Configurations writing different text (lossy modes, peers' own weights) are timed
+on texts that n-gram drafting finds more or less to copy.
 """
 
 from __future__ import annotations
@@ -37,6 +41,29 @@ def _generated(r: dict) -> int:
 def _decoded(r: dict) -> int:
     """Tokens decoded after the first step (decode tok/s counts these: prefill is excluded)."""
     return max(_generated(r) - r["first_tokens"], 0)
+
+
+LOOKUP_N = 3  # the n-gram length of the predictability measure (onnxruntime-genai's n-gram mode drafts on 3)
+
+
+def lookup_hits(prompt: list[int], output: list[int], n: int = LOOKUP_N) -> int:
+    """How many tokens of ``output`` a prompt lookup would have predicted: the token that followed the most
+    recent earlier occurrence of the n tokens before it (in prompt + output so far).
+
+    A property of the text, not of a decoder: configurations that write different text (a lossy mode, a
+    peer's own quantization) are measured on different texts, and a text that repeats itself more is faster
+    for every n-gram drafter. Summaries report it as ``lookup_share`` beside the speeds.
+    """
+    seq = list(prompt)
+    follows: dict[tuple[int, ...], int] = {tuple(seq[j - n:j]): seq[j] for j in range(n, len(seq))}
+    hits = 0
+    for token in output:
+        key = tuple(seq[-n:])
+        hits += follows.get(key) == token
+        if len(seq) >= n:
+            follows[key] = token
+        seq.append(token)
+    return hits
 
 
 def _group(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
@@ -69,6 +96,8 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         "draft_s": draft_s, "verify_s": verify_s,
         "draft_share": draft_s / (draft_s + verify_s) if draft_s is not None and verify_s else None,
         "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+        "lookup_share": (sum(r["lookup_hits"] for r in rs) / generated
+                         if generated and all("lookup_hits" in r for r in rs) else None),
         "same_as_baseline": sum(r["same_as_baseline"] for r in rs),
         "lossless": None if any(r["lossless"] is None for r in rs) else sum(r["lossless"] for r in rs),
     }
@@ -123,6 +152,7 @@ def head_to_head(result: dict) -> dict[str, dict[str, object]]:
         a, b = summary[best][cat]["decode_tok_s"], summary[rival][cat]["decode_tok_s"]
         out[cat] = {"edgespec": best, "edgespec_tok_s": a, "peer": rival, "peer_tok_s": b, "ratio": a / b,
                     "peer_lossless": summary[rival][cat]["lossless"], "generations": summary[rival][cat]["generations"],
+                    "lookup_share": [summary[best][cat].get("lookup_share"), summary[rival][cat].get("lookup_share")],
                     "ratio_90": ratio_interval(result.get("records", []), best, rival, cat)}
     return out
 
@@ -200,14 +230,15 @@ def table(result: dict) -> str:
     duel = result.get("head_to_head")
     if duel:
         lines.append(f"{'head to head':<15}{'edgespec (auto, lossless)':<26}{'tok/s':>7}  {'fastest peer':<14}"
-                     f"{'tok/s':>7}{'lossless':>9}{'×':>7}{'90% of questions':>18}")
+                     f"{'tok/s':>7}{'lossless':>9}{'×':>7}{'90% of questions':>18}{'3-gram share':>14}")
         for cat in categories:
             d = duel.get(cat)
             if d is not None:
                 lossless = "-" if d["peer_lossless"] is None else f"{d['peer_lossless']}/{d['generations']}"
                 spread = "-" if d["ratio_90"] is None else "{:.2f}–{:.2f}".format(*d["ratio_90"])
+                shares = "/".join(_fmt(v, ".2f") for v in d.get("lookup_share", [None, None]))
                 lines.append(f"{cat:<15}{d['edgespec']:<26}{d['edgespec_tok_s']:>7.1f}  {d['peer']:<14}"
-                             f"{d['peer_tok_s']:>7.1f}{lossless:>9}{d['ratio']:>7.2f}{spread:>18}")
+                             f"{d['peer_tok_s']:>7.1f}{lossless:>9}{d['ratio']:>7.2f}{spread:>18}{shares:>14}")
         lines.append("")
     if bw:
         bound = bw["by_category"][OVERALL]["bound_tok_s"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..engine import Engine
 from .configs import Config, select
 from .questions import load_questions
+from .report import lookup_hits
 from .worker import Setup, Worker
 
 SCHEMA = "edgespec-bench/1"
@@ -117,7 +118,8 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
                 result = workers[c.name].generate(tokens, args.max_tokens)
                 messages.append({"role": "assistant", "content": chat.target.detokenize(result["tokens"])})
                 outputs[c.name] = {"config": c.name, "question_id": q["question_id"], "category": q["category"],
-                                   "turn": turn, "prompt_tokens": len(tokens), **result}
+                                   "turn": turn, "prompt_tokens": len(tokens),
+                                   "lookup_hits": lookup_hits(tokens, result["tokens"]), **result}
             for c in configs:
                 r = outputs[c.name]
                 r["same_as_baseline"] = r["tokens"] == outputs[c.baseline]["tokens"]
