@@ -175,7 +175,7 @@ class Session:
                 return
             worker.ready.wait()
             self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.arena.n_ctx,
-                       "mode": worker.engine.mode, "modes": ["none", *worker.engine.drafters]})
+                       "mode": worker.engine.mode, "modes": list(worker.engine.modes)})
 
         threading.Thread(target=run, name=f"edgespec-load-{rid}", daemon=True).start()
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .arena import Cache, KVArena
 from .chat import ChatTemplate, Message
-from .drafters import Draft, Drafter, DraftModelDrafter, HybridDrafter, NgramDrafter
+from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .llama_backend import LlamaModel
@@ -77,9 +77,15 @@ class Engine:
         if draft is not None:
             self.drafters["draft"] = DraftModelDrafter(self.arena, "draft")
         if self_draft is not None:
-            layerskip = DraftModelDrafter(self.arena, "layerskip", "layerskip", LAYERSKIP_MIN_CONFIDENCE)
-            self.drafters["layerskip"] = layerskip
-            self.drafters["hybrid"] = HybridDrafter([self.drafters["ngram"], layerskip])
+            self.drafters["layerskip"] = DraftModelDrafter(self.arena, "layerskip", "layerskip",
+                                                           LAYERSKIP_MIN_CONFIDENCE)
+        # A mode is the drafters asked in turn each step; the first draft the γ controller keeps is verified.
+        # Hybrid: prompt lookup (free) where the text repeats, else the layer-skip self-draft (a pass per
+        # token), each gated by the controller under its own name, and plain decoding when neither pays.
+        self.modes: dict[str, tuple[Drafter, ...]] = {"none": ()}
+        self.modes.update((name, (drafter,)) for name, drafter in self.drafters.items())
+        if "layerskip" in self.drafters:
+            self.modes["hybrid"] = (self.drafters["ngram"], self.drafters["layerskip"])
         self.mode = mode or ("draft" if draft is not None else "ngram")
         self._check_mode(self.mode)
         self.gamma = _check_gamma(gamma)
@@ -138,12 +144,11 @@ class Engine:
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
         controller = self._get_controller() if gamma == "auto" else None
-        drafter = None if mode == "none" else self.drafters[mode]
-        return self._run(tokens, params, max_tokens, stop, drafter, gamma, controller, mode)
+        return self._run(tokens, params, max_tokens, stop, self.modes[mode], gamma, controller, mode)
 
     # -- the loop -------------------------------------------------------------------------------------
     def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
-             drafter: Drafter | None, gamma: int | str, controller: GammaController | None,
+             drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
              mode: str) -> Iterator[StreamChunk]:
         arena, target = self.arena, self.target
         rng = params.rng()
@@ -152,7 +157,7 @@ class Engine:
         out: list[int] = []
         start = time.perf_counter()
         arena.reset(prompt)
-        if drafter is not None:
+        for drafter in drafters:
             drafter.begin(arena.tokens)
         draft = Draft([])
         logits = arena.extend("target", [], 1)
@@ -196,7 +201,7 @@ class Engine:
             # Draft, choose γ, verify.
             step_start = time.perf_counter()
             room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens), MAX_GAMMA)
-            draft = self._propose(drafter, gamma, controller, room, params, rng)
+            draft = self._propose(drafters, gamma, controller, room, params, rng)
             drafted_at = time.perf_counter()
             logits = arena.extend("target", draft.tokens, len(draft) + 1)
             if params.greedy:
@@ -211,19 +216,16 @@ class Engine:
                 controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
                                    drafted_at - step_start, verified_at - drafted_at, draft.passes)
 
-    def _propose(self, drafter: Drafter | None, gamma: int | str, controller: GammaController | None,
+    def _propose(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
                  room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """The draft to verify this step, already cut to the chosen γ (empty: decode plainly).
-
-        A hybrid drafter's stages are asked in order; the first that proposes something is verified.
-        """
-        if drafter is None or room <= 0:
+        """The draft to verify this step, already cut to the chosen γ (empty: decode plainly): the mode's
+        drafters are asked in order, and the first that proposes something is verified."""
+        if room <= 0:
             return Draft([])
-        stages = drafter.stages if isinstance(drafter, HybridDrafter) else (drafter,)
-        for stage in stages:
-            draft = self._propose_one(stage, gamma, controller, room, params, rng)
+        for drafter in drafters:
+            draft = self._propose_one(drafter, gamma, controller, room, params, rng)
             if draft.tokens or draft.passes:  # a draft that spent passes is charged even when it came back empty
-                draft.source = stage.name
+                draft.source = drafter.name
                 return draft
         return Draft([])
 
@@ -275,10 +277,10 @@ class Engine:
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if mode in SELF_DRAFT_MODES and mode not in self.drafters:
+        if mode in SELF_DRAFT_MODES and mode not in self.modes:
             raise InvalidParameterError(f"mode {mode!r} needs a model that can run a subset of its layers: an ONNX "
                                         "export (`edgespec export onnx`); llama.cpp cannot skip layers")
-        if mode != "none" and mode not in self.drafters:
+        if mode not in self.modes:
             raise InvalidParameterError(f"mode {mode!r} needs a draft model: load one with draft=PATH")
 
     def close(self) -> None:

@@ -84,7 +84,7 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
         for d in drafters:
             best_k = int(np.argmax(estimates[d][1:]) + 1)
             candidates += [(d, "auto"), (d, best_k)]
-        if "hybrid" in engine.drafters:  # its stages are the drafters measured above, keyed by name
+        if "hybrid" in engine.modes:  # its drafters are the ones measured above, keyed by name
             candidates.append(("hybrid", "auto"))
         measured = _race(engine, candidates, prompt_tokens, max_tokens, rounds)
         base = measured[("none", 0)]["decode_tok_s"]

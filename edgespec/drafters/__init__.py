@@ -2,7 +2,6 @@
 
 from .base import Draft, Drafter
 from .draft_model import DraftModelDrafter
-from .hybrid import HybridDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Draft", "DraftModelDrafter", "Drafter", "HybridDrafter", "NgramDrafter"]
+__all__ = ["Draft", "DraftModelDrafter", "Drafter", "NgramDrafter"]

@@ -1,4 +1,4 @@
-"""The one interface every drafter implements (n-gram lookup, a draft model, layer-skip, hybrid)."""
+"""The one interface every drafter implements (n-gram lookup, a draft model, layer-skip)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Draft:
     # Forward passes the drafter spent (a model drafter that stopped early on low confidence spent one more
     # than it proposed); None: one per token. The γ controller charges them all.
     passes: int | None = None
-    # Which drafter proposed it (the hybrid drafter delegates); set by the engine.
+    # Which drafter proposed it (hybrid mode asks two in turn); set by the engine.
     source: str = ""
 
     def __len__(self) -> int:
