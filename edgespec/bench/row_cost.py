@@ -2,14 +2,15 @@
 
 A verify pass over k tokens is one call over k rows, and how much dearer it is than one row (the verify-cost
 curve the γ controller plans with) is set by the kernels. This times, at the shapes and weights of one layer
-of an export: the layer graph as exported (single-row padding included), each of its MatMulNBits alone, the
-same products as MatMulInteger (uint8 activations × int8 weights: integer accumulation is exact for any
-number of rows, so it would need no padding, and MLAS has AMX kernels for it), and its GroupQueryAttention
-alone at a given context. Prints a table, writes JSON and a PNG.
+of an export: the layer graph as exported (single-row padding included), each of its weight products alone
+(MatMulNBits; MatMul in fp32 exports), the same products as MatMulInteger (uint8 activations × int8 weights:
+integer accumulation is exact for any number of rows, so it would need no padding, and MLAS has AMX kernels
+for it), and its GroupQueryAttention alone at a given context. Prints a table, writes JSON and a PNG.
 
-Measured here (Xeon with AMX, 2 threads, SmolLM2 INT8) a MatMulNBits row costs about as much as the first
-(its int8 kernel is compute-bound per row), while MatMulInteger's cost hardly moves up to 16 rows: that is
-where ONNX Runtime's verify curve comes from, and what a format with integer GEMMs would change.
+Measured here (Xeon with AMX, 2 threads, SmolLM2 INT8; README, "ONNX export") MatMulNBits' cost grows about
+linearly with the rows (4–8× one row's for 17: its int8 kernel is compute-bound per row), while
+MatMulInteger's hardly moves: that is where ONNX Runtime's verify curve comes from, and what a format with
+integer GEMMs would change.
 """
 
 from __future__ import annotations
