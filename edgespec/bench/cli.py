@@ -58,8 +58,8 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
 
     r = sub.add_parser("row-cost", help="what each onnxruntime kernel of an ONNX export charges per row of a call",
                        description="Times one layer of an ONNX export at each row count (a verify pass over k "
-                                   "tokens is one call over k rows): the layer graph, each MatMulNBits alone, the "
-                                   "same products as MatMulInteger, and GroupQueryAttention alone. Prints a table, "
+                                   "tokens is one call over k rows): the layer graph, each weight product alone, "
+                                   "the same products as MatMulInteger, and GroupQueryAttention alone. Prints a table, "
                                    "writes JSON and a PNG.")
     r.add_argument("model", help="edgespec ONNX model folder (`edgespec export onnx`)")
     r.add_argument("--rows", default="1,2,3,4,5,8,12,17", help="row counts (default: %(default)s)")

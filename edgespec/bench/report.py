@@ -22,6 +22,9 @@ from statistics import mean
 
 import numpy as np
 
+from ..drafters import NgramDrafter
+from ..sampling import SamplingParams
+
 OVERALL = "overall"
 
 
@@ -44,24 +47,24 @@ def _decoded(r: dict) -> int:
 
 
 LOOKUP_N = 3  # the n-gram length of the predictability measure (onnxruntime-genai's n-gram mode drafts on 3)
+GREEDY = SamplingParams()
 
 
 def lookup_hits(prompt: list[int], output: list[int], n: int = LOOKUP_N) -> int:
-    """How many tokens of ``output`` a prompt lookup would have predicted: the token that followed the most
-    recent earlier occurrence of the n tokens before it (in prompt + output so far).
+    """How many tokens of ``output`` prompt lookup (edgespec's n-gram drafter, matching exactly n tokens) would
+    have predicted from prompt + output so far: the token after the most recent occurrence of the last n.
 
     A property of the text, not of a decoder: configurations that write different text (a lossy mode, a
     peer's own quantization) are measured on different texts, and a text that repeats itself more is faster
     for every n-gram drafter. Summaries report it as ``lookup_share`` beside the speeds.
     """
+    lookup = NgramDrafter(n_max=n, n_min=n, max_draft=1)
     seq = list(prompt)
-    follows: dict[tuple[int, ...], int] = {tuple(seq[j - n:j]): seq[j] for j in range(n, len(seq))}
+    lookup.begin(seq)
+    unused_rng = np.random.default_rng(0)  # a lookup neither samples nor reads the sampling parameters
     hits = 0
     for token in output:
-        key = tuple(seq[-n:])
-        hits += follows.get(key) == token
-        if len(seq) >= n:
-            follows[key] = token
+        hits += lookup.propose(seq, 1, GREEDY, unused_rng).tokens == [token]
         seq.append(token)
     return hits
 
@@ -230,7 +233,7 @@ def table(result: dict) -> str:
     duel = result.get("head_to_head")
     if duel:
         lines.append(f"{'head to head':<15}{'edgespec (auto, lossless)':<26}{'tok/s':>7}  {'fastest peer':<14}"
-                     f"{'tok/s':>7}{'lossless':>9}{'×':>7}{'90% of questions':>18}{'3-gram share':>14}")
+                     f"{'tok/s':>7}{'lossless':>9}{'×':>7}{'90% of questions':>18}{f'{LOOKUP_N}-gram share':>14}")
         for cat in categories:
             d = duel.get(cat)
             if d is not None:
