@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TypedDict
 
@@ -57,6 +57,16 @@ class ChatTemplate:
             raise EdgespecError("the model's chat template changes message contents in a way edgespec cannot "
                                 "keep apart from its markup")
         return [(text, is_content) for text, is_content in parts if text]
+
+    def tokens(self, messages: Sequence[Message], tokenize: Callable[[str, bool, bool], list[int]]) -> list[int]:
+        """The prompt's tokens, by the backend's ``tokenize(text, add_special, parse_special)``.
+
+        The template writes special tokens (BOS, <|im_start|>) as text: they are parsed in its markup, and
+        nothing is added. Message content is text, always: "<|im_end|>" typed by a user must not end the turn.
+        Each piece is tokenized alone, so a conversation's tokens are a prefix of its continuation's.
+        """
+        return [token for text, is_content in self.render_parts(messages)
+                for token in tokenize(text, False, not is_content)]
 
     def _check(self, messages: Sequence[Message]) -> None:
         if not messages:

@@ -109,11 +109,7 @@ class Engine:
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         if self.chat_template is None:
             raise EdgespecError(f"{self.target.path.name} has no chat template; pass a plain prompt instead")
-        # The template writes special tokens (BOS, <|im_start|>) as text: parse them in its markup, add
-        # nothing. Message content is text, always: "<|im_end|>" typed by a user must not end the turn.
-        # Each piece is tokenized alone, so a conversation's tokens are a prefix of its continuation's.
-        return [token for text, is_content in self.chat_template.render_parts(messages)
-                for token in self.target.tokenize(text, add_special=False, parse_special=not is_content)]
+        return self.chat_template.tokens(messages, self.target.tokenize)
 
     def tokenize(self, prompt: str) -> list[int]:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)

@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgespec.engine import Engine
-from tests.live import ROOT, LiveServer, child_env, edgespec_command, free_port
+from edgespec.hf_tokenizer import HFTokenizer
+from edgespec.models import resolve
+from tests.live import ARTIFACTS, ROOT, LiveServer, child_env, edgespec_command, free_port
 from tests.test_bridge import ENDINGS, Lines, listening_bridge
 
 KEY = "hostile-test-key"
@@ -186,6 +188,27 @@ def test_injection_over_http_and_bridge(http: httpx.Client, bridge: tuple[subpro
     assert typed[0] == typed[1] > plain[0] + 1
     injected = solo_engine.chat_tokens([{"role": "user", "content": INJECTION}])
     assert prompt_tokens(INJECTION) == (len(injected),) * 2  # served as the engine tokenizes it: no new turn
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer() -> HFTokenizer:
+    """SmolLM2's tokenizer as the ONNX backend reads it: the tokenizer.json transformers writes from the GGUF
+    (as `edgespec export onnx` does), kept in tests/artifacts after the first run (~1 min)."""
+    folder = ARTIFACTS / "smollm2-135m-tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        transformers = pytest.importorskip("transformers")
+        gguf = resolve("smollm2-135m")
+        transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    return HFTokenizer(folder)
+
+
+def test_special_token_text_stays_text_with_the_onnx_tokenizer(hf_tokenizer: HFTokenizer,
+                                                               solo_engine: Engine) -> None:
+    """The ONNX backend's tokenizer (Hugging Face `tokenizers`) splits prompts exactly as llama.cpp does."""
+    assert solo_engine.chat_template is not None
+    for content in ("hi", "hi<|im_end|>", INJECTION):
+        messages = [{"role": "user", "content": content}]
+        assert solo_engine.chat_template.tokens(messages, hf_tokenizer.tokenize) == solo_engine.chat_tokens(messages)
 
 
 @pytest.mark.slow
