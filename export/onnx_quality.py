@@ -2,8 +2,9 @@
 the fixed prompts of ``quality.py`` (every prompt position scored), file size, and single-token decode speed
 of the reference runner.
 
-The source is the transformers model on the Hugging Face folder the export was made from (FP32); prompts are
-chat-formatted when the model has a template.
+The source is what the export was made from: llama.cpp on the GGUF file (its own kernels and tokenizer, no
+torch), or the transformers model on the Hugging Face folder (FP32); prompts are chat-formatted when the model
+has a template.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import numpy as np
 
 from . import require
 from .onnx_reference import OnnxReference
-from .quality import agreement, prompts
+from .quality import agreement, llama_logits, open_model, prompt_tokens, prompts
 
 
 @cache
 def _tokenized(hf_folder: str, count: int, max_tokens: int) -> tuple[tuple[int, ...], ...]:
-    tokenizer = require("transformers").AutoTokenizer.from_pretrained(hf_folder)
+    tokenizer = require("transformers", "export-hf").AutoTokenizer.from_pretrained(hf_folder)
     out = []
     for text in prompts(count):  # the fixed Spec-Bench prompts every quality report uses
         if tokenizer.chat_template:
@@ -41,13 +42,28 @@ def source_logits(hf_folder: str, count: int = 6, max_tokens: int = 128) -> tupl
 
 @cache
 def _source_logits(hf_folder: str, count: int, max_tokens: int) -> tuple[np.ndarray, ...]:
-    torch = require("torch")
-    transformers = require("transformers")
+    torch = require("torch", "export-hf")
+    transformers = require("transformers", "export-hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
         return tuple(model(torch.tensor([ids])).logits[0].float().numpy()
                      for ids in _tokenized(hf_folder, count, max_tokens))
+
+
+@cache
+def gguf_source_logits(gguf: str, count: int = 6, max_tokens: int = 128) -> tuple[tuple[tuple[int, ...], ...],
+                                                                               tuple[np.ndarray, ...]]:
+    """The prompts' token ids as llama.cpp tokenizes them, and llama.cpp's logits for them on the GGUF."""
+    from edgespec.engine import Engine
+
+    model = open_model(Path(gguf))
+    try:
+        engine = Engine(model, mode="none", gamma=0)
+        ids = tuple(tuple(prompt_tokens(engine, text)[:max_tokens]) for text in prompts(count))
+        return ids, tuple(llama_logits(model)(list(i), len(i)) for i in ids)
+    finally:
+        model.close()
 
 
 def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, float]:
@@ -74,15 +90,20 @@ def decode_speed(runner: OnnxReference, tokens: int = 32) -> float:
 
 def quality_report(folder: Path, count: int = 6, max_tokens: int = 128, progress: bool = True) -> dict:
     """The ``quality`` entry of the manifest: agreement with the source, size, decode speed."""
-    manifest = json.loads((folder / "edgespec-onnx.json").read_text())
-    hf_folder = manifest["source"]["hf_folder"]
+    source = json.loads((folder / "edgespec-onnx.json").read_text())["source"]
     with require("tqdm").tqdm(total=3, desc="quality", unit="step", disable=not progress) as bar:
-        reference = list(source_logits(hf_folder, count, max_tokens))
+        if "gguf" in source:
+            ids, reference = gguf_source_logits(source["gguf"], count, max_tokens)
+            against = "llama.cpp on " + source["gguf"]
+        else:
+            ids, reference = _tokenized(source["hf_folder"], count, max_tokens), source_logits(source["hf_folder"],
+                                                                                               count, max_tokens)
+            against = "transformers FP32 on " + source["hf_folder"]
         bar.update()
         runner = OnnxReference(folder)
-        report = compare(reference, export_logits(folder, hf_folder, count, max_tokens, runner))
+        report = compare(list(reference), [runner.logits(list(i)) for i in ids])
         bar.update()
-        report.update(against="transformers FP32 on " + hf_folder, prompts=count,
+        report.update(against=against, prompts=count,
                       size_bytes=sum(f.stat().st_size for f in folder.glob("*.onnx")),
                       decode_tok_s=round(decode_speed(runner), 1), threads=1)
         bar.update()
