@@ -31,6 +31,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--asymmetric", action="store_true", help="asymmetric (zero-point) weight quantization")
     p.add_argument("--head-bits", type=int, choices=[4, 8], default=8, help="bits of the output projection")
     p.add_argument("--no-quality", action="store_true", help="skip the quality report (and so its gate)")
+    p.add_argument("--threads", type=int, default=None, help="threads of the quality report's llama.cpp source "
+                                                             "(default: physical cores)")
     p.add_argument("--force", action="store_true", help="keep an export that fails the quality gate "
                                                         "(top-1 agreement < 0.99 or KL > 0.01 against the source)")
     p.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_quality:
         from .onnx_quality import quality_report
 
-        q = manifest["quality"] = quality_report(args.out)
+        q = manifest["quality"] = quality_report(args.out, threads=args.threads)
         try:
             q["gate"] = gate.check(f"{args.out} ({manifest['quant']})", q["top1_agreement"], q["kl"], args.force)
         except gate.QualityGateError:

@@ -226,7 +226,8 @@ def test_export_imports_no_torch_and_no_transformers(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "tiny.gguf", QT.Q4_1)
     out = tmp_path / "o"
     result = subprocess.run([sys.executable, "-c", _BLOCKER, "export", "onnx", str(path), "--out", str(out),
-                             "--context-length", "256", "--force"], capture_output=True, text=True, timeout=600)
+                             "--context-length", "1024", "--threads", "1", "--force"],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "top-1" in result.stdout and (out / "tokenizer.json").is_file()
 
@@ -239,7 +240,7 @@ def smol_carried(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
     out = tmp_path_factory.mktemp("smol") / "onnx"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["export", "onnx", "smollm2-135m", "--out", str(out)]) == 0
+        assert main(["export", "onnx", "smollm2-135m", "--out", str(out), "--threads", "1"]) == 0
     return out, json.loads((out / "edgespec-onnx.json").read_text()), printed.getvalue()
 
 
@@ -303,3 +304,22 @@ def test_runtime_imports_pull_no_torch() -> None:
             "assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def _assert_batch_invariant(folder: Path, ids: list[int]) -> None:
+    """A position's logits are the same alone, in a verify batch, and in one prefill (exactly)."""
+    runner = OnnxReference(folder)
+    batch = runner.logits(ids)
+    runner.truncate(0)
+    single = np.concatenate([runner.forward([t]) for t in ids])
+    runner.truncate(len(ids) - 5)
+    verify = runner.forward(ids[-5:])
+    assert np.array_equal(single, batch) and np.array_equal(verify, batch[-5:])
+
+
+def test_tiny_carried_graphs_are_batch_invariant(tiny: tuple[str, Path, Path]) -> None:
+    _assert_batch_invariant(tiny[2], list(range(3, 200)))
+
+
+def test_smollm2_carried_is_batch_invariant(smol_carried: tuple[Path, dict, str]) -> None:
+    _assert_batch_invariant(smol_carried[0], list(range(1000, 1100)))
