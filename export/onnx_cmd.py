@@ -15,7 +15,8 @@ from .onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, GGUF_QUANT,
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("onnx", help="ONNX decoder (FP32/FP16, MatMulNBits INT8/INT4) with a quality report")
+    p = commands.add_parser("onnx", help="ONNX decoder (a GGUF's own blocks, FP32/FP16, MatMulNBits "
+                                            "INT8/INT4) with a quality report and gate")
     p.add_argument("src", help="GGUF file, Hugging Face folder, or model name (see `edgespec models`)")
     p.add_argument("--quant", choices=QUANTS, default=None,
                    help=f"weights: {GGUF_QUANT} carries a llama-family GGUF's own Q4_0/Q4_1/Q8_0 blocks (the "
@@ -43,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "genai":
         from .onnx_genai import export_genai
 
-        entry = export_genai(args.src, args.out, args.quant or "int8", args.block_size, args.accuracy_level)
+        quant = args.quant or "int8"
+        entry = export_genai(args.src, args.out, quant, args.block_size, args.accuracy_level)
         print(json.dumps(entry, indent=2) if args.json else
-              f"wrote {args.out} (onnxruntime-genai, {args.quant}): {entry['size_bytes'] / 1e6:.0f} MB")
+              f"wrote {args.out} (onnxruntime-genai, {quant}): {entry['size_bytes'] / 1e6:.0f} MB")
         return 0
     from .onnx_export import export_onnx
 

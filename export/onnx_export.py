@@ -117,7 +117,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
                                     f"{', '.join(QUANTS[1:])}")
     if quant == GGUF_QUANT and accuracy_level != CARRIED_ACCURACY_LEVEL:
         raise InvalidParameterError(f"--quant {GGUF_QUANT} runs the file's blocks at accuracy level "
-                                    f"{CARRIED_ACCURACY_LEVEL}, the one exact for a single row and fast for 8 bits")
+                                    f"{CARRIED_ACCURACY_LEVEL} (int8 activations, the fast kernels)")
     if quant not in QUANTS:
         raise InvalidParameterError(f"unknown ONNX quantization {quant!r}; choose from {', '.join(QUANTS)}")
     if context_length < 16:

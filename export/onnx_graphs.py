@@ -141,7 +141,8 @@ def skip_rms_norm(g: GraphBuilder, x: str, skip: str, weight: np.ndarray, eps: f
     return normed, total
 
 
-# A GGUF file's own blocks run at the export's default level: exact for one row and batch-invariant (onnx_export).
+# A GGUF file's own blocks run at the export's default level, the fast integer path (int8 activations): 8-bit is
+# exact for one row there, 4-bit not on every CPU, so the exporter pads single-row calls for 4-bit files.
 CARRIED_ACCURACY_LEVEL = 4
 Weight = np.ndarray | BlockWeight  # float rows [out, in], or a GGUF file's blocks carried as they are
 
