@@ -156,6 +156,13 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     if quant == GGUF_QUANT and {"Q4_0", "Q4_1"} & set(source["gguf_types"]):
         pad_matmuls = True
     try:
+        if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
+            chat_template = write_tokenizer(reader(path), tmp)["chat_template"]
+        else:
+            for name in TOKENIZER_FILES:
+                if (folder / name).is_file():
+                    shutil.copy2(folder / name, tmp / name)
+            chat_template = _chat_template(folder)
         bar = tqdm(total=spec.num_layers + 2, desc=f"ONNX {quant}", unit="graph", disable=not progress)
         embed = weights("model.embed_tokens.weight")
         _save(embed_graph(spec, embed if isinstance(embed, BlockWeight) else embed.astype(store)), tmp / "embed.onnx")
@@ -171,13 +178,6 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
             _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)
         bar.update()
         bar.close()
-        if folder is None:
-            chat_template = write_tokenizer(reader(path), tmp)["chat_template"]
-        else:
-            for name in TOKENIZER_FILES:
-                if (folder / name).is_file():
-                    shutil.copy2(folder / name, tmp / name)
-            chat_template = _chat_template(folder)
         manifest = _manifest(spec, chat_template, quant, context_length, layers)
         manifest["source"].update(source)
         manifest["quant_options"]["single_row_padding"] = "layer" if pad_matmuls else "attention"

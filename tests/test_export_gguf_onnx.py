@@ -44,7 +44,7 @@ def _vocabulary() -> list[str]:
     return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + SPECIALS
 
 
-def write_tiny_gguf(path: Path, qtype: int, seed: int = 0) -> Path:
+def write_tiny_gguf(path: Path, qtype: int, seed: int = 0, pre: str = "gpt-2") -> Path:
     """A 2-layer llama GGUF whose every matrix is quantized to ``qtype`` by gguf.quants (tied embeddings)."""
     rng = np.random.default_rng(seed)
     tokens = _vocabulary()
@@ -59,7 +59,7 @@ def write_tiny_gguf(path: Path, qtype: int, seed: int = 0) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS))
     w.add_token_merges(MERGES)
@@ -323,3 +323,13 @@ def test_tiny_carried_graphs_are_batch_invariant(tiny: tuple[str, Path, Path]) -
 
 def test_smollm2_carried_is_batch_invariant(smol_carried: tuple[Path, dict, str]) -> None:
     _assert_batch_invariant(smol_carried[0], list(range(1000, 1100)))
+
+
+def test_a_vocabulary_it_cannot_write_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgespec.cli import main
+
+    path = write_tiny_gguf(tmp_path / "odd.gguf", QT.Q8_0, pre="qwen2")
+    assert main(["export", "onnx", str(path), "--out", str(tmp_path / "o"), "--no-quality"]) == 2
+    err = capsys.readouterr().err
+    assert "pre-tokenizer 'qwen2'" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob("o.tmp*"))
