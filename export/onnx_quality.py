@@ -87,9 +87,9 @@ def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[st
     return {"top1_agreement": round(a.top1, 4), "kl": round(a.kl, 6), "positions": a.positions}
 
 
-def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128,
-                  runner: OnnxReference | None = None) -> list[np.ndarray]:
-    runner = runner or OnnxReference(folder)
+def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128) -> list[np.ndarray]:
+    """The export's logits at every position of the prompts ``source_logits`` scores."""
+    runner = OnnxReference(folder)
     return [runner.logits(list(ids)) for ids in _tokenized(hf_folder, count, max_tokens)]
 
 
