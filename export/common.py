@@ -113,6 +113,8 @@ def summary(entry: dict[str, Any], seconds: float) -> str:
             f"{entry['n_layers']} layers) in {seconds:.1f} s")
     if q:
         text += " · " + quality.QualityReport(**q).line()
+    if entry["made"].get("quality_gate"):
+        text += " · " + entry["made"]["quality_gate"]
     return text + f" · manifest {entry['manifest']}"
 
 

@@ -56,8 +56,8 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
     if dtype not in DTYPES:
         raise InvalidParameterError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     check_gguf(gguf)
-    torch = require("torch")
-    transformers = require("transformers")
+    torch = require("torch", "export-hf")
+    transformers = require("transformers", "export-hf")
     require("gguf")
     try:
         config = transformers.AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)

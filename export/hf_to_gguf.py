@@ -73,8 +73,8 @@ def _rope(config: dict[str, Any], layer_type: str = "full_attention") -> dict[st
 
 
 def _tensors(folder: Path) -> Iterator[tuple[str, np.ndarray]]:
-    safetensors = require("safetensors")
-    require("torch")
+    safetensors = require("safetensors", "export-hf")
+    require("torch", "export-hf")
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights")

@@ -1,21 +1,26 @@
-"""``edgespec export onnx SRC --quant {fp32,fp16,int8,int4} --out DIR``: the split ONNX decoder edgespec's
-ONNX backend runs (docs/onnx-format.md), with its quality report; ``--format genai`` builds the same weights
-with onnxruntime-genai's builder instead, for comparison with its own generation loop.
+"""``edgespec export onnx SRC --quant {gguf,fp32,fp16,int8,int4} --out DIR``: the split ONNX decoder edgespec's
+ONNX backend runs (docs/onnx-format.md), with its quality report and gate; ``--format genai`` builds the same
+weights with onnxruntime-genai's builder instead, for comparison with its own generation loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
-from .onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, MANIFEST, QUANTS
+from . import gate
+from .onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, GGUF_QUANT, MANIFEST, QUANTS
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("onnx", help="ONNX decoder (FP32/FP16, MatMulNBits INT8/INT4) with a quality report")
+    p = commands.add_parser("onnx", help="ONNX decoder (a GGUF's own blocks, FP32/FP16, MatMulNBits "
+                                            "INT8/INT4) with a quality report and gate")
     p.add_argument("src", help="GGUF file, Hugging Face folder, or model name (see `edgespec models`)")
-    p.add_argument("--quant", choices=QUANTS, default="int8", help="weights (default int8)")
+    p.add_argument("--quant", choices=QUANTS, default=None,
+                   help=f"weights: {GGUF_QUANT} carries a llama-family GGUF's own Q4_0/Q4_1/Q8_0 blocks (the "
+                        "default for one); int8 is the default for other sources")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--format", choices=["edgespec", "genai"], default="edgespec",
                    help="edgespec: per-layer graphs for edgespec's runtime; genai: onnxruntime-genai's builder")
@@ -26,7 +31,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "1 = float32 activations: slow for 8-bit)")
     p.add_argument("--asymmetric", action="store_true", help="asymmetric (zero-point) weight quantization")
     p.add_argument("--head-bits", type=int, choices=[4, 8], default=8, help="bits of the output projection")
-    p.add_argument("--no-quality", action="store_true", help="skip the quality report")
+    p.add_argument("--no-quality", action="store_true", help="skip the quality report (and so its gate)")
+    p.add_argument("--threads", type=int, default=None, help="threads of the quality report's llama.cpp source "
+                                                             "(default: physical cores)")
+    p.add_argument("--force", action="store_true", help="keep an export that fails the quality gate "
+                                                        "(top-1 agreement < 0.99 or KL > 0.01 against the source)")
     p.add_argument("--json", action="store_true", help="print the manifest entry as JSON")
     p.set_defaults(func=run)
 
@@ -35,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "genai":
         from .onnx_genai import export_genai
 
-        entry = export_genai(args.src, args.out, args.quant, args.block_size, args.accuracy_level)
+        quant = args.quant or "int8"
+        entry = export_genai(args.src, args.out, quant, args.block_size, args.accuracy_level)
         print(json.dumps(entry, indent=2) if args.json else
-              f"wrote {args.out} (onnxruntime-genai, {args.quant}): {entry['size_bytes'] / 1e6:.0f} MB")
+              f"wrote {args.out} (onnxruntime-genai, {quant}): {entry['size_bytes'] / 1e6:.0f} MB")
         return 0
     from .onnx_export import export_onnx
 
@@ -46,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_quality:
         from .onnx_quality import quality_report
 
-        manifest["quality"] = quality_report(args.out)
+        q = manifest["quality"] = quality_report(args.out, threads=args.threads)
+        try:
+            q["gate"] = gate.check(f"{args.out} ({manifest['quant']})", q["top1_agreement"], q["kl"], args.force)
+        except gate.QualityGateError:
+            shutil.rmtree(args.out, ignore_errors=True)
+            raise
         (args.out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if args.json:
         print(json.dumps({k: v for k, v in manifest.items() if k != "chat_template"}, indent=2))
@@ -62,5 +77,5 @@ def summary(out: Path, manifest: dict) -> str:
     q = manifest.get("quality") or {}
     if q:
         line += (f" · top-1 {q['top1_agreement']:.3f} · KL {q['kl']:.4f} vs source ({q['positions']} positions)"
-                 f" · {q['decode_tok_s']:.0f} tok/s decode (1 thread)")
+                 f" · {q['decode_tok_s']:.0f} tok/s decode (1 thread) · {q['gate']}")
     return line

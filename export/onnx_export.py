@@ -1,5 +1,10 @@
 """SRC (GGUF file, HF folder or model name) → an edgespec ONNX directory (docs/onnx-format.md).
 
+A llama-family GGUF is read with the ``gguf`` package alone (``gguf_source``: no torch, no transformers), and by
+default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits as they are
+(``block_weights``); tensors of other types are dequantized and quantized to 8 bits. Other sources (Hugging
+Face folders, GGUFs of other architectures) go through transformers (``hf``, the ``export-hf`` extra).
+
 FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
 session loads, so compute and KV stay float32); ``int8``/``int4`` quantize every MatMul weight with
 onnxruntime's MatMulNBits quantizer (block-wise, symmetric). ``quantize_dynamic`` is never used: it quantizes
@@ -20,8 +25,14 @@ import numpy as np
 from edgespec.errors import EdgespecError, InvalidParameterError
 
 from . import require
-from .hf import hf_folder
+from .block_weights import CARRIED, BlockWeight
+from .gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
+from .gguf_source import GgufWeights, spec_from_gguf
+from .gguf_tokenizer import write_tokenizer
+from .ggufio import info, reader
+from .hf import hf_folder, resolve_source
 from .onnx_graphs import (
+    CARRIED_ACCURACY_LEVEL,
     GRAPHS_REVISION,
     ModelSpec,
     attention_min_total,
@@ -32,7 +43,8 @@ from .onnx_graphs import (
 )
 from .onnx_reference import MANIFEST
 
-QUANTS = ("fp32", "fp16", "int8", "int4")
+GGUF_QUANT = "gguf"  # carry the GGUF file's own quantization (the default for a GGUF source)
+QUANTS = (GGUF_QUANT, "fp32", "fp16", "int8", "int4")
 FORMAT = "edgespec-onnx/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "tokenizer.model", "generation_config.json")
@@ -51,7 +63,7 @@ class Weights:
     """The HF folder's safetensors as float32 numpy arrays, read lazily by name."""
 
     def __init__(self, folder: Path) -> None:
-        safetensors = require("safetensors")
+        safetensors = require("safetensors", "export-hf")
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise OnnxExportError(f"{folder}: no *.safetensors weights")
@@ -76,20 +88,36 @@ def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int, symme
     onnx = require("onnx")
     nbits = require("onnxruntime.quantization.matmul_nbits_quantizer", "onnx")
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(path)), bits=bits, block_size=block_size,
-                                           is_symmetric=symmetric, accuracy_level=accuracy_level)
+    model = onnx.load(str(path))
+    # Q4_1's minima products are part of a carried weight's exact form: never re-quantized
+    minima = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1].endswith("_minima")]
+    if all(n.op_type != "MatMul" or n.name in minima for n in model.graph.node):
+        return  # every weight was carried from a GGUF
+    quantizer = nbits.MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
+                                           accuracy_level=accuracy_level, nodes_to_exclude=minima)
     quantizer.process()
     quantizer.model.save_model_to_file(str(path), use_external_data_format=False)
 
 
-def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", context_length: int = 4096,
+def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None, context_length: int = 4096,
                 block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
                 symmetric: bool = True, head_bits: int = 8, progress: bool = True) -> dict:
     """Write the ONNX directory for SRC into ``out`` and return its manifest (without the quality report).
 
+    ``quant``: default ``"gguf"`` for a llama-family GGUF (its own blocks carried), else ``"int8"``.
     ``head_bits``: the output projection's bits for int8/int4 (default 8: measured on SmolLM2 int4, an int8
     head raises top-1 agreement with FP32 from 0.58 to 0.65 for 15 MB).
     """
+    path = resolve_source(src)
+    gguf = not path.is_dir() and info(path).architecture in GGUF_ARCHITECTURES
+    quant = quant or (GGUF_QUANT if gguf else "int8")
+    if quant == GGUF_QUANT and not gguf:
+        raise InvalidParameterError(f"--quant {GGUF_QUANT} carries a GGUF file's blocks: {src} is not a GGUF of "
+                                    f"a supported architecture ({', '.join(GGUF_ARCHITECTURES)}); choose from "
+                                    f"{', '.join(QUANTS[1:])}")
+    if quant == GGUF_QUANT and accuracy_level != CARRIED_ACCURACY_LEVEL:
+        raise InvalidParameterError(f"--quant {GGUF_QUANT} runs the file's blocks at accuracy level "
+                                    f"{CARRIED_ACCURACY_LEVEL} (int8 activations, the fast kernels)")
     if quant not in QUANTS:
         raise InvalidParameterError(f"unknown ONNX quantization {quant!r}; choose from {', '.join(QUANTS)}")
     if context_length < 16:
@@ -100,9 +128,16 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
         raise InvalidParameterError(f"head bits must be 4 or 8, not {head_bits}")
     tqdm = require("tqdm").tqdm
     started = time.time()
-    folder = hf_folder(src)
-    spec = ModelSpec.from_hf(folder)
-    weights = Weights(folder)
+    folder: Path | None = None
+    if gguf:
+        spec = spec_from_gguf(path)
+        weights: Weights | GgufWeights = GgufWeights(path, spec, carry=quant == GGUF_QUANT)
+        source: dict = {"gguf": str(path), "gguf_types": weights.types()}
+    else:
+        folder = hf_folder(path)
+        spec = ModelSpec.from_hf(folder)
+        weights = Weights(folder)
+        source = {"hf_folder": str(folder)}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -111,14 +146,26 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
     store = np.float16 if quant != "fp32" else np.float32  # quantized exports keep the embedding in fp16
     dense = np.float16 if quant == "fp16" else np.float32
     layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
-    bits = {"int8": 8, "int4": 4}.get(quant)
+    # carried blocks need no quantizer; tensors of other types in a GGUF are quantized to 8 bits
+    bits = {"int8": 8, "int4": 4, GGUF_QUANT: 8}.get(quant)
     # float32 MatMul (prepacked weights) and MatMulNBits at level 4 are exact for one row: only attention needs
     # single-row padding then; other levels need it around every MatMul (see onnx_graphs.single_row_padding).
     pad_matmuls = bool(bits) and accuracy_level != 4
+    # 4-bit MatMulNBits at level 4 is not exact for one row on every CPU (measured on an AMD EPYC: up to 1e-4
+    # apart from the same row in a 2+-row call; 8-bit was exact): carried 4-bit blocks pad single-row calls.
+    if quant == GGUF_QUANT and {"Q4_0", "Q4_1"} & set(source["gguf_types"]):
+        pad_matmuls = True
     try:
+        if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
+            chat_template = write_tokenizer(reader(path), tmp)["chat_template"]
+        else:
+            for name in TOKENIZER_FILES:
+                if (folder / name).is_file():
+                    shutil.copy2(folder / name, tmp / name)
+            chat_template = _chat_template(folder)
         bar = tqdm(total=spec.num_layers + 2, desc=f"ONNX {quant}", unit="graph", disable=not progress)
         embed = weights("model.embed_tokens.weight")
-        _save(embed_graph(spec, embed.astype(store)), tmp / "embed.onnx")
+        _save(embed_graph(spec, embed if isinstance(embed, BlockWeight) else embed.astype(store)), tmp / "embed.onnx")
         bar.update()
         for i, name in enumerate(layers):
             _save(layer_graph(spec, weights, i, context_length, dense, pad_matmuls), tmp / name)
@@ -131,13 +178,14 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
             _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)
         bar.update()
         bar.close()
-        for name in TOKENIZER_FILES:
-            if (folder / name).is_file():
-                shutil.copy2(folder / name, tmp / name)
-        manifest = _manifest(spec, folder, quant, context_length, layers)
+        manifest = _manifest(spec, chat_template, quant, context_length, layers)
+        manifest["source"].update(source)
         manifest["quant_options"]["single_row_padding"] = "layer" if pad_matmuls else "attention"
         manifest["quant_options"]["attention_min_total"] = attention_min_total(spec, context_length)
-        if bits:
+        if quant == GGUF_QUANT:
+            manifest["quant_options"].update(carried=list(CARRIED), other_bits=bits, block_size=block_size,
+                                             accuracy_level=accuracy_level)
+        elif bits:
             manifest["quant_options"].update(bits=bits, head_bits=head_bits, block_size=block_size,
                                              is_symmetric=symmetric, accuracy_level=accuracy_level)
         manifest["source"].update(src=os.fspath(src), export_seconds=round(time.time() - started, 1))
@@ -152,15 +200,20 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str = "fp32", con
     return manifest
 
 
-def _manifest(spec: ModelSpec, folder: Path, quant: str, context_length: int, layers: list[str]) -> dict:
+def _chat_template(folder: Path) -> str | None:
     tokenizer_config = folder / "tokenizer_config.json"
     config = json.loads(tokenizer_config.read_text()) if tokenizer_config.is_file() else {}
     chat_template = config.get("chat_template")
     if chat_template is None and (folder / "chat_template.jinja").is_file():
         chat_template = (folder / "chat_template.jinja").read_text()
-    options: dict = {"weights": {"fp32": "float32", "fp16": "float16, cast to float32 at load"}.get(quant,
-                                                                                                    "MatMulNBits"),
-                     "embedding": "float32" if quant == "fp32" else "float16",
+    return chat_template
+
+
+def _manifest(spec: ModelSpec, chat_template: str | None, quant: str, context_length: int, layers: list[str]) -> dict:
+    options: dict = {"weights": {"fp32": "float32", "fp16": "float16, cast to float32 at load",
+                                 GGUF_QUANT: "MatMulNBits with the GGUF's own blocks"}.get(quant, "MatMulNBits"),
+                     "embedding": {"fp32": "float32", GGUF_QUANT: "the GGUF's own blocks or float16"}.get(
+                         quant, "float16"),
                      "attention": "com.microsoft.GroupQueryAttention"}
     return {"format": FORMAT, "architecture": spec.architecture, "num_layers": spec.num_layers,
             "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
@@ -170,5 +223,5 @@ def _manifest(spec: ModelSpec, folder: Path, quant: str, context_length: int, la
             "bos_token_id": spec.bos_token_id, "eos_token_ids": list(spec.eos_token_ids),
             "chat_template": chat_template, "layer_types": list(spec.layer_types),
             "sliding_window": spec.sliding_window, "embed": "embed.onnx", "layers": layers, "head": "head.onnx",
-            "source": {"hf_folder": str(folder), "exporter": "edgespec export onnx", "graphs": GRAPHS_REVISION},
+            "source": {"exporter": "edgespec export onnx", "graphs": GRAPHS_REVISION},
             "quality": {}}

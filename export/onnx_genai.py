@@ -37,7 +37,7 @@ def _builder_rope_config(config: dict) -> dict:
 def export_genai(src: str | os.PathLike[str], out: Path, quant: str = "int4", block_size: int = 32,
                  accuracy_level: int | None = None) -> dict:
     """Build an onnxruntime-genai model folder (model.onnx + genai_config.json + tokenizer) in ``out``."""
-    require("onnxruntime_genai", "export")
+    require("onnxruntime_genai", "export-hf")
     folder = hf_folder(src)
     config = json.loads((folder / "config.json").read_text())
     extra = [f"int4_block_size={block_size}", "int4_is_symmetric=true"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import require
+from .block_weights import BLOCK, BlockWeight, stack
 from .hf import UnsupportedArchitectureError, check_architecture
 
 OPSET = 21
@@ -140,12 +141,39 @@ def skip_rms_norm(g: GraphBuilder, x: str, skip: str, weight: np.ndarray, eps: f
     return normed, total
 
 
-def linear(g: GraphBuilder, x: str, weight: np.ndarray, name: str) -> str:
+# A GGUF file's own blocks run at the export's default level, the fast integer path (int8 activations): 8-bit is
+# exact for one row there, 4-bit not on every CPU, so the exporter pads single-row calls for 4-bit files.
+CARRIED_ACCURACY_LEVEL = 4
+Weight = np.ndarray | BlockWeight  # float rows [out, in], or a GGUF file's blocks carried as they are
+
+
+def join_rows(parts: list[Weight]) -> Weight:
+    """Several projections' rows stacked into one weight; blocks stay blocks when they are all alike."""
+    if all(isinstance(p, BlockWeight) for p in parts) and len({p.kind for p in parts}) == 1:  # type: ignore[union-attr]
+        return stack(parts)  # type: ignore[arg-type]
+    return np.concatenate([p.dequantize() if isinstance(p, BlockWeight) else p for p in parts])
+
+
+def linear(g: GraphBuilder, x: str, weight: Weight, name: str) -> str:
     """x @ W.T with W stored transposed ([in, out]) so MatMulNBitsQuantizer can quantize it."""
+    if isinstance(weight, BlockWeight):
+        return block_linear(g, x, weight, name)
     w = g.const(name, np.ascontiguousarray(weight.T.astype(g.weight_dtype)))
     if g.weight_dtype != np.float32:  # constant-folded to float32 at session load: compute stays float32
         w = g.one("Cast", [w], to=g.onnx.TensorProto.FLOAT)
     return g.one("MatMul", [x, w])
+
+
+def block_linear(g: GraphBuilder, x: str, weight: BlockWeight, name: str) -> str:
+    """x @ W.T with a GGUF file's blocks as MatMulNBits' weights; Q4_1's minima add (Σ x per block) @ minima."""
+    n, k = weight.shape
+    y = g.one("MatMulNBits", [x, g.const(name + "_q", weight.codes), g.const(name + "_scales", weight.scales.ravel()),
+                              g.const(name + "_zp", weight.packed_zero_points())],
+              domain=MS_DOMAIN, K=k, N=n, bits=weight.bits, block_size=BLOCK, accuracy_level=CARRIED_ACCURACY_LEVEL)
+    if weight.minima is None:
+        return y
+    sums = g.one("ReduceSum", [g.one("Reshape", [x, g.ints(0, 0, k // BLOCK, BLOCK)]), g.ints(-1)], keepdims=0)
+    return g.one("Add", [y, g.one("MatMul", [sums, g.const(name + "_minima", np.ascontiguousarray(weight.minima.T))])])
 
 
 def single_row_padding(g: GraphBuilder, x: str) -> tuple[str, str]:
@@ -205,7 +233,7 @@ def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
     return (np.float32(1.0) + w.astype(np.float32)) if spec.gemma else w
 
 
-def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: int, context_length: int,
+def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, context_length: int,
                 weight_dtype: type = np.float32, pad_matmuls: bool = False):
     """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer through GroupQueryAttention.
 
@@ -238,7 +266,7 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
     # woken once, not three times); each output column is computed as by its own projection.
-    qkv = linear(g, h, np.concatenate([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
+    qkv = linear(g, h, join_rows([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
     if extra:
         qkv = pad_rows(g, qkv, extra)
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -269,7 +297,7 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     h, x = skip_rms_norm(g, hidden, o, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
     # gate and up as one projection too, split after
     intermediate = w("mlp.gate_proj.weight").shape[0]
-    gate_up = linear(g, h, np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), "gate_up_proj")
+    gate_up = linear(g, h, join_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), "gate_up_proj")
     gate, up = g.op("Split", [gate_up, g.ints(intermediate, intermediate)], 2, axis=-1)
     # Gemma: GELU (tanh approximation); Llama: SiLU
     act = g.one("Gelu", [gate], approximate="tanh") if spec.gemma else g.one("Mul", [gate, g.one("Sigmoid", [gate])])
@@ -295,12 +323,16 @@ def _head_norm(g: GraphBuilder, x: str, heads: int, spec: ModelSpec, weight: np.
     return g.one("Reshape", [normed, g.ints(0, 0, heads * spec.head_dim)])
 
 
-def embed_graph(spec: ModelSpec, table: np.ndarray):
-    """input_ids → hidden. A float16 table is gathered, then cast (the table stays half size in memory)."""
+def embed_graph(spec: ModelSpec, table: Weight):
+    """input_ids → hidden. A float16 table is gathered, then cast (the table stays half size in memory); a GGUF
+    file's blocks are gathered and dequantized row by row, as llama.cpp does."""
     onnx = require("onnx")
     g = GraphBuilder("embed")
-    x = g.one("Gather", [g.const("embed_tokens", table), "input_ids"], axis=0)
-    if table.dtype != np.float32:
+    if isinstance(table, BlockWeight):
+        x = _gather_blocks(g, table)
+    else:
+        x = g.one("Gather", [g.const("embed_tokens", table), "input_ids"], axis=0)
+    if isinstance(table, np.ndarray) and table.dtype != np.float32:
         x = g.one("Cast", [x], to=onnx.TensorProto.FLOAT)
     if spec.gemma:  # Gemma scales embeddings by sqrt(hidden_size) (in float32, as transformers does)
         x = g.one("Mul", [x, g.const("embed_scale", np.array(spec.hidden_size ** 0.5, np.float32))])
@@ -309,7 +341,7 @@ def embed_graph(spec: ModelSpec, table: np.ndarray):
                    [_tensor("hidden", onnx.TensorProto.FLOAT, [1, "S", spec.hidden_size])])
 
 
-def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dtype: type = np.float32,
+def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: Weight, weight_dtype: type = np.float32,
                pad_matmuls: bool = False):
     """hidden rows → logits: final RMSNorm and the (possibly tied) output projection."""
     onnx = require("onnx")
@@ -325,3 +357,17 @@ def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dt
     g.one("Identity", [logits], "logits")
     return g.model([_tensor("hidden", onnx.TensorProto.FLOAT, [1, "N", spec.hidden_size])],
                    [_tensor("logits", onnx.TensorProto.FLOAT, [1, "N", spec.vocab_size])])
+
+
+def _gather_blocks(g: GraphBuilder, table: BlockWeight) -> str:
+    """The rows of input_ids, dequantized in float32 as ``BlockWeight.dequantize`` computes them (one byte per
+    code: a quarter of a float32 table, and nothing rounded)."""
+    codes = g.one("Gather", [g.const("embed_codes", table.unpacked_codes()), "input_ids"], axis=0)
+    x = g.one("Cast", [codes], to=g.onnx.TensorProto.FLOAT)
+    if table.zero_point:
+        x = g.one("Sub", [x, g.const("embed_zero_point", np.array(table.zero_point, np.float32))])
+    scales = g.one("Gather", [g.const("embed_scales", table.scales[..., None]), "input_ids"], axis=0)
+    x = g.one("Mul", [scales, x])
+    if table.minima is not None:
+        x = g.one("Add", [x, g.one("Gather", [g.const("embed_minima", table.minima[..., None]), "input_ids"], axis=0)])
+    return g.one("Reshape", [x, g.ints(0, 0, table.shape[1])])

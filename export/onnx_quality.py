@@ -1,9 +1,12 @@
 """Quality of an ONNX export against its source: teacher-forced top-1 agreement and KL(source ‖ export) on
-the fixed prompts of ``quality.py`` (every prompt position scored), file size, and single-token decode speed
-of the reference runner.
+the fixed text every export's quality gate uses (``quality.py``: the fixed prompts followed by the source's own
+greedy continuation, the continuation's positions scored), file size, and single-token decode speed of the
+reference runner.
 
-The source is the transformers model on the Hugging Face folder the export was made from (FP32); prompts are
-chat-formatted when the model has a template.
+The source is what the export was made from: llama.cpp on the GGUF file (its own kernels and tokenizer, no
+torch), or the transformers model on the Hugging Face folder (FP32); prompts are chat-formatted when the model
+has a template. Prompt positions are not scored: predicting a user's text is full of near-ties, where even
+llama.cpp's Q8_0 and Q4_1 of SmolLM2 agree on only 0.96 of top-1 tokens (0.99 on the continuation).
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ import numpy as np
 
 from . import require
 from .onnx_reference import OnnxReference
-from .quality import agreement, prompts
+from .quality import Sample, agreement, calibration, llama_logits, open_model, prompts
 
 
 @cache
 def _tokenized(hf_folder: str, count: int, max_tokens: int) -> tuple[tuple[int, ...], ...]:
-    tokenizer = require("transformers").AutoTokenizer.from_pretrained(hf_folder)
+    tokenizer = require("transformers", "export-hf").AutoTokenizer.from_pretrained(hf_folder)
     out = []
     for text in prompts(count):  # the fixed Spec-Bench prompts every quality report uses
         if tokenizer.chat_template:
@@ -41,13 +44,41 @@ def source_logits(hf_folder: str, count: int = 6, max_tokens: int = 128) -> tupl
 
 @cache
 def _source_logits(hf_folder: str, count: int, max_tokens: int) -> tuple[np.ndarray, ...]:
-    torch = require("torch")
-    transformers = require("transformers")
+    torch = require("torch", "export-hf")
+    transformers = require("transformers", "export-hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
         return tuple(model(torch.tensor([ids])).logits[0].float().numpy()
                      for ids in _tokenized(hf_folder, count, max_tokens))
+
+
+@cache
+def gguf_samples(gguf: str, n_prompts: int, n_tokens: int,
+                 threads: int | None = None) -> tuple[tuple[Sample, ...], tuple[np.ndarray, ...]]:
+    """The fixed text for a GGUF source (llama.cpp's greedy continuations) and llama.cpp's logits on it."""
+    model = open_model(Path(gguf), threads)
+    try:
+        samples = tuple(calibration(model, n_prompts, n_tokens))
+        return samples, tuple(llama_logits(model)(s.tokens[:-1], len(s.scored)) for s in samples)
+    finally:
+        model.close()
+
+
+@cache
+def hf_samples(hf_folder: str, n_prompts: int, n_tokens: int) -> tuple[tuple[Sample, ...], tuple[np.ndarray, ...]]:
+    """The fixed text for a Hugging Face source (the FP32 model's greedy continuations) and its logits on it."""
+    torch = require("torch", "export-hf")
+    model = require("transformers", "export-hf").AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32)
+    model.eval()
+    samples, logits = [], []
+    with torch.no_grad():
+        for ids in _tokenized(hf_folder, n_prompts, 1 << 20):
+            out = model.generate(torch.tensor([ids]), max_new_tokens=n_tokens, do_sample=False)[0].tolist()
+            if len(out) > len(ids):
+                samples.append(Sample(out, len(ids)))
+                logits.append(model(torch.tensor([out[:-1]])).logits[0, len(ids) - 1:].float().numpy())
+    return tuple(samples), tuple(logits)
 
 
 def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, float]:
@@ -56,9 +87,9 @@ def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[st
     return {"top1_agreement": round(a.top1, 4), "kl": round(a.kl, 6), "positions": a.positions}
 
 
-def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128,
-                  runner: OnnxReference | None = None) -> list[np.ndarray]:
-    runner = runner or OnnxReference(folder)
+def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128) -> list[np.ndarray]:
+    """The export's logits at every position of the prompts ``source_logits`` scores."""
+    runner = OnnxReference(folder)
     return [runner.logits(list(ids)) for ids in _tokenized(hf_folder, count, max_tokens)]
 
 
@@ -72,17 +103,23 @@ def decode_speed(runner: OnnxReference, tokens: int = 32) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def quality_report(folder: Path, count: int = 6, max_tokens: int = 128, progress: bool = True) -> dict:
-    """The ``quality`` entry of the manifest: agreement with the source, size, decode speed."""
-    manifest = json.loads((folder / "edgespec-onnx.json").read_text())
-    hf_folder = manifest["source"]["hf_folder"]
+def quality_report(folder: Path, n_prompts: int = 4, n_tokens: int = 32, progress: bool = True,
+                   threads: int | None = None) -> dict:
+    """The ``quality`` entry of the manifest: agreement with the source, size, decode speed. ``threads``: the
+    llama.cpp source's (default: physical cores)."""
+    source = json.loads((folder / "edgespec-onnx.json").read_text())["source"]
     with require("tqdm").tqdm(total=3, desc="quality", unit="step", disable=not progress) as bar:
-        reference = list(source_logits(hf_folder, count, max_tokens))
+        if "gguf" in source:
+            samples, reference = gguf_samples(source["gguf"], n_prompts, n_tokens, threads)
+            against = "llama.cpp on " + source["gguf"]
+        else:
+            samples, reference = hf_samples(source["hf_folder"], n_prompts, n_tokens)
+            against = "transformers FP32 on " + source["hf_folder"]
         bar.update()
         runner = OnnxReference(folder)
-        report = compare(reference, export_logits(folder, hf_folder, count, max_tokens, runner))
+        report = compare(list(reference), [runner.logits(s.tokens[:-1])[-len(s.scored):] for s in samples])
         bar.update()
-        report.update(against="transformers FP32 on " + hf_folder, prompts=count,
+        report.update(against=against, prompts=n_prompts,
                       size_bytes=sum(f.stat().st_size for f in folder.glob("*.onnx")),
                       decode_tok_s=round(decode_speed(runner), 1), threads=1)
         bar.update()
