@@ -152,8 +152,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     # single-row padding then; other levels need it around every MatMul (see onnx_graphs.single_row_padding).
     pad_matmuls = bool(bits) and accuracy_level != 4
     # 4-bit MatMulNBits at level 4 is not exact for one row on every CPU (measured on an AMD EPYC: up to 1e-4
-    # apart from the same row in a 2+-row call; 8-bit was exact): carried 4-bit blocks pad single-row calls.
-    if quant == GGUF_QUANT and {"Q4_0", "Q4_1"} & set(source["gguf_types"]):
+    # apart from the same row in a 2+-row call; 8-bit was exact): 4-bit weights, quantized or carried, pad
+    # single-row calls.
+    if quant == "int4" or (quant == GGUF_QUANT and {"Q4_0", "Q4_1"} & set(source["gguf_types"])):
         pad_matmuls = True
     try:
         if folder is None:  # first: a vocabulary it cannot write is refused before any layer is

@@ -23,8 +23,9 @@ from .hf import UnsupportedArchitectureError, check_architecture
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 4  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
-# q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op
+GRAPHS_REVISION = 5  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+# q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
+# 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD)
 
 
 @dataclass(frozen=True)
