@@ -28,7 +28,7 @@ from .server.worker import CANCELLED, DONE, EngineWorker, Job
 log = logging.getLogger("edgespec.bridge")
 PROTOCOL = 1
 MAX_LINE = 1 << 20  # bytes; a longer line is an error, not a memory problem
-_LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int}
+_LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int, "cache_mb": (int, float)}
 
 
 class Bridge:
