@@ -237,7 +237,8 @@ class Engine:
         (another conversation may come back); a saved state is restored when it shares more with the prompt.
         """
         arena, cache = self.arena, self.prompt_cache
-        reuse = cache_prompt and self.target.exact_reuse
+        if not self.target.exact_reuse:  # nothing cached could be used: no state is worth saving either
+            return arena.reset(prompt, reuse=False)
         held = arena.held["target"]
         limit = len(prompt) - 1  # the last prompt token is always fed (see KVArena.reset)
         own = min(common_prefix(held, prompt), limit)
@@ -245,11 +246,11 @@ class Engine:
             state = arena.snapshot()
             if state is not None:
                 cache.put(state)
-        if reuse:
+        if cache_prompt:
             saved, shared = cache.best(prompt)
             if saved is not None and min(shared, limit) > own:
                 arena.restore(saved)
-        return arena.reset(prompt, reuse)
+        return arena.reset(prompt, cache_prompt)
 
     def _propose(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
                  room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:

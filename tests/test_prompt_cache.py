@@ -163,6 +163,19 @@ def test_self_draft_modes_continue_from_the_reused_prefix(onnx: Engine, onnx_eng
     assert sum(o.stats.drafted for o in outs) > 0
 
 
+def test_draft_model_cache_continues_from_the_reused_prefix(pair_engine: Engine) -> None:
+    """The draft model's cache is reused too: with a fixed γ its drafts, and so what the target accepted, are
+    exactly those of a fresh prefill of both caches."""
+    messages: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    for question in QUESTIONS[1:]:
+        ref = pair_engine.chat(messages, max_tokens=MAX_TOKENS, mode="draft", gamma=4, cache_prompt=False)
+        out = pair_engine.chat(messages, max_tokens=MAX_TOKENS, mode="draft", gamma=4)
+        assert out.tokens == ref.tokens
+        assert (out.stats.drafted, out.stats.accepted) == (ref.stats.drafted, ref.stats.accepted) != (0, 0)
+        assert out.stats.cached_tokens == out.stats.prompt_tokens - 1
+        messages += [{"role": "assistant", "content": out.text}, {"role": "user", "content": question}]
+
+
 def test_edited_earlier_message_reuses_up_to_the_edit(pair: tuple[Engine, Engine]) -> None:
     first: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1]}]
     out, _ = _both(pair, first, mode="ngram")
@@ -222,3 +235,16 @@ def test_without_room_only_the_shared_system_prompt_is_reused(gguf: Engine, solo
         assert len(gguf.prompt_cache) == 0
     finally:
         gguf.prompt_cache.resize(64)
+
+
+def test_fast_numerics_fall_back_to_a_fresh_prefill() -> None:
+    """Without batch-invariant numerics a kept prefix is not bit-identical: every prompt is prefilled whole."""
+    e = Engine(LlamaModel(resolve(DEFAULT_MODEL), ContextOptions(n_ctx=512, n_threads=1, exact_numerics=False)),
+               gamma=0)
+    try:
+        assert not e.target.exact_reuse
+        prompt = e.tokenize(QUESTIONS[0])
+        assert [e.generate(prompt, max_tokens=2).stats.cached_tokens for _ in range(2)] == [0, 0]
+        assert len(e.prompt_cache) == 0
+    finally:
+        e.close()
