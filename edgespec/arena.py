@@ -13,16 +13,33 @@ positions its owner holds are its positions too (for the layers it runs, the own
 never be fed them again — recomputing them with fewer layers would overwrite the owner's exact entries
 with draft values. After every owner pass and every commit a view *adopts* the owner's entries; what it
 wrote past them is speculative and is overwritten by the owner's next (verify) pass.
+
+A new sequence (``reset``) keeps, in every cache, the entries it shares with the previous one (the longest
+common prefix, on tokens) and feeds only the rest: a chat's next turn re-sends the whole conversation, and
+prefilling it again would cost as much as the first time. This is exact on the backends' exact numerics:
+an entry's KV does not depend on the batch it was computed in, so a kept prefix plus a decoded tail gives
+bit-identical logits to a fresh prefill (measured on both backends, tests/test_prompt_cache.py). Where that
+does not hold (llama.cpp's fast numerics) the engine asks for a fresh prefill. ``snapshot``/``restore``
+carry a whole arena state out and back in (the prompt cache keeps several conversations that way).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from .errors import ContextOverflowError, EdgespecError
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class Cache(Protocol):
@@ -35,6 +52,38 @@ class Cache(Protocol):
     def truncate(self, keep: int) -> None: ...
 
     def cache_end(self) -> int: ...
+
+    def save_state(self) -> CacheState | None:
+        """A copy of the cache's entries, or None where that is not cheap (memory on a GPU)."""
+
+    def load_state(self, state: CacheState) -> None:
+        """Replace the cache's entries with a copy ``save_state`` made."""
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """One cache's entries, as its backend copies them out: ``data`` is opaque to everyone else."""
+
+    n_tokens: int
+    nbytes: int
+    data: object
+
+
+@dataclass(frozen=True)
+class ArenaState:
+    """A snapshot of every cache an arena owns (views share their owner's): what each held, and its entries."""
+
+    held: dict[str, tuple[int, ...]]
+    caches: dict[str, CacheState]
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens whose KV the target holds."""
+        return self.held["target"]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(state.nbytes for state in self.caches.values())
 
 
 class SharedCache(Cache, Protocol):
@@ -62,20 +111,34 @@ class KVArena:
     def n_ctx(self) -> int:
         return min(cache.n_ctx for cache in self.caches.values())
 
-    def reset(self, prompt: Sequence[int]) -> None:
-        """Start a new sequence: every cache is emptied.
+    def reset(self, prompt: Sequence[int], reuse: bool = True) -> int:
+        """Start a new sequence; return how many of its tokens the target's cache already holds.
 
-        Entries shared with the previous sequence are deliberately not reused: llama.cpp computes a
-        long prompt batch with other kernels than a short tail, so a reused prefix plus a recomputed tail
-        would not be bit-identical to a fresh prefill, and greedy output could drift from target-only.
+        Every cache keeps the entries it shares with ``prompt`` (none when ``reuse`` is False), except the
+        last prompt token's: feeding it gives the logits the generation starts from.
         """
         self.tokens = list(prompt)
-        for name, cache in self.caches.items():
-            cache.truncate(0)
-            self.held[name] = []
+        for name in self.caches:
             self._agreed[name] = 0
-        for owner in set(self.views.values()):
-            self._sync_views(owner)
+        self._trim_all(len(self.tokens) - 1 if reuse else 0)
+        return len(self.held["target"])
+
+    def snapshot(self) -> ArenaState | None:
+        """The caches' entries and what they hold; None when a cache cannot copy its entries out."""
+        owners = [name for name in self.caches if name not in self.views]
+        states = {name: self.caches[name].save_state() for name in owners}
+        if any(state is None for state in states.values()):
+            return None
+        return ArenaState({name: tuple(self.held[name]) for name in owners}, states)  # type: ignore[arg-type]
+
+    def restore(self, state: ArenaState) -> None:
+        """Put a snapshot's entries back; the committed sequence is set by the next ``reset``."""
+        for name, cache_state in state.caches.items():
+            self.caches[name].load_state(cache_state)
+            self.held[name] = list(state.held[name])
+            self._agreed[name] = 0
+        self.tokens = list(max(state.held.values(), key=len))  # each cache held a prefix of one sequence
+        self._trim_all()
 
     def extend(self, name: str, speculative: Sequence[int], n_logits: int) -> np.ndarray:
         """Feed cache ``name`` the committed tokens it lacks, then ``speculative``; return the logits of
@@ -106,13 +169,14 @@ class KVArena:
                 self._agreed[view] = self._agreed[owner]
                 self.caches[view].adopt(len(self.held[view]))  # type: ignore[attr-defined]
 
-    def _trim_all(self) -> None:
+    def _trim_all(self, cap: int | None = None) -> None:
+        """Roll each cache back to the longest prefix it shares with the sequence (and at most ``cap``)."""
         for name, cache in self.caches.items():
             if name in self.views:
                 continue
             held = self.held[name]
             keep = self._agreed[name]  # only the tail fed since the last commit needs comparing
-            limit = min(len(held), len(self.tokens))
+            limit = min(len(held), len(self.tokens), len(held) if cap is None else cap)
             while keep < limit and held[keep] == self.tokens[keep]:
                 keep += 1
             if keep < len(held):

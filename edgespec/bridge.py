@@ -31,7 +31,7 @@ PROTOCOL = 1
 MAX_LINE = 1 << 20  # bytes; a longer line is an error, not a memory problem
 # A browser made to POST to the TCP port sends an HTTP request whose body could hold valid request lines.
 _HTTP_REQUEST_LINE = re.compile(rb"^[A-Z]+ \S+ HTTP/\d")
-_LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int}
+_LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int, "cache_mb": (int, float)}
 
 
 class Bridge:

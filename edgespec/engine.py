@@ -6,24 +6,28 @@ one pass → accept/rollback in the KV arena → γ controller learns → text i
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .arena import Cache, KVArena
+from .arena import Cache, KVArena, common_prefix
 from .chat import ChatTemplate, Message
 from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .llama_backend import LlamaModel
 from .onnx_backend import LayerSkipView, OnnxModel
+from .prompt_cache import PromptCache
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
 from .tuning import Tuning
 from .verify import verify_greedy, verify_sampled
+
+log = logging.getLogger("edgespec.engine")
 
 MODES = ("ngram", "draft", "layerskip", "hybrid", "none")
 SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subset of its layers
@@ -90,6 +94,12 @@ class Engine:
         self._check_mode(self.mode)
         self.gamma = _check_gamma(gamma)
         self._controller: GammaController | None = None
+        # Reusing cached prompt tokens is only done where it is exact (see KVArena); the prompt cache keeps
+        # other conversations' states when a request replaces the arena's.
+        self.prompt_cache = PromptCache()
+        if not target.exact_reuse:
+            log.warning("prompt reuse is off for %s: with these numerics a kept cache prefix is not bit-identical "
+                        "to a fresh prefill, so every request prefills its whole prompt", target.path.name)
         template = target.chat_template
         self.chat_template = (ChatTemplate(template, target.token_text(target.bos).decode("utf-8", "replace"),
                                            target.token_text(target.eos).decode("utf-8", "replace"))
@@ -116,12 +126,14 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-               stop: Sequence[str] = (), mode: str | None = None,
-               gamma: int | str | None = None) -> Iterator[StreamChunk]:
+               stop: Sequence[str] = (), mode: str | None = None, gamma: int | str | None = None,
+               cache_prompt: bool = True) -> Iterator[StreamChunk]:
         """Generate token by token, yielding one chunk per verify step.
 
         Greedy (temperature 0) output is identical to the target decoding alone; sampled output follows
-        the target's distribution exactly. Closing the generator cancels the generation.
+        the target's distribution exactly. Closing the generator cancels the generation. ``cache_prompt``
+        (default) reuses the KV of prompt tokens already computed (the arena's or a saved conversation's):
+        the output is the same, only the prefill is shorter; False prefills the whole prompt.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         mode = mode or self.mode
@@ -131,6 +143,8 @@ class Engine:
             raise InvalidParameterError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if isinstance(stop, str):
             stop = [stop]
+        if not isinstance(cache_prompt, bool):
+            raise InvalidParameterError(f"cache_prompt must be true or false, got {cache_prompt!r}")
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens:
             raise InvalidParameterError("the prompt is empty")
@@ -142,19 +156,19 @@ class Engine:
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
         controller = self._get_controller() if gamma == "auto" else None
-        return self._run(tokens, params, max_tokens, stop, self.modes[mode], gamma, controller, mode)
+        return self._run(tokens, params, max_tokens, stop, self.modes[mode], gamma, controller, mode, cache_prompt)
 
     # -- the loop -------------------------------------------------------------------------------------
     def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
              drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
-             mode: str) -> Iterator[StreamChunk]:
+             mode: str, cache_prompt: bool) -> Iterator[StreamChunk]:
         arena, target = self.arena, self.target
         rng = params.rng()
         stats = GenerationStats(mode=mode, prompt_tokens=len(prompt))
         text = TextStream(target.piece, stop)
         out: list[int] = []
         start = time.perf_counter()
-        arena.reset(prompt)
+        stats.cached_tokens = self._start_sequence(prompt, cache_prompt)
         for drafter in drafters:
             drafter.begin(arena.tokens)
         draft = Draft([])
@@ -213,6 +227,28 @@ class Engine:
             if controller is not None:
                 controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
                                    drafted_at - step_start, verified_at - drafted_at, draft.passes)
+
+    def _start_sequence(self, prompt: list[int], cache_prompt: bool) -> int:
+        """Set the arena to ``prompt``, keeping the cached tokens it starts with; return how many were kept.
+
+        The arena's own entries are saved to the prompt cache first when the prompt drops some of them
+        (another conversation may come back); a saved state is restored when it shares more with the prompt.
+        """
+        arena, cache = self.arena, self.prompt_cache
+        if not self.target.exact_reuse:  # nothing cached could be used: no state is worth saving either
+            return arena.reset(prompt, reuse=False)
+        held = arena.held["target"]
+        limit = len(prompt) - 1  # the last prompt token is always fed (see KVArena.reset)
+        own = min(common_prefix(held, prompt), limit)
+        if own < len(held) and cache.max_bytes > 0:
+            state = arena.snapshot()
+            if state is not None:
+                cache.put(state)
+        if cache_prompt:
+            saved, shared = cache.best(prompt)
+            if saved is not None and min(shared, limit) > own:
+                arena.restore(saved)
+        return arena.reset(prompt, cache_prompt)
 
     def _propose(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
                  room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:

@@ -21,6 +21,7 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
+from .arena import CacheState
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .vocab import check_same_vocab
 
@@ -281,6 +282,29 @@ class LlamaModel:
     def cache_end(self) -> int:
         """One past the highest position in the cache (0 when empty), as llama.cpp itself reports it."""
         return lc.llama_memory_seq_pos_max(self._memory, 0) + 1
+
+    @property
+    def exact_reuse(self) -> bool:
+        """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: with
+        exact numerics, measured (tests/test_prompt_cache.py); with the fast ones a position's KV depends on
+        its batch."""
+        return self.options.exact_numerics
+
+    def save_state(self) -> CacheState:
+        """A copy of sequence 0's cache entries (llama.cpp's own state format)."""
+        size = lc.llama_state_seq_get_size(self._ctx, 0)
+        data = (ctypes.c_uint8 * size)()
+        if lc.llama_state_seq_get_data(self._ctx, data, size, 0) != size:
+            raise EdgespecError(f"llama.cpp could not copy the cache of {self.path.name} out")
+        return CacheState(self.cache_end(), size, data)
+
+    def load_state(self, state: CacheState) -> None:
+        self.truncate(0)
+        data = state.data
+        assert isinstance(data, ctypes.Array)
+        if lc.llama_state_seq_set_data(self._ctx, data, len(data), 0) == 0 or self.cache_end() != state.n_tokens:
+            self.truncate(0)
+            raise EdgespecError(f"llama.cpp could not restore a saved cache of {self.path.name}")
 
     def self_draft(self) -> None:
         """No layer-skip self-draft: llama.cpp offers no way to run a subset of a model's layers."""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import onnx_segments as segments
+from .arena import CacheState
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .hf_tokenizer import HFTokenizer
 from .llama_backend import check_options, physical_cores, split_batches
@@ -407,6 +408,25 @@ class OnnxModel:
 
     def cache_end(self) -> int:
         return self._end
+
+    @property
+    def exact_reuse(self) -> bool:
+        """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: the
+        graphs are batch-invariant (docs/onnx-format.md), measured on the CPU (tests/test_prompt_cache.py)."""
+        return self.device_type == "cpu"
+
+    def save_state(self) -> CacheState | None:
+        """A copy of the KV of the held positions; None on a GPU (copying it to the host is not cheap)."""
+        if self.kv.array is None:
+            return None
+        data = self.kv.array[..., :self._end, :].copy()
+        return CacheState(self._end, data.nbytes, data)
+
+    def load_state(self, state: CacheState) -> None:
+        data = state.data
+        assert isinstance(data, np.ndarray) and self.kv.array is not None
+        self.kv.array[..., :state.n_tokens, :] = data
+        self._end = state.n_tokens
 
     def self_draft(self) -> LayerSkipView:
         """The layer-skip draft: this model without the layers in ``skip``, over the same sessions and KV."""

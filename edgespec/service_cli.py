@@ -9,7 +9,11 @@ from collections.abc import Callable
 
 from .engine import MODES
 from .errors import EdgespecError
+from .prompt_cache import DEFAULT_CACHE_MB
 from .server.pool import ModelPool, ModelSpec
+
+_CACHE_HELP = ("memory in MB for the KV states of recent conversations, so that several chats alternate without "
+               "re-reading their history (0: only the last one's; default %(default)s)")
 
 
 def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callable[[argparse.ArgumentParser], None]
@@ -33,6 +37,7 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="listen on a non-loopback --host without --api-key (anyone on the network may use it)")
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (then 413)")
+    s.add_argument("--cache-mb", type=float, default=DEFAULT_CACHE_MB, help=_CACHE_HELP)
     s.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight streams may take to finish on shutdown before they are cancelled")
     s.set_defaults(func=_serve)
@@ -45,12 +50,13 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
     where.add_argument("--socket", metavar="PATH", help="listen on this unix socket instead of stdin/stdout")
     where.add_argument("--port", type=int, help="listen on 127.0.0.1:PORT instead of stdin/stdout")
     b.add_argument("--max-queue", type=int, default=16, help="requests that may wait per model")
+    b.add_argument("--cache-mb", type=float, default=DEFAULT_CACHE_MB, help=_CACHE_HELP)
     b.set_defaults(func=_bridge)
 
 
 def _spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics, args.backend)
+                     args.fast_numerics, args.backend, cache_mb=args.cache_mb)
 
 
 def _serve(args: argparse.Namespace) -> int:

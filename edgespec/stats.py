@@ -11,8 +11,9 @@ from .gamma import MAX_GAMMA
 class GenerationStats:
     mode: str = "none"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not computed (the prompt cache)
     generated_tokens: int = 0
-    prefill_s: float = 0.0  # prompt processing up to and including the first token
+    prefill_s: float = 0.0  # prompt processing up to and including the first token: the time to first token
     decode_s: float = 0.0  # everything after the first token
     draft_s: float = 0.0
     verify_s: float = 0.0  # target passes after the first token

@@ -9,7 +9,7 @@ from edgespec.engine import Engine
 
 
 def _fresh_logits(arena: KVArena, name: str, tokens: list[int]) -> np.ndarray:
-    arena.reset(tokens)
+    arena.reset(tokens, reuse=False)
     return arena.extend(name, [], 1)[0].copy()
 
 

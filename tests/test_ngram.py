@@ -52,3 +52,26 @@ def test_incremental_index_equals_rescan(seed: int) -> None:
 def test_bad_parameters() -> None:
     with pytest.raises(InvalidParameterError):
         NgramDrafter(n_max=2, n_min=3)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_begin_continues_from_the_shared_prefix(seed: int) -> None:
+    """A new sequence sharing a prefix with the last (a chat's next turn, an edited message, a shorter
+    prompt) proposes exactly what a drafter that never saw the last one proposes."""
+    rng = np.random.default_rng(seed)
+    reused = NgramDrafter(n_max=4, n_min=1)
+    for _ in range(8):
+        if reused._seen and rng.random() < 0.8:
+            cut = int(rng.integers(0, len(reused._seen) + 1))
+            tokens = reused._seen[:cut] + [int(t) for t in rng.integers(0, 6, size=int(rng.integers(0, 40)))]
+        else:
+            tokens = [int(t) for t in rng.integers(0, 6, size=int(rng.integers(1, 60)))]
+        if not tokens:
+            continue
+        fresh = NgramDrafter(n_max=4, n_min=1)
+        fresh.begin(tokens)
+        reused.begin(tokens)
+        for _ in range(10):  # then the sequence grows as output does
+            assert reused.propose(tokens, 5, GREEDY, RNG) == fresh.propose(tokens, 5, GREEDY, RNG)
+            tokens = tokens + [int(t) for t in rng.integers(0, 6, size=3)]
+        assert reused._index == fresh._index

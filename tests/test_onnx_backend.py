@@ -84,7 +84,7 @@ def test_random_accept_reject_leaves_exact_cache(onnx_engine: Engine) -> None:
     got = arena.extend("target", [], 1).copy()
     assert target.kv_array is kv_before  # the arena was never reallocated
     tokens = list(arena.tokens)
-    arena.reset(tokens)
+    arena.reset(tokens, reuse=False)
     fresh = arena.extend("target", [], 1)
     np.testing.assert_array_equal(got, fresh)
 

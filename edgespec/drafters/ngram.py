@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..arena import common_prefix
 from ..errors import InvalidParameterError
 from ..sampling import SamplingParams
 from .base import Draft
@@ -17,6 +18,10 @@ class NgramDrafter:
     For each n in [n_min, n_max] a dict maps every n-gram seen so far to the position right after its
     most recent occurrence. Each committed token adds n_max - n_min + 1 entries; a lookup is at most
     that many dict probes. Nothing is rescanned.
+
+    A new sequence (``begin``) keeps what the index learned from the prefix it shares with the previous
+    one (a chat's next turn re-sends the whole conversation): an undo log per position restores each
+    entry a later position overwrote, so only the tokens after the shared prefix are indexed.
     """
 
     name = "ngram"
@@ -26,21 +31,37 @@ class NgramDrafter:
         if not 1 <= n_min <= n_max:
             raise InvalidParameterError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_min, self.n_max, self.max_draft = n_min, n_max, max_draft
-        self._index: dict[int, dict[tuple[int, ...], int]] = {}
-        self._indexed = 0
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self._seen: list[int] = []  # the tokens indexed so far
+        # Per position j >= 1 (entry j - 1): what its entries replaced, (n, n-gram, previous position or None).
+        self._undo: list[list[tuple[int, tuple[int, ...], int | None]]] = []
 
     def begin(self, context: Sequence[int]) -> None:
-        self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
-        self._indexed = 0
+        """Start a sequence: the entries of positions inside the prefix shared with the last one are kept."""
+        shared = common_prefix(self._seen, context)
+        # Position j's entries read tokens before j only: those of j <= shared stay valid, except one
+        # pointing at the new sequence's end (its continuation does not exist yet).
+        while len(self._undo) > min(shared, len(context) - 1):
+            for n, gram, previous in reversed(self._undo.pop()):
+                if previous is None:
+                    del self._index[n][gram]
+                else:
+                    self._index[n][gram] = previous
+        del self._seen[shared:]
         self._update(context)
 
     def _update(self, context: Sequence[int]) -> None:
         # The n-gram ending just before position j maps to j; the n-gram ending at the last token is only
         # added once its continuation exists, so a lookup never finds the suffix itself.
-        for j in range(max(self._indexed, 1), len(context)):
+        seen = self._seen
+        for j in range(len(self._undo) + 1, len(context)):
+            log = []
             for n in range(self.n_min, min(self.n_max, j) + 1):
-                self._index[n][tuple(context[j - n:j])] = j
-        self._indexed = max(self._indexed, len(context))
+                gram = tuple(context[j - n:j])
+                log.append((n, gram, self._index[n].get(gram)))
+                self._index[n][gram] = j
+            self._undo.append(log)
+        seen.extend(context[len(seen):])
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:

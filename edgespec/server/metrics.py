@@ -16,7 +16,11 @@ _COUNTERS = {  # snapshot key → (Prometheus name, help)
     "drafts": ("edgespec_drafts_total", "Verify passes that checked at least one draft token."),
     "draft_tokens": ("edgespec_draft_tokens_total", "Draft tokens sent to verification."),
     "accepted_tokens": ("edgespec_accepted_tokens_total", "Draft tokens the target accepted."),
+    "cache_hits": ("edgespec_prompt_cache_hits_total", "Finished generations that reused cached prompt tokens."),
+    "cached_tokens": ("edgespec_prompt_cached_tokens_total", "Prompt tokens reused from the cache, not computed."),
 }
+_TTFT = ("edgespec_time_to_first_token_seconds", "Time from a finished generation's start to its first token "
+         "(prompt processing), not counting the queue.")
 
 
 class _ModelCounters:
@@ -25,6 +29,7 @@ class _ModelCounters:
         self.totals: Counter[str] = Counter()
         self.position_trials = [0] * MAX_GAMMA
         self.position_accepts = [0] * MAX_GAMMA
+        self.ttft_sum, self.ttft_count = 0.0, 0
 
 
 class Metrics:
@@ -45,7 +50,10 @@ class Metrics:
             if stats is None:
                 return
             m.totals.update(prompt_tokens=stats.prompt_tokens, steps=stats.steps, draft_tokens=stats.drafted,
-                            accepted_tokens=stats.accepted)
+                            accepted_tokens=stats.accepted, cached_tokens=stats.cached_tokens,
+                            cache_hits=int(stats.cached_tokens > 0))
+            m.ttft_sum += stats.prefill_s
+            m.ttft_count += 1
             # A step drafted something iff its first position was tried.
             m.totals["drafts"] += stats.position_trials[0]
             for j in range(MAX_GAMMA):
@@ -60,6 +68,7 @@ class Metrics:
     @staticmethod
     def _model_snapshot(m: _ModelCounters, depth: int) -> dict[str, object]:
         return {"requests": dict(m.requests), **{k: m.totals[k] for k in _COUNTERS}, "queue_depth": depth,
+                "time_to_first_token_s": {"sum": round(m.ttft_sum, 6), "count": m.ttft_count},
                 "acceptance_by_position": [round(a / t, 6) if t else None
                                            for a, t in zip(m.position_accepts, m.position_trials, strict=True)]}
 
@@ -73,6 +82,11 @@ class Metrics:
         for key, (metric, text) in _COUNTERS.items():
             lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter"]
             lines += [f'{metric}{{model="{_esc(name)}"}} {s[key]}' for name, s in snap.items()]
+        metric, text = _TTFT
+        lines += [f"# HELP {metric} {text}", f"# TYPE {metric} summary"]
+        for name, s in snap.items():
+            ttft = s["time_to_first_token_s"]
+            lines += [f'{metric}_{part}{{model="{_esc(name)}"}} {ttft[part]}' for part in ("sum", "count")]  # type: ignore[index]
         lines += ["# HELP edgespec_queue_depth Generations waiting or running.", "# TYPE edgespec_queue_depth gauge"]
         lines += [f'edgespec_queue_depth{{model="{_esc(name)}"}} {s["queue_depth"]}' for name, s in snap.items()]
         lines += ["# HELP edgespec_draft_acceptance Fraction of draft tokens accepted at each draft position "

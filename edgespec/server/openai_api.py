@@ -240,6 +240,8 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
             raise ApiError(400, "'stop' must be a string or an array of at most 16 strings", param="stop",
                            code="invalid_type")
         kw["stop"] = stop
+    if "cache_prompt" in body:  # llama-server's name: false prefills the whole prompt
+        kw["cache_prompt"] = _flag(body, "cache_prompt")
     spec = body.get("speculative")  # edgespec's extension, like llama.cpp's per-request speculative.*
     if spec is not None:
         if not isinstance(spec, dict) or set(spec) - {"mode", "gamma"}:
@@ -270,7 +272,8 @@ def new_id(chat: bool) -> str:
 
 def usage(stats: GenerationStats) -> dict[str, object]:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens, "speculative": stats.to_dict()}
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}, "speculative": stats.to_dict()}
 
 
 def completion_body(req: GenerationRequest, rid: str, model: str, text: str, finish: str,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .. import load
 from ..engine import MODES, Engine
 from ..errors import EdgespecError, InvalidParameterError
+from ..prompt_cache import DEFAULT_CACHE_MB
 from .metrics import Metrics
 from .worker import EngineWorker
 
@@ -31,13 +32,20 @@ class ModelSpec:
     device: str = "cpu"
     fast_numerics: bool = False
     backend: str = "auto"
+    cache_mb: float = DEFAULT_CACHE_MB  # saved conversation states (edgespec/prompt_cache.py)
 
     def load_engine(self) -> Engine:
         has_draft = self.draft is not None and self.draft not in MODES
-        return load(self.model, draft=self.draft if has_draft else None,
+        engine = load(self.model, draft=self.draft if has_draft else None,
                     mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
                     n_ctx=self.ctx, n_threads=self.threads, device=self.device,
                     exact_numerics=not self.fast_numerics, backend=self.backend)
+        try:
+            engine.prompt_cache.resize(self.cache_mb)
+        except EdgespecError:
+            engine.close()
+            raise
+        return engine
 
     def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
         return EngineWorker(self.model, self.load_engine(), metrics, max_queue)
