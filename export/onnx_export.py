@@ -80,6 +80,15 @@ class Weights:
         return self._where[name].get_tensor(name).astype(np.float32)
 
 
+def pads_every_product(bits: int | None, four_bit: bool, accuracy_level: int) -> bool:
+    """Whether single-token calls are padded around every weight product, not only around attention.
+
+    float32 MatMul (prepacked weights) and 8-bit MatMulNBits at level 4 are exact for one row; other levels are
+    not (see onnx_graphs.single_row_padding), nor is 4-bit at level 4 on every CPU (measured on an AMD EPYC: up
+    to 1e-4 apart from the same row in a 2+-row call; on an Intel Xeon it was exact)."""
+    return bool(bits) and (accuracy_level != 4 or four_bit)
+
+
 def _save(model, path: Path) -> None:
     require("onnx").save_model(model, str(path))
 
@@ -148,14 +157,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
     # carried blocks need no quantizer; tensors of other types in a GGUF are quantized to 8 bits
     bits = {"int8": 8, "int4": 4, GGUF_QUANT: 8}.get(quant)
-    # float32 MatMul (prepacked weights) and MatMulNBits at level 4 are exact for one row: only attention needs
-    # single-row padding then; other levels need it around every MatMul (see onnx_graphs.single_row_padding).
-    pad_matmuls = bool(bits) and accuracy_level != 4
-    # 4-bit MatMulNBits at level 4 is not exact for one row on every CPU (measured on an AMD EPYC: up to 1e-4
-    # apart from the same row in a 2+-row call; 8-bit was exact): 4-bit weights, quantized or carried, pad
-    # single-row calls.
-    if quant == "int4" or (quant == GGUF_QUANT and {"Q4_0", "Q4_1"} & set(source["gguf_types"])):
-        pad_matmuls = True
+    four_bit = quant == "int4" or (quant == GGUF_QUANT and bool({"Q4_0", "Q4_1"} & set(source["gguf_types"])))
+    pad_matmuls = pads_every_product(bits, four_bit, accuracy_level)
     try:
         if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
             chat_template = write_tokenizer(reader(path), tmp)["chat_template"]

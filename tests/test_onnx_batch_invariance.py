@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edgespec.onnx_backend import session_options
-from export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize
+from export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize, pads_every_product
 from export.onnx_graphs import ModelSpec, attention_min_total, kv_length, layer_graph
 
 onnx = pytest.importorskip("onnx")
@@ -69,9 +69,11 @@ class _Layer:
 @pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
 def test_gemma_shaped_layer_rows_do_not_depend_on_the_call(tmp_path: Path, quant: str) -> None:
     path = tmp_path / "layer.onnx"
-    onnx.save_model(layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT), str(path))
-    if quant != "fp32":  # the export's defaults: symmetric MatMulNBits, block 32, accuracy_level 4
-        _quantize(path, 8 if quant == "int8" else 4, DEFAULT_BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL, True)
+    bits = {"int8": 8, "int4": 4}.get(quant)
+    pad = pads_every_product(bits, quant == "int4", DEFAULT_ACCURACY_LEVEL)  # as the export decides
+    onnx.save_model(layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT, pad_matmuls=pad), str(path))
+    if bits:  # the export's defaults: symmetric MatMulNBits, block 32, accuracy_level 4
+        _quantize(path, bits, DEFAULT_BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL, True)
     layer = _Layer(path)
     # Gemma-like residual stream: large magnitudes and a few outlier channels
     rng = np.random.default_rng(1)
