@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.configs import CONFIGS, select
-from edgespec.bench.questions import BenchError, load_questions
+from edgespec.bench.questions import BenchError, conversation, load_questions
 from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
 from edgespec.cli import main
+from edgespec.engine import Engine
 from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
                  "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
-                 "latency_ratio", "lookup_share"}
+                 "latency_ratio", "lookup_share", "prefill_tok_s"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -45,7 +46,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     categories = {q["category"] for q in questions} | {"overall"}
     for name in ("target", "ngram-g4"):
         assert set(summary[name]) == categories
-        for s in summary[name].values():
+        for cat, s in summary[name].items():
             assert set(s) == _SUMMARY_KEYS
             # edgespec is lossless: every output equals target-only decoding (the target is its own reference)
             assert s["same_as_baseline"] == s["generations"]
@@ -55,6 +56,10 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             assert 0 < s["bound_fraction"] <= 1.03
             assert s["decode_tok_s"] > 0 and s["ttft_s"] > 0 and s["peak_rss_mb"] > 50
             assert s["e2e_latency_s"] > s["ttft_s"]
+            first_turns = [r for r in result["records"] if r["config"] == name and r["turn"] == 0
+                           and cat in ("overall", r["category"])]
+            assert s["prefill_tok_s"] == pytest.approx(sum(r["prompt_tokens"] for r in first_turns)
+                                                       / sum(r["ttft_s"] for r in first_turns))
     for cat, s in summary["target"].items():
         # lossless: the same text, so the same share of it that a 3-gram lookup predicts
         assert 0 <= s["lookup_share"] == summary["ngram-g4"][cat]["lookup_share"] < 1
@@ -175,3 +180,69 @@ def test_the_head_to_head_interval_resamples_questions() -> None:
     lo, hi = ratio_interval(faster, "ngram-auto", "lcpp-plain", "qa")
     assert 1.2 < lo < hi < 1.5
     assert ratio_interval(faster[:1] + faster[6:7], "ngram-auto", "lcpp-plain", "qa") is None
+
+
+def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: Engine) -> None:
+    """3 turns of 16 tokens, edgespec with n-gram drafting and llama-cpp-python with its RAM prompt cache: each
+    plays its own conversation, every turn is compared with a fresh engine's, the JSON has every field.
+    (γ = 4 rather than the default engine's γ auto: a fresh engine per turn would time its cost curve each time.)"""
+    assert main(["bench", "--chat", "--turns", "3", "--max-tokens", "16", "--threads", "1", "--configs",
+                 "ngram-g4,lcpp-cache", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    (path,) = tmp_path.glob("chat_bench-*.json")
+    result = json.loads(path.read_text())
+    assert "lcpp-cache" in printed and "turns as a fresh engine writes them" in printed
+
+    assert result["schema"] == "edgespec-bench-chat/1" and result["machine"]["cpu"]
+    assert result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
+    assert result["args"]["turns"] == 3 and result["args"]["max_tokens"] == 16 and result["args"]["skip"] == 0
+    assert [c["name"] for c in result["configs"]] == ["ngram-g4", "lcpp-cache"]  # no baselines come along
+    script = conversation(SPEC_BENCH, None, 3)
+    assert result["script"] == script
+    for name in ("ngram-g4", "lcpp-cache"):
+        turns, conv = result["turns"][name], result["conversations"][name]
+        # its own conversation: the script's questions and its own answers, alternating
+        assert [m["content"] for m in conv[::2]] == [t["content"] for t in script]
+        assert [m["role"] for m in conv] == ["user", "assistant"] * 3 and all(m["content"] for m in conv[1::2])
+        assert [r["turn"] for r in turns] == [1, 2, 3]
+        for i, r in enumerate(turns):
+            assert r["context_tokens"] == len(engine.chat_tokens(conv[:2 * i + 1]))
+            # the first turn is all new; later ones only the question and the template around it
+            assert r["new_tokens"] == r["context_tokens"] if i == 0 else 0 < r["new_tokens"] < r["context_tokens"]
+            assert 0 < r["n_tokens"] <= 16 and 0 < r["ttft_s"] < r["latency_s"] and r["fresh_ttft_s"] > 0
+            assert r["prefill_tok_s"] == pytest.approx(r["new_tokens"] / r["ttft_s"]) and r["decode_tok_s"] > 0
+            assert isinstance(r["same_as_fresh"], bool)
+        s = result["summary"][name]
+        assert s["turns"] == 3 and s["last_context_tokens"] == turns[-1]["context_tokens"]
+        assert s["mean_latency_from_turn_3_s"] == pytest.approx(turns[2]["latency_s"])
+    # edgespec's contract: whatever it reused, every turn's text is what a fresh engine writes
+    assert result["summary"]["ngram-g4"]["same_as_fresh"] == 3
+    assert all(r["extra"]["cache_save_s"] > 0 for r in result["turns"]["lcpp-cache"])
+    (plot,) = result["plots"]
+    assert plot.endswith("-ttft.png") and Path(plot).stat().st_size > 10_000
+
+
+def test_chat_script_takes_turns_between_categories() -> None:
+    """Categories in the file's order, each question's first turn, --skip passes over questions."""
+    questions = load_questions(SPEC_BENCH)
+    firsts: dict[str, list[str]] = {}
+    for q in questions:
+        firsts.setdefault(q["category"], []).append(q["turns"][0])
+    script = conversation(SPEC_BENCH, ["reasoning", "writing", "rag"], 5, skip=1)
+    assert [t["content"] for t in script] == [firsts["writing"][1], firsts["reasoning"][1], firsts["rag"][1],
+                                              firsts["writing"][2], firsts["reasoning"][2]]
+    assert [t["category"] for t in conversation(SPEC_BENCH, None, 14)] == [*firsts, "writing"]
+    with pytest.raises(BenchError, match="has only 5 questions to give after skipping 0"):
+        conversation(SPEC_BENCH, ["writing"], 6)
+
+
+def test_chat_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def bench(*args: str) -> int:
+        return main(["bench", "--chat", "--out", str(tmp_path), *args])
+
+    assert bench("--configs", "hf-plain") == 2
+    assert "hf-plain cannot play a conversation" in capsys.readouterr().err
+    assert bench("--skip", "-1") == 2
+    assert "--skip must be 0 or more" in capsys.readouterr().err
+    assert bench("--categories", "writing", "--skip", "5") == 2
+    assert "has only 0 questions to give after skipping 5" in capsys.readouterr().err

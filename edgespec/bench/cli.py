@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from .configs import CONFIGS, DEFAULT_CONFIGS
+from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
 
 
@@ -28,9 +28,10 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     b.add_argument("--per-category", type=_positive, default=3, help="questions per category (default: %(default)s)")
     b.add_argument("--limit", type=_positive, default=None, help="at most this many questions in all")
-    b.add_argument("--max-tokens", type=_positive, default=256)
-    b.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help=f"comma-separated, from: {', '.join(CONFIGS)} (default: %(default)s)")
+    b.add_argument("--max-tokens", type=_positive, default=None, help="(default: 256; 128 with --chat)")
+    b.add_argument("--configs", default=None,
+                   help=f"comma-separated, from: {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)}; "
+                        f"with --chat {','.join(DEFAULT_CHAT_CONFIGS)})")
     b.add_argument("--model", default="smollm2-135m", help="target model name or GGUF path, shared by the peers")
     b.add_argument("--threads", type=_positive, default=None, help="threads for every configuration (default: "
                                                                    "physical cores)")
@@ -40,6 +41,16 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--onnx-model", default=None, help="edgespec ONNX model folder (onnx-* configs)")
     b.add_argument("--out", default="benchmarks/results", help="where JSON and PNGs go (default: %(default)s)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    c = b.add_argument_group("multi-turn chat (--chat)")
+    c.add_argument("--chat", action="store_true",
+                   help="one scripted conversation instead: the categories take turns giving questions, each "
+                        "configuration answers its own conversation reusing what it cached; per turn context, "
+                        "time to first token, prefill and decode tok/s, latency, and whether the text equals a "
+                        "fresh engine's")
+    c.add_argument("--turns", type=_positive, default=10, help="user turns in the conversation (default: "
+                                                                 "%(default)s)")
+    c.add_argument("--skip", type=int, default=0, help="questions skipped at the start of each category (default: "
+                                                        "%(default)s)")
     b.set_defaults(func=_bench)
 
     t = sub.add_parser("tune", help="measure this machine for a model and store the best mode and γ policy",
@@ -71,18 +82,25 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_row_cost)
 
 
+def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
+    """The options ``bench`` and ``bench --chat`` share, with the defaults of the one asked for."""
+    configs = args.configs or ",".join(DEFAULT_CHAT_CONFIGS if chat else DEFAULT_CONFIGS)
+    return {"questions": args.questions, "categories": args.categories.split(",") if args.categories else None,
+            "max_tokens": args.max_tokens or (128 if chat else 256),
+            "configs": tuple(n for n in configs.split(",") if n),
+            "model": args.model, "threads": args.threads, "ctx": args.ctx, "seed": args.seed,
+            "ort_genai_model": args.ort_genai_model, "onnx_model": args.onnx_model}
+
+
 def _bench(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.chat:
+        return _bench_chat(args, out_dir)
     from .report import bandwidth_bounds, head_to_head, summarize, table
     from .run import BenchArgs, run
 
-    bench_args = BenchArgs(
-        questions=args.questions, categories=args.categories.split(",") if args.categories else None,
-        per_category=args.per_category, limit=args.limit, max_tokens=args.max_tokens,
-        configs=tuple(n for n in args.configs.split(",") if n), model=args.model, threads=args.threads,
-        ctx=args.ctx, seed=args.seed, ort_genai_model=args.ort_genai_model, onnx_model=args.onnx_model)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = run(bench_args)
+    result = run(BenchArgs(per_category=args.per_category, limit=args.limit, **_run_args(args, chat=False)))
     result["summary"] = summarize(result)
     result["head_to_head"] = head_to_head(result)
     from .bandwidth import bytes_per_token, measure_bandwidth
@@ -90,20 +108,40 @@ def _bench(args: argparse.Namespace) -> int:
     result["bandwidth"] = bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),
                                            bytes_per_token(result["setup"]["model"]))
     print(table(result))
-    stem = out_dir / f"spec_bench-{datetime.fromisoformat(result['date']).strftime('%Y%m%dT%H%M%S')}"
+    stem = _stem(out_dir, "spec_bench", result)
     result["plots"] = [] if args.no_plots else _plots(result, stem)
     for r in result["records"]:  # token ids make the file large; their comparisons are kept
         r["n_tokens"] = len(r.pop("tokens"))
+    return _write(result, stem)
+
+
+def _bench_chat(args: argparse.Namespace, out_dir: Path) -> int:
+    from .conversation import ChatArgs, chat_table, run_chat
+
+    if args.skip < 0:
+        raise BenchError(f"--skip must be 0 or more, got {args.skip}")
+    result = run_chat(ChatArgs(turns=args.turns, skip=args.skip, **_run_args(args, chat=True)))
+    print(chat_table(result))
+    stem = _stem(out_dir, "chat_bench", result)
+    result["plots"] = [] if args.no_plots else _plots(result, stem, chat=True)
+    return _write(result, stem)
+
+
+def _stem(out_dir: Path, kind: str, result: dict) -> Path:
+    return out_dir / f"{kind}-{datetime.fromisoformat(result['date']).strftime('%Y%m%dT%H%M%S')}"
+
+
+def _write(result: dict, stem: Path) -> int:
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     print(f"wrote {stem.with_suffix('.json')}" + "".join(f", {p}" for p in result["plots"]))
     return 0
 
 
-def _plots(result: dict, stem: Path) -> list[str]:
-    from .plots import plot
+def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
+    from .plots import plot, plot_chat
 
     try:
-        return plot(result, stem)
+        return (plot_chat if chat else plot)(result, stem)
     except ModuleNotFoundError as e:
         raise BenchError(f"plots need matplotlib ({e.name} is missing): pip install 'edgespec[bench]', "
                          "or pass --no-plots") from e

@@ -60,6 +60,9 @@ CONFIGS = {c.name: c for c in [
     Config("lcpp-plain", "llama-cpp-python", {}, reference="lcpp-plain", description="llama-cpp-python Llama.generate"),
     Config("lcpp-pld", "llama-cpp-python", {"prompt_lookup": 10}, reference="lcpp-plain",
            description="llama-cpp-python LlamaPromptLookupDecoding(num_pred_tokens=10)"),
+    # For conversations (bench --chat): llama-cpp-python's prompt cache, as Llama.create_completion uses it.
+    Config("lcpp-cache", "llama-cpp-python", {"prompt_cache": True}, reference="lcpp-cache",
+           description="llama-cpp-python Llama.generate with its LlamaRAMCache"),
     Config("hf-plain", "transformers", {}, reference="hf-plain",
            description="transformers generate, weights dequantized to F32"),
     Config("hf-pld", "transformers", {"prompt_lookup_num_tokens": 10}, reference="hf-plain",
@@ -86,12 +89,23 @@ CONFIGS = {c.name: c for c in [
 DEFAULT_CONFIGS = ("target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld", "ortg-plain",
                    "ortg-ngram", "onnx-target", "onnx-ngram", "onnx-layerskip", "onnx-hybrid")
 
+# bench --chat: edgespec's default engine and each peer in its best own configuration for a conversation
+# (onnxruntime-genai keeps one generator and appends each turn's tokens).
+DEFAULT_CHAT_CONFIGS = ("ngram-auto", "lcpp-cache", "ortg-plain")
+CHAT_RUNNERS = ("edgespec", "llama-cpp-python", "onnxruntime-genai")  # runners with ``chat_turn``
 
-def select(names: list[str], run_options: dict[str, object]) -> tuple[list[Config], dict[str, str]]:
-    """The configurations to run (baselines and references added first), and those skipped with the reason."""
+
+def select(names: list[str], run_options: dict[str, object],
+           chat: bool = False) -> tuple[list[Config], dict[str, str]]:
+    """The configurations to run (baselines and references added first, except for a conversation, which
+    compares each turn with a fresh run of the same decoder instead), and those skipped with the reason."""
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise BenchError(f"unknown configurations {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    no_chat = [n for n in names if chat and CONFIGS[n].runner not in CHAT_RUNNERS]
+    if no_chat:
+        raise BenchError(f"{', '.join(no_chat)} cannot play a conversation (bench --chat runs "
+                         f"{', '.join(CHAT_RUNNERS)} configurations)")
     chosen: list[str] = []
     skipped: dict[str, str] = {}
 
@@ -103,7 +117,7 @@ def select(names: list[str], run_options: dict[str, object]) -> tuple[list[Confi
         if missing:
             skipped[name] = f"needs --{missing[0].replace('_', '-')}"
             return False
-        for dep in dict.fromkeys((config.baseline, config.lossless_reference)):
+        for dep in () if chat else dict.fromkeys((config.baseline, config.lossless_reference)):
             if dep != name and not add(dep):
                 skipped[name] = f"its baseline/reference {dep} is skipped ({skipped[dep]})"
                 return False

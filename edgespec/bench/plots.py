@@ -71,6 +71,27 @@ def plot(result: dict, stem: Path) -> list[str]:
     return paths
 
 
+def plot_chat(result: dict, stem: Path) -> list[str]:
+    """bench --chat: time to first token against context length, per configuration, beside the same turn
+    played by a fresh engine (the whole conversation prefilled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, records in result["turns"].items():
+        contexts = [r["context_tokens"] for r in records]
+        (line,) = ax.plot(contexts, [r["ttft_s"] for r in records], marker="o", label=name)
+        ax.plot(contexts, [r["fresh_ttft_s"] for r in records], linestyle="--", color=line.get_color(),
+                alpha=0.6, label=f"{name}, fresh engine")
+    ax.set_xlabel("context length at the turn (tokens)")
+    ax.set_ylabel("time to first token (s)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return [_save(fig, stem, "ttft")]
+
+
 def _save(fig: object, stem: Path, what: str) -> str:
     path = stem.with_name(f"{stem.name}-{what}.png")
     fig.tight_layout()  # type: ignore[attr-defined]

@@ -49,3 +49,25 @@ def load_questions(path: str | Path, categories: list[str] | None = None, per_ca
         seen[q["category"]] += 1
         chosen.append(q)
     return chosen[:limit] if limit is not None else chosen
+
+
+def conversation(path: str | Path, categories: list[str] | None, turns: int, skip: int = 0) -> list[dict]:
+    """A scripted conversation of ``turns`` user messages: the categories take turns (in the order the file
+    first names them), each giving its next question's first turn, after skipping the first ``skip`` questions
+    of each category. All 13 of Spec-Bench's categories mix short questions with long documents to summarize
+    or answer from: 10 turns with ~128-token answers reach ~2500 tokens of history. (Second turns are left out:
+    they refer to the answer to their own first turn.)"""
+    by_category: dict[str, list[dict]] = defaultdict(list)
+    for q in load_questions(path, categories):
+        by_category[q["category"]].append(q)
+    queues = [qs[skip:] for qs in by_category.values()]
+    script: list[dict] = []
+    while len(script) < turns and any(queues):
+        for queue in queues:
+            if queue:
+                q = queue.pop(0)
+                script.append({"question_id": q["question_id"], "category": q["category"], "content": q["turns"][0]})
+    if len(script) < turns:
+        raise BenchError(f"{Path(path).name} has only {len(script)} questions to give after skipping {skip} per "
+                         "category; ask for fewer --turns or more categories")
+    return script[:turns]

@@ -10,6 +10,11 @@ Bounds (where the time goes):
 - ``bandwidth_bound_tok_s`` (per category, for plain decoding): measured memory bandwidth / bytes read per
   token (weights + KV cache at the category's mean context).
 
+``prefill_tok_s``: prompt tokens per second of time to first token, over first turns only (a second turn's
+prompt holds the first turn, which an engine with a prompt cache, llama-cpp-python's context or edgespec's
+arena, does not prefill again; a first turn shares at most the template's system prompt with the previous
+question).
+
 ``lookup_share`` is about the text, not the decoder: the share of generated tokens that a 3-gram lookup over
 the conversation predicts. Configurations writing different text (lossy modes, peers' own weights) are timed
 on texts that n-gram drafting finds more or less to copy.
@@ -82,6 +87,8 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
     generated = sum(_generated(r) for r in rs)
     decode_s = sum(r["decode_s"] for r in rs)
     e2e_s = decode_s + sum(r["ttft_s"] for r in rs)
+    first_turns = [r for r in rs if r["turn"] == 0]
+    prefill_s = sum(r["ttft_s"] for r in first_turns)
     has = {k: all(r[k] is not None for r in rs) for k in ("steps", "drafted", "draft_s", "gamma_hist")}
     steps = sum(r["steps"] for r in rs) if has["steps"] else None
     drafted = sum(r["drafted"] for r in rs) if has["drafted"] else None
@@ -93,6 +100,7 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         "e2e_tok_s": generated / e2e_s if e2e_s else 0.0,
         "e2e_latency_s": mean(r["ttft_s"] + r["decode_s"] for r in rs),
         "ttft_s": mean(r["ttft_s"] for r in rs),
+        "prefill_tok_s": sum(r["prompt_tokens"] for r in first_turns) / prefill_s if prefill_s else None,
         "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
         "tau": decoded / steps if steps else None,
         "gamma_mean": drafted / steps if drafted is not None and steps else None,
@@ -205,12 +213,14 @@ def _fmt(v: object, spec: str) -> str:
 
 
 def table(result: dict) -> str:
-    """The printed table: one block per configuration, one line per category. ``bound`` is the curve bound,
+    """The printed table: one block per configuration, one line per category. ``pf/s`` is the prefill rate
+    (prompt tokens / time to first token, first turns), ``bound`` is the curve bound,
     ``vonly`` the overhead-free rate with the run's actual passes, ``ach%`` decode tok/s as a share of bound."""
     summary, bw = result["summary"], result.get("bandwidth")
     categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
-    head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'lat s':>7}{'α':>6}{'τ':>6}"
-            f"{'γ':>5}{'c':>5}{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
+    head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'pf/s':>6}{'lat s':>7}"
+            f"{'α':>6}{'τ':>6}{'γ':>5}{'c':>5}"
+            f"{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
     lines = [head]
     for name, by_cat in summary.items():
         for cat in categories:
@@ -222,7 +232,8 @@ def table(result: dict) -> str:
             lossless = "-" if s["lossless"] is None else f"{s['lossless']}/{s['generations']}"
             lines.append(
                 f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
-                f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{s['e2e_latency_s']:>7.2f}"
+                f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{_fmt(s['prefill_tok_s'], '.0f'):>6}"
+                f"{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
                 f"{_fmt(s['draft_cost_ratio'], '.2f'):>5}{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}"
                 f"{_fmt(s['verify_only_tok_s'], '.0f'):>7}"

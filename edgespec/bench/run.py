@@ -23,11 +23,11 @@ _PACKAGES = ("edgespec", "llama-cpp-python", "numpy", "gguf", "torch", "transfor
 
 
 @dataclass(frozen=True)
-class BenchArgs:
+class RunArgs:
+    """What ``bench`` and ``bench --chat`` share."""
+
     questions: str
     categories: list[str] | None = None
-    per_category: int | None = 3
-    limit: int | None = None
     max_tokens: int = 256
     configs: tuple[str, ...] = ()
     model: str = "smollm2-135m"
@@ -36,6 +36,17 @@ class BenchArgs:
     seed: int = 0
     ort_genai_model: str | None = None
     onnx_model: str | None = None
+
+    @property
+    def run_options(self) -> dict[str, object]:
+        """The values configurations name as ``@option``."""
+        return {"ort_genai_model": self.ort_genai_model, "onnx_model": self.onnx_model}
+
+
+@dataclass(frozen=True)
+class BenchArgs(RunArgs):
+    per_category: int | None = 3
+    limit: int | None = None
 
 
 def machine() -> dict[str, object]:
@@ -58,32 +69,15 @@ def machine() -> dict[str, object]:
 
 def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
     """Play the questions through every configuration; the raw records plus what the workers reported."""
-    import edgespec
-
-    from ..llama_backend import physical_cores
-    from ..models import resolve
-
     started = datetime.now(timezone.utc)
-    run_options = {"ort_genai_model": args.ort_genai_model, "onnx_model": args.onnx_model}
-    configs, skipped = select(list(args.configs), run_options)
+    configs, skipped = select(list(args.configs), args.run_options)
     for name, why in skipped.items():
         log(f"skipping {name}: {why}")
     questions = load_questions(args.questions, args.categories, args.per_category, args.limit)
-    model_path = resolve(args.model)
-    # The one tokenizer and chat template every configuration's prompts come from.
-    chat = edgespec.load(model_path, mode="none", gamma=0, n_ctx=64, n_threads=1, tuning=False)
-    eog = tuple(t for t in range(chat.target.n_vocab) if chat.target.is_eog(t))
-    setup = Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed)
-
+    chat, setup = open_setup(args)
     workers: dict[str, Worker] = {}
     try:
-        # One at a time: each engine times its verify passes as it starts (its γ controller's cost curve);
-        # timed beside 12 other loading workers on 2 cores, that curve was garbage (k = 2 at 2.2× k = 1, k = 14
-        # at 83×) and the controller concluded that no draft could ever pay.
-        for c in configs:
-            log(f"starting {c.name} ({c.description})")
-            workers[c.name] = Worker(c, c.resolved_options(run_options), setup)
-            workers[c.name].wait_ready()
+        start_workers(configs, args, setup, workers, log)
         records = _play(questions, configs, workers, chat, args, log)
         _fastest_curves({name: w.info for name, w in workers.items()},
                         {name: w.verify_curve() for name, w in workers.items()})
@@ -93,9 +87,34 @@ def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
         chat.close()
     return {"schema": SCHEMA, "date": started.isoformat(), "duration_s": (datetime.now(timezone.utc) -
                                                                             started).total_seconds(),
-            "machine": machine(), "args": asdict(args), "setup": {**asdict(setup), "eog": list(eog)},
+            "machine": machine(), "args": asdict(args), "setup": {**asdict(setup), "eog": list(setup.eog)},
             "configs": [asdict(c) for c in configs], "skipped": skipped,
             "workers": {name: w.info for name, w in workers.items()}, "records": records}
+
+
+def open_setup(args: RunArgs) -> tuple[Engine, Setup]:
+    """The one tokenizer and chat template every configuration's prompts come from, and what they share."""
+    import edgespec
+
+    from ..llama_backend import physical_cores
+    from ..models import resolve
+
+    model_path = resolve(args.model)
+    chat = edgespec.load(model_path, mode="none", gamma=0, n_ctx=64, n_threads=1, tuning=False)
+    eog = tuple(t for t in range(chat.target.n_vocab) if chat.target.is_eog(t))
+    return chat, Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed)
+
+
+def start_workers(configs: list[Config], args: RunArgs, setup: Setup, workers: dict[str, Worker],
+                  log: Callable[[str], None]) -> None:
+    """Into ``workers`` (the caller closes them, also those started before a failure), one at a time: each
+    engine times its verify passes as it starts (its γ controller's cost curve); timed beside 12 other loading
+    workers on 2 cores, that curve was garbage (k = 2 at 2.2× k = 1, k = 14 at 83×) and the controller
+    concluded that no draft could ever pay."""
+    for c in configs:
+        log(f"starting {c.name} ({c.description})")
+        workers[c.name] = Worker(c, c.resolved_options(args.run_options), setup)
+        workers[c.name].wait_ready()
 
 
 def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worker], chat: Engine,

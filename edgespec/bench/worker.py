@@ -1,7 +1,9 @@
 """One process per configuration: its peak RSS is its own, and a peer's libraries never meet another's.
 
 The parent sends ``{"tokens", "max_tokens"}`` requests over a pipe; the worker answers each with one
-result dict (``Result``), or ``{"error": ...}``. ``None`` ends it.
+result dict (``Result``), or ``{"error": ...}``. ``None`` ends it. A chat request (``bench --chat``) also
+carries ``"messages"``: the runner continues its conversation (``ChatRunner``), or with ``"fresh"`` a new
+runner, opened for that one turn and closed after it, plays it with nothing cached.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib
 import multiprocessing as mp
 import resource
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -64,6 +67,12 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+class ChatRunner(Runner, Protocol):
+    def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
+        """The conversation's next answer: ``tokens`` are ``messages`` rendered by the run's chat template;
+        whatever the engine kept from earlier turns it may reuse, as it would for a user."""
+
+
 def cut_at_eog(tokens: list[int], eog: tuple[int, ...], max_tokens: int) -> list[int]:
     """Tokens up to (not including) the first end-of-generation token, at most ``max_tokens``."""
     for i, t in enumerate(tokens):
@@ -83,9 +92,20 @@ def _error(e: Exception) -> dict[str, str]:
     return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
 
 
+def _chat_turn(runner: ChatRunner, request: dict, open_runner: Callable[[], ChatRunner]) -> Result:
+    if not request.get("fresh"):
+        return runner.chat_turn(request["messages"], request["tokens"], request["max_tokens"])
+    fresh = open_runner()
+    try:
+        return fresh.chat_turn(request["messages"], request["tokens"], request["max_tokens"])
+    finally:
+        fresh.close()
+
+
 def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connection) -> None:
     try:
-        runner: Runner = importlib.import_module(RUNNERS[config.runner]).open_runner(options, setup)
+        module = importlib.import_module(RUNNERS[config.runner])
+        runner: Runner = module.open_runner(options, setup)
         conn.send({"ready": True, **runner.info(), "verify_curve": runner.verify_curve()})
     except Exception as e:  # reported to the parent, which names the configuration
         conn.send(_error(e))
@@ -95,7 +115,10 @@ def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connec
             if request == "verify_curve":
                 conn.send({"verify_curve": runner.verify_curve()})
                 continue
-            result = runner.generate(request["tokens"], request["max_tokens"])
+            if "messages" in request:
+                result = _chat_turn(runner, request, lambda: module.open_runner(options, setup))  # type: ignore[arg-type]
+            else:
+                result = runner.generate(request["tokens"], request["max_tokens"])
         except Exception as e:
             conn.send(_error(e))
             return
@@ -133,6 +156,12 @@ class Worker:
 
     def generate(self, tokens: list[int], max_tokens: int) -> dict:
         self._conn.send({"tokens": tokens, "max_tokens": max_tokens})
+        return self._receive()
+
+    def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int, fresh: bool) -> dict:
+        """The next turn of this configuration's conversation, or with ``fresh`` the same turn played by a new
+        runner (a fresh engine, nothing cached)."""
+        self._conn.send({"messages": messages, "tokens": tokens, "max_tokens": max_tokens, "fresh": fresh})
         return self._receive()
 
     def verify_curve(self) -> dict[str, float] | None:

@@ -1,4 +1,5 @@
-"""llama-cpp-python's own high-level API: ``Llama.generate``, optionally with ``LlamaPromptLookupDecoding``.
+"""llama-cpp-python's own high-level API: ``Llama.generate``, optionally with ``LlamaPromptLookupDecoding``,
+or with its RAM prompt cache (``LlamaRAMCache``) for conversations.
 
 Everything is llama-cpp-python's default except the thread count (the run's) and the weight layout: the
 repacked/AMX layouts crashed on this project's Xeon, so they are off, as in edgespec.
@@ -32,6 +33,10 @@ class LlamaCppRunner:
                                    seed=setup.seed, verbose=False)
         self.setup = setup
         self.generate([1, 504, 3458, 282], 2)  # warm-up
+        self.llm.reset()  # forget the warm-up's tokens: the next prompt shares no prefix with them
+        # What Llama.create_completion does with a cache set (its best configuration for chat): restore the
+        # saved state sharing the longest prefix, when longer than what the context holds; save after.
+        self.cache = llama_cpp.LlamaRAMCache() if options.get("prompt_cache") else None
 
     def info(self) -> dict[str, object]:
         return {"engine": f"llama-cpp-python {llama_cpp.__version__}", "model_file": self.setup.model}
@@ -53,6 +58,28 @@ class LlamaCppRunner:
         end = time.perf_counter()
         return Result(tokens=cut_at_eog(out, self.setup.eog, max_tokens), ttft_s=first_at - start,
                       decode_s=end - first_at)
+
+    def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
+        """The prompt as token ids (the run's template); ``generate`` itself keeps the prefix the context
+        already holds, and the RAM cache restores a longer one when there is one."""
+        if self.cache is None:
+            return self.generate(tokens, max_tokens)
+        start = time.perf_counter()
+        try:
+            saved = self.cache[tokens]
+        except KeyError:
+            saved = None
+        prefix = llama_cpp.Llama.longest_token_prefix
+        if saved is not None and prefix(saved.input_ids.tolist(), tokens) > prefix(self.llm._input_ids.tolist(),
+                                                                                     tokens):
+            self.llm.load_state(saved)
+        restore_s = time.perf_counter() - start
+        result = self.generate(tokens, max_tokens)
+        result.ttft_s += restore_s
+        saved_at = time.perf_counter()
+        self.cache[tokens + result.tokens] = self.llm.save_state()
+        result.extra["cache_save_s"] = time.perf_counter() - saved_at  # after the answer: not in its latency
+        return result
 
     def close(self) -> None:
         self.llm.close()

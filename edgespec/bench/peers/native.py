@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
 import numpy as np
 
 import edgespec
+from edgespec.engine import StreamChunk
 from edgespec.errors import EdgespecError
 from edgespec.gamma import MAX_GAMMA
 
@@ -37,24 +41,44 @@ class NativeRunner:
         return {str(k): v for k, v in curve.as_dict().items()}
 
     def generate(self, tokens: list[int], max_tokens: int) -> Result:
-        out: list[int] = []
-        hist = [0] * (MAX_GAMMA + 1)
-        first = True
-        for chunk in self.engine.stream(tokens, max_tokens=max_tokens):
-            out.extend(chunk.tokens)
-            if not first:  # every chunk after the first is one verify step
-                hist[chunk.drafted] += 1
-            first = False
-            stats = chunk.stats
-        assert stats is not None  # the last chunk carries the stats
-        return Result(tokens=out, ttft_s=stats.prefill_s, decode_s=stats.decode_s, steps=stats.steps,
-                      drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist,
-                      position_trials=stats.position_trials, position_accepts=stats.position_accepts,
-                      draft_s=stats.draft_s, verify_s=stats.verify_s,
-                      model_draft_s=stats.draft_s if stats.mode in ("draft", "layerskip", "hybrid") else 0.0)
+        return _result(self.engine.stream(tokens, max_tokens=max_tokens))
+
+    def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
+        """Through the public chat API, as an application calls it (the template is edgespec's own, so
+        ``tokens`` are not needed): whatever the engine kept of the conversation is its to reuse."""
+        start = time.perf_counter()
+        arrivals: list[float] = []
+        result = _result(_timed(self.engine.stream_chat(messages, max_tokens=max_tokens), arrivals))
+        # From the call on (rendering and tokenizing the conversation included), as a user waits for it.
+        result.ttft_s, result.decode_s = arrivals[0] - start, arrivals[-1] - arrivals[0]
+        return result
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _timed(chunks: Iterator[StreamChunk], arrivals: list[float]) -> Iterator[StreamChunk]:
+    for chunk in chunks:
+        arrivals.append(time.perf_counter())
+        yield chunk
+
+
+def _result(chunks: Iterator[StreamChunk]) -> Result:
+    out: list[int] = []
+    hist = [0] * (MAX_GAMMA + 1)
+    first = True
+    for chunk in chunks:
+        out.extend(chunk.tokens)
+        if not first:  # every chunk after the first is one verify step
+            hist[chunk.drafted] += 1
+        first = False
+        stats = chunk.stats
+    assert stats is not None  # the last chunk carries the stats
+    return Result(tokens=out, ttft_s=stats.prefill_s, decode_s=stats.decode_s, steps=stats.steps,
+                  drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist,
+                  position_trials=stats.position_trials, position_accepts=stats.position_accepts,
+                  draft_s=stats.draft_s, verify_s=stats.verify_s,
+                  model_draft_s=stats.draft_s if stats.mode in ("draft", "layerskip", "hybrid") else 0.0)
 
 
 def open_runner(options: dict[str, object], setup: Setup) -> NativeRunner:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from ..worker import Result, Setup, cut_at_eog
 
@@ -20,6 +21,7 @@ class OrtGenaiRunner:
         self.model = og.Model(config)
         self.speculative = {k: options[k] for k in ("ngram_size", "max_draft_tokens") if k in options}
         self.generate([1, 504, 3458, 282], 2)  # warm-up
+        self._chat: Any = None  # bench --chat: the conversation's generator
 
     def info(self) -> dict[str, object]:
         return {"engine": f"onnxruntime-genai {self.og.__version__}", "model_file": self.model_dir}
@@ -36,6 +38,32 @@ class OrtGenaiRunner:
         start = time.perf_counter()
         generator = og.Generator(self.model, params)
         generator.append_tokens(tokens)
+        result = self._decode(generator, start, max_tokens)
+        if self.speculative:
+            stats = generator.get_speculative_stats()
+            result.drafted, result.accepted = stats["draft_tokens_evaluated"], stats["draft_tokens_accepted"]
+            result.extra["speculative_stats"] = stats
+        return result
+
+    def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
+        """One generator for the whole conversation (its own chat example's way): it keeps its KV across
+        ``append_tokens``; what differs from its sequence (a re-tokenized answer) is rewound first."""
+        og = self.og
+        start = time.perf_counter()
+        if self._chat is None:
+            params = og.GeneratorParams(self.model)
+            params.set_search_options(do_sample=False, max_length=self.setup.n_ctx, batch_size=1)
+            self._chat = og.Generator(self.model, params)
+        held = [int(t) for t in self._chat.get_sequence(0)]
+        keep = 0
+        while keep < min(len(held), len(tokens) - 1) and held[keep] == tokens[keep]:
+            keep += 1
+        if keep < len(held):
+            self._chat.rewind_to(keep)
+        self._chat.append_tokens(tokens[keep:])
+        return self._decode(self._chat, start, max_tokens)
+
+    def _decode(self, generator: Any, start: float, max_tokens: int) -> Result:
         out: list[int] = []
         first_at, first = start, 0
         while not generator.is_done() and len(out) < max_tokens:
@@ -48,13 +76,8 @@ class OrtGenaiRunner:
                 break
         end = time.perf_counter()
         tokens = cut_at_eog(out, self.setup.eog, max_tokens)
-        result = Result(tokens=tokens, ttft_s=first_at - start, decode_s=end - first_at,
-                        first_tokens=min(first, len(tokens)))
-        if self.speculative:
-            stats = generator.get_speculative_stats()
-            result.drafted, result.accepted = stats["draft_tokens_evaluated"], stats["draft_tokens_accepted"]
-            result.extra["speculative_stats"] = stats
-        return result
+        return Result(tokens=tokens, ttft_s=first_at - start, decode_s=end - first_at,
+                      first_tokens=min(first, len(tokens)))
 
     def close(self) -> None:
         del self.model
