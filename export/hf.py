@@ -16,13 +16,17 @@ import os
 import shutil
 from pathlib import Path
 
+from edgespec.discovery import is_store_name
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
 from edgespec.llama_backend import check_gguf
-from edgespec.models import cache_dir, prepare_named
+from edgespec.models import cache_dir, prepare_named, resolve
 
 from . import require
 
 ARCHITECTURES = ("llama", "gemma3_text")  # model_type values the exporters handle
+# GGUF architecture → the model_type transformers loads it as, where the ONNX exporter's path from a GGUF is
+# tested
+FROM_GGUF = {"llama": "llama", "gemma3": "gemma3_text"}
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -33,6 +37,8 @@ class UnsupportedArchitectureError(EdgespecError):
 def resolve_source(src: str | os.PathLike[str]) -> Path:
     """SRC as the export commands take it — a GGUF file, a local HF folder or a model name — to a path."""
     text = os.fspath(src)
+    if is_store_name(text):  # a model found in Ollama's store, LM Studio's folders, the HF cache, ...
+        return resolve(text)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
