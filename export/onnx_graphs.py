@@ -4,7 +4,7 @@ weights — no torch.onnx tracing, so the graphs contain exactly the ops chosen 
 Layout and I/O names are the contract in docs/onnx-format.md. Each decoder layer is one graph: attention is
 com.microsoft GroupQueryAttention over a fixed-length KV buffer (past and present may be the same memory;
 rotary embedding, the causal mask and Gemma 3's sliding window happen inside it, positions follow from
-seqlens_k). Llama (SmolLM2) and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
+seqlens_k). Llama (SmolLM2), Qwen2 and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ GRAPHS_REVISION = 4  # 2: calls padded to attention_min_total keys (Gemma 3 batc
 class ModelSpec:
     """What the graphs need to know about a model, read from its HF config.json."""
 
-    architecture: str  # "llama" | "gemma3"
+    architecture: str  # "llama" | "qwen2" | "gemma3"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -44,6 +44,7 @@ class ModelSpec:
     scale: float  # attention scale
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    qkv_bias: bool = False  # [per-architecture] Qwen2: q/k/v projections carry a bias
 
     @property
     def gemma(self) -> bool:
@@ -67,6 +68,8 @@ class ModelSpec:
             if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
                 raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported")
         else:
+            if c.get("use_sliding_window"):  # [per-architecture] Qwen2's optional window: not written yet
+                raise UnsupportedArchitectureError(f"{folder}: use_sliding_window is not supported")
             layer_types = ("full_attention",) * layers
             theta = {"full_attention": float(rope["rope_theta"])}
             bad = {"full_attention": rope.get("rope_type", "default")}
@@ -75,10 +78,11 @@ class ModelSpec:
         if any(v != "default" for v in bad.values()):
             raise UnsupportedArchitectureError(f"{folder}: RoPE scaling {bad} is not supported")
         eos = c.get("eos_token_id")
-        return cls("gemma3" if model_type == "gemma3_text" else "llama", layers, int(c["hidden_size"]), heads,
-                   int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]), float(c["rms_norm_eps"]),
-                   layer_types, theta, window, scale, c.get("bos_token_id"),
-                   tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+        return cls({"gemma3_text": "gemma3", "qwen2": "qwen2"}.get(model_type, "llama"), layers,
+                   int(c["hidden_size"]), heads, int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]),
+                   float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
+                   tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+                   qkv_bias=model_type == "qwen2")
 
 
 class GraphBuilder:
@@ -239,6 +243,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
     # woken once, not three times); each output column is computed as by its own projection.
     qkv = linear(g, h, np.concatenate([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
+    if spec.qkv_bias:  # [per-architecture] Qwen2; an elementwise add keeps each row independent of the call
+        qkv = g.one("Add", [qkv, g.const("qkv_bias", np.concatenate([w(f"self_attn.{n}_proj.bias") for n in "qkv"]))])
     if extra:
         qkv = pad_rows(g, qkv, extra)
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim

@@ -1,0 +1,104 @@
+"""The edge architectures in the ONNX writer: a tiny random transformers model of each (2 layers, hidden size 64,
+SmolLM2's tokenizer) exports to edgespec ONNX (fp32), its logits match transformers', and greedy speculation
+(n-gram, layer-skip, hybrid) on the export equals target-only decoding. README's support table cites these."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.engine import Engine
+from export.hf import hf_folder
+from export.onnx_export import TOKENIZER_FILES, export_onnx
+from export.onnx_reference import OnnxReference
+from tests.conftest import spec_bench
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+CONTEXT = 1024
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=CONTEXT, rms_norm_eps=1e-6)
+
+
+def _qwen2() -> object:
+    config = transformers.Qwen2Config(**SMALL, tie_word_embeddings=False)
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():  # transformers initializes biases to zero: make them count
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+BUILDERS = {"qwen2": _qwen2}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_folder() -> Path:
+    return hf_folder("smollm2-135m")  # converted once from the shipped GGUF, cached in the edgespec cache
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         tokenizer_folder: Path) -> Iterator[tuple[object, Path]]:
+    """(transformers model, its fp32 edgespec ONNX export)."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp(request.param)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder)
+    model = BUILDERS[request.param]()
+    model.config.vocab_size = len(tokenizer)
+    model.resize_token_embeddings(len(tokenizer))
+    with torch.no_grad():  # far wider logits than the default init: confident argmaxes, so the layer-skip
+        model.get_output_embeddings().weight.mul_(100)  # draft (which stops below 0.5) drafts
+    model.config.bos_token_id, model.config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    model.eval()
+    model.save_pretrained(folder / "hf")
+    for name in TOKENIZER_FILES:
+        if (tokenizer_folder / name).is_file():
+            shutil.copy(tokenizer_folder / name, folder / "hf" / name)
+    export_onnx(folder / "hf", folder / "onnx", "fp32", CONTEXT, progress=False)
+    yield model, folder / "onnx"
+
+
+def _ids(n: int) -> list[int]:
+    from tokenizers import Tokenizer
+
+    article = spec_bench(["summarization"])[0]["turns"][0]
+    return Tokenizer.from_file(str(hf_folder("smollm2-135m") / "tokenizer.json")).encode(article).ids[:n]
+
+
+def test_fp32_logits_match_transformers(tiny: tuple[object, Path]) -> None:
+    model, onnx_dir = tiny
+    ids = _ids(300)
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].numpy()  # type: ignore[operator]
+    got = OnnxReference(onnx_dir).logits(ids)
+    assert np.abs(reference - got).max() < 1e-5 * np.abs(reference).max()  # relative: these logits reach ~100
+    assert (reference.argmax(-1) == got.argmax(-1)).all()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: tuple[object, Path]) -> Iterator[Engine]:
+    e = edgespec.load(tiny[1], n_ctx=CONTEXT, n_threads=1, layer_skip=[1])
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("mode", ["ngram", "layerskip", "hybrid"])
+def test_greedy_speculation_equals_target_only(engine: Engine, mode: str) -> None:
+    drafted = 0
+    for prompt in (engine.tokenize("Monday, Tuesday, Wednesday, Monday, Tuesday,"), _ids(600)):
+        expected = engine.generate(prompt, max_tokens=32, mode="none").tokens
+        for gamma in (3, "auto"):
+            out = engine.generate(prompt, max_tokens=32, mode=mode, gamma=gamma)
+            assert out.tokens == expected, f"{mode} γ={gamma}, prompt of {len(prompt)} tokens"
+            drafted += out.stats.drafted if gamma == 3 else 0
+    if mode != "ngram":
+        assert drafted > 0, "nothing was verified speculatively: the test would prove nothing"
