@@ -4,7 +4,7 @@ weights — no torch.onnx tracing, so the graphs contain exactly the ops chosen 
 Layout and I/O names are the contract in docs/onnx-format.md. Each decoder layer is one graph: attention is
 com.microsoft GroupQueryAttention over a fixed-length KV buffer (past and present may be the same memory;
 rotary embedding, the causal mask and Gemma 3's sliding window happen inside it, positions follow from
-seqlens_k). Llama (SmolLM2), Qwen2 and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
+seqlens_k). Llama (SmolLM2), Qwen2, Qwen3 and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ GRAPHS_REVISION = 4  # 2: calls padded to attention_min_total keys (Gemma 3 batc
 class ModelSpec:
     """What the graphs need to know about a model, read from its HF config.json."""
 
-    architecture: str  # "llama" | "qwen2" | "gemma3"
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -50,6 +50,10 @@ class ModelSpec:
     def gemma(self) -> bool:
         return self.architecture == "gemma3"
 
+    @property
+    def qk_norm(self) -> bool:  # [per-architecture] per-head RMSNorm of q and k before rotary
+        return self.gemma or self.architecture == "qwen3"
+
     @classmethod
     def from_hf(cls, folder: Path) -> ModelSpec:
         c = json.loads((folder / "config.json").read_text())
@@ -68,8 +72,10 @@ class ModelSpec:
             if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
                 raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported")
         else:
-            if c.get("use_sliding_window"):  # [per-architecture] Qwen2's optional window: not written yet
+            if c.get("use_sliding_window"):  # [per-architecture] Qwen2/3's optional window: not written yet
                 raise UnsupportedArchitectureError(f"{folder}: use_sliding_window is not supported")
+            if model_type == "qwen3" and c.get("attention_bias"):  # [per-architecture] would bias o_proj too
+                raise UnsupportedArchitectureError(f"{folder}: attention_bias is not supported")
             layer_types = ("full_attention",) * layers
             theta = {"full_attention": float(rope["rope_theta"])}
             bad = {"full_attention": rope.get("rope_type", "default")}
@@ -78,7 +84,7 @@ class ModelSpec:
         if any(v != "default" for v in bad.values()):
             raise UnsupportedArchitectureError(f"{folder}: RoPE scaling {bad} is not supported")
         eos = c.get("eos_token_id")
-        return cls({"gemma3_text": "gemma3", "qwen2": "qwen2"}.get(model_type, "llama"), layers,
+        return cls({"gemma3_text": "gemma3", "qwen2": "qwen2", "qwen3": "qwen3"}.get(model_type, "llama"), layers,
                    int(c["hidden_size"]), heads, int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]),
                    float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
                    tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
@@ -248,7 +254,7 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     if extra:
         qkv = pad_rows(g, qkv, extra)
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if spec.gemma:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
+    if spec.qk_norm:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
         q, k, v = g.op("Split", [qkv, g.ints(q_size, kv_size, kv_size)], 3, axis=-1)
         qkv_inputs = [_head_norm(g, q, spec.num_heads, spec, w("self_attn.q_norm.weight"), "q_norm"),
                       _head_norm(g, k, spec.num_kv_heads, spec, w("self_attn.k_norm.weight"), "k_norm"), v]

@@ -37,7 +37,17 @@ def _qwen2() -> object:
     return model
 
 
-BUILDERS = {"qwen2": _qwen2}
+def _qwen3() -> object:
+    config = transformers.Qwen3Config(**SMALL, head_dim=32, tie_word_embeddings=True)  # ≠ hidden / heads, as in Qwen3
+    model = transformers.Qwen3ForCausalLM(config)
+    with torch.no_grad():  # transformers initializes the q/k norms to ones: make them count
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.normal_(1, 0.3)
+    return model
+
+
+BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3}
 
 
 @pytest.fixture(scope="module")
