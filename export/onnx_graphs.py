@@ -45,6 +45,8 @@ class ModelSpec:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     qkv_bias: bool = False  # [per-architecture] Qwen2: q/k/v projections carry a bias
+    # [per-architecture] Llama 3.x RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context)
+    rope_llama3: tuple[float, float, float, float] | None = None
 
     @property
     def gemma(self) -> bool:
@@ -61,6 +63,7 @@ class ModelSpec:
         check_architecture(model_type, folder)
         layers = int(c["num_hidden_layers"])
         heads = int(c["num_attention_heads"])
+        llama3: tuple[float, ...] | None = None
         head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
         rope = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0), "rope_type": "default"}
         if model_type == "gemma3_text":
@@ -79,6 +82,10 @@ class ModelSpec:
             layer_types = ("full_attention",) * layers
             theta = {"full_attention": float(rope["rope_theta"])}
             bad = {"full_attention": rope.get("rope_type", "default")}
+            if model_type == "llama" and bad["full_attention"] == "llama3":  # [per-architecture] Llama 3.x
+                llama3 = tuple(float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                         "original_max_position_embeddings"))
+                bad = {}
             scale = head_dim ** -0.5
             window = None
         if any(v != "default" for v in bad.values()):
@@ -88,7 +95,7 @@ class ModelSpec:
                    int(c["hidden_size"]), heads, int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]),
                    float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
                    tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-                   qkv_bias=model_type == "qwen2")
+                   qkv_bias=model_type == "qwen2", rope_llama3=llama3)  # type: ignore[arg-type]
 
 
 class GraphBuilder:
@@ -207,8 +214,22 @@ def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[n
     """cos/sin [context_length, head_dim/2] as transformers computes them (float32 inverse frequencies)."""
     exponent = np.arange(0, spec.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(spec.head_dim)
     inv_freq = (np.float32(1.0) / (np.float32(spec.rope_theta[layer_type]) ** exponent)).astype(np.float32)
+    if spec.rope_llama3:
+        inv_freq = _llama3_scaled(inv_freq, *spec.rope_llama3)
     freqs = np.arange(context_length, dtype=np.float32)[:, None] * inv_freq[None, :]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _llama3_scaled(inv_freq: np.ndarray, factor: float, low: float, high: float, context: float) -> np.ndarray:
+    """[per-architecture] Llama 3.x RoPE scaling, in float32 as transformers computes it: wavelengths longer than
+    context / low are slowed by ``factor``, shorter than context / high are kept, those between interpolated."""
+    f32 = np.float32
+    wavelen = f32(2 * np.pi) / inv_freq
+    scaled = np.where(wavelen > f32(context / low), inv_freq / f32(factor), inv_freq).astype(f32)
+    smooth = (f32(context) / wavelen - f32(low)) / f32(high - low)
+    smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
+    medium = (wavelen >= f32(context / high)) & (wavelen <= f32(context / low))
+    return np.where(medium, smoothed, scaled).astype(f32)
 
 
 def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:

@@ -47,7 +47,15 @@ def _qwen3() -> object:
     return model
 
 
-BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3}
+def _llama3() -> object:
+    # Llama 3's scaling with an original context of 64 positions: every band (kept, interpolated, slowed) occurs
+    # at head_dim 16, and the test's 300–600 positions run far past it.
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, rope_parameters=rope))
+
+
+BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3}
 
 
 @pytest.fixture(scope="module")
