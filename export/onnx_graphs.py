@@ -4,7 +4,8 @@ weights — no torch.onnx tracing, so the graphs contain exactly the ops chosen 
 Layout and I/O names are the contract in docs/onnx-format.md. Each decoder layer is one graph: attention is
 com.microsoft GroupQueryAttention over a fixed-length KV buffer (past and present may be the same memory;
 rotary embedding, the causal mask and Gemma 3's sliding window happen inside it, positions follow from
-seqlens_k). Llama (SmolLM2), Qwen2, Qwen3 and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
+seqlens_k). Llama (SmolLM2, Llama 3.x, Mistral), Qwen2, Qwen3, Phi-3 and Gemma 3 differ only in the pieces
+``ModelSpec`` describes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ GRAPHS_REVISION = 4  # 2: calls padded to attention_min_total keys (Gemma 3 batc
 class ModelSpec:
     """What the graphs need to know about a model, read from its HF config.json."""
 
-    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3"
+    architecture: str  # "llama" (also Mistral) | "qwen2" | "qwen3" | "phi3" | "gemma3"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -56,6 +57,10 @@ class ModelSpec:
     def qk_norm(self) -> bool:  # [per-architecture] per-head RMSNorm of q and k before rotary
         return self.gemma or self.architecture == "qwen3"
 
+    @property
+    def fused_projections(self) -> bool:  # [per-architecture] Phi-3 stores qkv_proj and gate_up_proj packed
+        return self.architecture == "phi3"
+
     @classmethod
     def from_hf(cls, folder: Path) -> ModelSpec:
         c = json.loads((folder / "config.json").read_text())
@@ -79,19 +84,23 @@ class ModelSpec:
                 raise UnsupportedArchitectureError(f"{folder}: use_sliding_window is not supported")
             if model_type == "qwen3" and c.get("attention_bias"):  # [per-architecture] would bias o_proj too
                 raise UnsupportedArchitectureError(f"{folder}: attention_bias is not supported")
-            layer_types = ("full_attention",) * layers
-            theta = {"full_attention": float(rope["rope_theta"])}
-            bad = {"full_attention": rope.get("rope_type", "default")}
-            if model_type == "llama" and bad["full_attention"] == "llama3":  # [per-architecture] Llama 3.x
+            if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:  # [per-architecture] some Phi-3 variants
+                raise UnsupportedArchitectureError(f"{folder}: partial rotary embedding is not supported")
+            # [per-architecture] Mistral and Phi-3 window every layer (when the config sets a window)
+            window = int(c["sliding_window"]) if model_type in ("mistral", "phi3") and c.get("sliding_window") else None
+            layer_types = ("sliding_attention" if window else "full_attention",) * layers
+            theta = {layer_types[0]: float(rope["rope_theta"])}
+            bad = {layer_types[0]: rope.get("rope_type", "default")}
+            if model_type == "llama" and bad[layer_types[0]] == "llama3":  # [per-architecture] Llama 3.x
                 llama3 = tuple(float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
                                                          "original_max_position_embeddings"))
                 bad = {}
             scale = head_dim ** -0.5
-            window = None
         if any(v != "default" for v in bad.values()):
             raise UnsupportedArchitectureError(f"{folder}: RoPE scaling {bad} is not supported")
         eos = c.get("eos_token_id")
-        return cls({"gemma3_text": "gemma3", "qwen2": "qwen2", "qwen3": "qwen3"}.get(model_type, "llama"), layers,
+        architecture = {"gemma3_text": "gemma3", "mistral": "llama"}.get(model_type, model_type)
+        return cls(architecture, layers,
                    int(c["hidden_size"]), heads, int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]),
                    float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
                    tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
@@ -269,7 +278,9 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
     # woken once, not three times); each output column is computed as by its own projection.
-    qkv = linear(g, h, np.concatenate([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
+    qkv_weight = (w("self_attn.qkv_proj.weight") if spec.fused_projections else
+                  np.concatenate([w(f"self_attn.{n}_proj.weight") for n in "qkv"]))
+    qkv = linear(g, h, qkv_weight, "qkv_proj")
     if spec.qkv_bias:  # [per-architecture] Qwen2; an elementwise add keeps each row independent of the call
         qkv = g.one("Add", [qkv, g.const("qkv_bias", np.concatenate([w(f"self_attn.{n}_proj.bias") for n in "qkv"]))])
     if extra:
@@ -301,8 +312,10 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
     mlp_norm = "pre_feedforward_layernorm.weight" if spec.gemma else "post_attention_layernorm.weight"
     h, x = skip_rms_norm(g, hidden, o, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
     # gate and up as one projection too, split after
-    intermediate = w("mlp.gate_proj.weight").shape[0]
-    gate_up = linear(g, h, np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), "gate_up_proj")
+    gate_up_weight = (w("mlp.gate_up_proj.weight") if spec.fused_projections else  # Phi-3: gate rows, then up
+                      np.concatenate([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]))
+    intermediate = gate_up_weight.shape[0] // 2
+    gate_up = linear(g, h, gate_up_weight, "gate_up_proj")
     gate, up = g.op("Split", [gate_up, g.ints(intermediate, intermediate)], 2, axis=-1)
     # Gemma: GELU (tanh approximation); Llama: SiLU
     act = g.one("Gelu", [gate], approximate="tanh") if spec.gemma else g.one("Mul", [gate, g.one("Sigmoid", [gate])])

@@ -55,7 +55,15 @@ def _llama3() -> object:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, rope_parameters=rope))
 
 
-BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3}
+def _phi3() -> object:  # fused qkv and gate_up projections, every layer windowed (64 of the test's 300–600)
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**SMALL, sliding_window=64, pad_token_id=0))
+
+
+def _mistral() -> object:  # Llama with every layer windowed
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, sliding_window=64))
+
+
+BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3, "phi3": _phi3, "mistral": _mistral}
 
 
 @pytest.fixture(scope="module")
