@@ -25,7 +25,7 @@ from edgespec.models import cache_dir, prepare_named, resolve
 from . import require
 
 # model_type values the ONNX exporter handles
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
 # GGUF architecture → the model_type transformers loads it as, where the ONNX exporter's path from a GGUF is
 # tested (a Qwen2 HF folder exports; a Qwen2 GGUF's trip through transformers is not tested yet)
 FROM_GGUF = {"llama": "llama", "gemma3": "gemma3_text"}

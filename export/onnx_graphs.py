@@ -4,7 +4,7 @@ weights — no torch.onnx tracing, so the graphs contain exactly the ops chosen 
 Layout and I/O names are the contract in docs/onnx-format.md. Each decoder layer is one graph: attention is
 com.microsoft GroupQueryAttention over a fixed-length KV buffer (past and present may be the same memory;
 rotary embedding, the causal mask and Gemma 3's sliding window happen inside it, positions follow from
-seqlens_k). Llama (SmolLM2, Llama 3.x, Mistral), Qwen2, Qwen3, Phi-3 and Gemma 3 differ only in the pieces
+seqlens_k). Llama (SmolLM2, Llama 3.x, Mistral), Qwen2, Qwen3, Phi-3, Gemma 2 and 3 differ only in the pieces
 ``ModelSpec`` describes.
 """
 
@@ -31,7 +31,7 @@ GRAPHS_REVISION = 4  # 2: calls padded to attention_min_total keys (Gemma 3 batc
 class ModelSpec:
     """What the graphs need to know about a model, read from its HF config.json."""
 
-    architecture: str  # "llama" (also Mistral) | "qwen2" | "qwen3" | "phi3" | "gemma3"
+    architecture: str  # "llama" (also Mistral) | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -48,14 +48,17 @@ class ModelSpec:
     qkv_bias: bool = False  # [per-architecture] Qwen2: q/k/v projections carry a bias
     # [per-architecture] Llama 3.x RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context)
     rope_llama3: tuple[float, float, float, float] | None = None
+    # [per-architecture] Gemma 2: tanh soft-capping of attention scores and final logits (0: none)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     @property
-    def gemma(self) -> bool:
-        return self.architecture == "gemma3"
+    def gemma(self) -> bool:  # (1 + w) norms, post-attention/post-FFN norms, scaled embeddings, GELU
+        return self.architecture in ("gemma2", "gemma3")
 
     @property
     def qk_norm(self) -> bool:  # [per-architecture] per-head RMSNorm of q and k before rotary
-        return self.gemma or self.architecture == "qwen3"
+        return self.architecture in ("gemma3", "qwen3")
 
     @property
     def fused_projections(self) -> bool:  # [per-architecture] Phi-3 stores qkv_proj and gate_up_proj packed
@@ -71,14 +74,18 @@ class ModelSpec:
         llama3: tuple[float, ...] | None = None
         head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
         rope = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0), "rope_type": "default"}
-        if model_type == "gemma3_text":
+        softcaps = (0.0, 0.0)
+        if model_type in ("gemma2", "gemma3_text"):
             layer_types = tuple(c["layer_types"])
-            theta = {t: float(rope[t]["rope_theta"]) for t in ("full_attention", "sliding_attention")}
-            bad = {t: rope[t].get("rope_type", "default") for t in theta} if isinstance(rope, dict) else {}
+            # Gemma 3: one RoPE per layer type; Gemma 2: one for both
+            per_type = {t: rope.get(t, rope) for t in ("full_attention", "sliding_attention")}
+            theta = {t: float(r["rope_theta"]) for t, r in per_type.items()}
+            bad = {t: r.get("rope_type", "default") for t, r in per_type.items()}
             scale = float(c.get("query_pre_attn_scalar") or head_dim) ** -0.5
             window = int(c["sliding_window"])
-            if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
-                raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported")
+            softcaps = (float(c.get("attn_logit_softcapping") or 0), float(c.get("final_logit_softcapping") or 0))
+            if model_type == "gemma3_text" and any(softcaps):
+                raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported for Gemma 3")
         else:
             if c.get("use_sliding_window"):  # [per-architecture] Qwen2/3's optional window: not written yet
                 raise UnsupportedArchitectureError(f"{folder}: use_sliding_window is not supported")
@@ -104,7 +111,8 @@ class ModelSpec:
                    int(c["hidden_size"]), heads, int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]),
                    float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
                    tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-                   qkv_bias=model_type == "qwen2", rope_llama3=llama3)  # type: ignore[arg-type]
+                   qkv_bias=model_type == "qwen2", rope_llama3=llama3,  # type: ignore[arg-type]
+                   attn_softcap=softcaps[0], final_softcap=softcaps[1])
 
 
 class GraphBuilder:
@@ -303,7 +311,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], np.ndarray], index: in
                 rotary_interleaved=0,
                 # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
                 # window − 1 differs from position 511 on.
-                local_window_size=window or -1)[0]
+                local_window_size=window or -1,
+                **({"softcap": spec.attn_softcap} if spec.attn_softcap else {}))[0]  # [per-architecture] Gemma 2
     if extra:
         attn = drop_padding(g, attn, g.one("Add", [seq, pad]) if pad_matmuls else seq)
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
@@ -366,6 +375,9 @@ def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: np.ndarray, weight_dt
         hidden = pad_rows(g, hidden, pad)
     logits = linear(g, rms_norm(g, hidden, _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm"), lm_head,
                     "lm_head")
+    if spec.final_softcap:  # [per-architecture] Gemma 2: cap · tanh(logits / cap)
+        cap = g.const("final_softcap", np.array(spec.final_softcap, np.float32))
+        logits = g.one("Mul", [g.one("Tanh", [g.one("Div", [logits, cap])]), cap])
     if pad_matmuls:
         logits = drop_padding(g, logits, seq)
     g.one("Identity", [logits], "logits")

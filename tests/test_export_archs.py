@@ -63,7 +63,21 @@ def _mistral() -> object:  # Llama with every layer windowed
     return transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, sliding_window=64))
 
 
-BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3, "phi3": _phi3, "mistral": _mistral}
+def _gemma2() -> object:
+    # Soft-capping strong enough to matter: attention scores capped at ±2, logits at ±200 (these reach ~30);
+    # alternating sliding (64) and global layers.
+    config = transformers.Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=64,
+                                       attn_logit_softcapping=2.0, final_logit_softcapping=200.0)
+    model = transformers.Gemma2ForCausalLM(config)
+    with torch.no_grad():  # transformers initializes Gemma's norms to zero (scale 1 + w): make them count
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    return model
+
+
+BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3, "phi3": _phi3, "mistral": _mistral,
+            "gemma2": _gemma2}
 
 
 @pytest.fixture(scope="module")
