@@ -183,8 +183,9 @@ def find(name: str) -> Path:
         if model.name == wanted:
             return model.path
     store = name.partition(":")[0]
-    known = ", ".join(m.name for m in models if m.name.startswith(f"{store}:")) or "none found"
-    raise ModelLoadError(f"no model {name!r} in the {store} store (found: {known}); `edgespec models` lists them")
+    known = ", ".join(m.name for m in models if m.name.startswith(f"{store}:"))
+    raise ModelLoadError(f"no model {name!r} in the {store} store ({f'found: {known}' if known else 'none found'}); "
+                         "`edgespec models` lists them")
 
 
 # -- what each found file is -----------------------------------------------------------------------------
