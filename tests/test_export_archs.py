@@ -1,9 +1,12 @@
 """The edge architectures in the ONNX writer: a tiny random transformers model of each (2 layers, hidden size 64,
-SmolLM2's tokenizer) exports to edgespec ONNX (fp32), its logits match transformers', and greedy speculation
-(n-gram, layer-skip, hybrid) on the export equals target-only decoding. README's support table cites these."""
+SmolLM2's tokenizer) exports to edgespec ONNX (`edgespec export onnx FOLDER --quant fp32`), its logits match
+transformers', and greedy speculation (n-gram, layer-skip, hybrid) on the export equals target-only decoding.
+README's support table cites these."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +15,10 @@ import numpy as np
 import pytest
 
 import edgespec
+from edgespec.cli import main
 from edgespec.engine import Engine
 from export.hf import hf_folder
-from export.onnx_export import TOKENIZER_FILES, export_onnx
+from export.onnx_export import TOKENIZER_FILES
 from export.onnx_reference import OnnxReference
 from tests.conftest import spec_bench
 
@@ -103,7 +107,9 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     for name in TOKENIZER_FILES:
         if (tokenizer_folder / name).is_file():
             shutil.copy(tokenizer_folder / name, folder / "hf" / name)
-    export_onnx(folder / "hf", folder / "onnx", "fp32", CONTEXT, progress=False)
+    with contextlib.redirect_stdout(io.StringIO()):  # the command a user runs on such a folder
+        assert main(["export", "onnx", str(folder / "hf"), "--quant", "fp32", "--out", str(folder / "onnx"),
+                     "--context-length", str(CONTEXT), "--no-quality"]) == 0
     yield model, folder / "onnx"
 
 
