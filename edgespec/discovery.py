@@ -216,8 +216,11 @@ def describe(path: Path) -> ModelInfo:
     arch = gguf_header.text(meta, "general.architecture")
     file_type = meta.get("general.file_type")
     context = meta.get(f"{arch}.context_length")
+    # Llama 3.x RoPE factors do not survive transformers' GGUF loader: the exporter refuses such files
+    rope_factors = "rope_freqs.weight" in meta[gguf_header.TENSORS]  # type: ignore[operator]
     return ModelInfo(arch, _file_types().get(file_type) if isinstance(file_type, int) else None,
-                     int(context) if isinstance(context, int) else None, llamacpp_knows(path), onnx_exportable(arch))
+                     int(context) if isinstance(context, int) else None, llamacpp_knows(path),
+                     onnx_exportable(arch) and not rope_factors)
 
 
 def llamacpp_knows(path: Path) -> bool:

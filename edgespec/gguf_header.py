@@ -18,6 +18,7 @@ from .errors import ModelLoadError
 # GGUF value types: scalar struct formats, 8 = string, 9 = array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+TENSORS = "edgespec.tensor_names"  # not a GGUF key: where read_metadata puts the tensor names
 
 
 class _Cursor:
@@ -63,8 +64,8 @@ class _Cursor:
 
 
 def read_metadata(path: Path, arrays: Collection[str] = ()) -> dict[str, object]:
-    """The key/value metadata of a GGUF file. Strings come back as ``bytes`` (token texts need not be UTF-8);
-    arrays only for the keys in ``arrays`` (others map to None)."""
+    """The key/value metadata of a GGUF file, and under ``TENSORS`` its tensors' names. Strings come back as
+    ``bytes`` (token texts need not be UTF-8); arrays only for the keys in ``arrays`` (others map to None)."""
     try:
         with path.open("rb") as f:
             if f.read(4) != b"GGUF":
@@ -75,12 +76,17 @@ def read_metadata(path: Path, arrays: Collection[str] = ()) -> dict[str, object]
                 version = cursor.take("I")
                 if version not in (2, 3):
                     raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-                cursor.take("Q")  # tensor count
-                n_kv = int(cursor.take("Q"))
+                n_tensors, n_kv = int(cursor.take("Q")), int(cursor.take("Q"))
                 meta: dict[str, object] = {}
                 for _ in range(n_kv):
                     key = cursor.string().decode("utf-8", "replace")
                     meta[key] = cursor.value(int(cursor.take("I")), key in arrays)
+                names = []  # the tensor infos follow: name, dimensions, type, offset
+                for _ in range(n_tensors):
+                    names.append(cursor.string().decode("utf-8", "replace"))
+                    n_dims = int(cursor.take("I"))
+                    cursor.pos += 8 * n_dims + 4 + 8
+                meta[TENSORS] = names
                 return meta
     except (OSError, ValueError) as e:  # ValueError: mmap of an empty file
         raise ModelLoadError(f"cannot read {path}: {e}") from e
