@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .. import load
 from ..engine import MODES, Engine
 from ..errors import EdgespecError, InvalidParameterError
+from ..models import DEFAULT_MODEL
 from .metrics import Metrics
 from .worker import EngineWorker
 
@@ -22,7 +23,7 @@ class ModelSpec:
     ``none``) or a draft model name/path; None (and ``gamma`` None) take what ``edgespec tune`` chose, else
     n-gram lookup with γ auto."""
 
-    model: str
+    model: str | None  # None: the default model (measured on first use, see edgespec.load)
     draft: str | None = None
     mode: str | None = None  # the default mode; None: "draft" with a draft model, else what --draft says
     gamma: int | str | None = None
@@ -31,16 +32,22 @@ class ModelSpec:
     device: str = "cpu"
     fast_numerics: bool = False
     backend: str = "auto"
+    require_exact: bool = False
+
+    @property
+    def name(self) -> str:
+        """What clients call the model."""
+        return self.model or DEFAULT_MODEL
 
     def load_engine(self) -> Engine:
         has_draft = self.draft is not None and self.draft not in MODES
         return load(self.model, draft=self.draft if has_draft else None,
                     mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
                     n_ctx=self.ctx, n_threads=self.threads, device=self.device,
-                    exact_numerics=not self.fast_numerics, backend=self.backend)
+                    exact_numerics=not self.fast_numerics, backend=self.backend, require_exact=self.require_exact)
 
     def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
-        return EngineWorker(self.model, self.load_engine(), metrics, max_queue)
+        return EngineWorker(self.name, self.load_engine(), metrics, max_queue)
 
 
 class ModelPool:
@@ -55,9 +62,9 @@ class ModelPool:
     def load(self, spec: ModelSpec) -> EngineWorker:
         """Load a model under its name; loading a name again returns the engine already there."""
         with self._lock:  # held while loading: two clients loading one name must not get two engines
-            if spec.model not in self._workers:
-                self._workers[spec.model] = spec.load_worker(self.metrics, self.max_queue)
-            return self._workers[spec.model]
+            if spec.name not in self._workers:
+                self._workers[spec.name] = spec.load_worker(self.metrics, self.max_queue)
+            return self._workers[spec.name]
 
     def get(self, name: str | None) -> EngineWorker:
         """The named model; with no name, the only (or first) one loaded."""
