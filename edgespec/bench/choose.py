@@ -116,7 +116,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
             engine.generate(prompts[0], max_tokens=4)  # warm-up
             entries.append((engine, RACED_MODES, prompts))
         say(f"  racing {len(engines)} models × {len(RACED_MODES)} modes")
-        measured = race(entries, budget.max_tokens, budget.rounds)
+        measured = race(entries, budget.max_tokens, budget.rounds, lambda step: say(f"    {step}"))
     finally:
         for _, _, engine in engines:
             engine.close()

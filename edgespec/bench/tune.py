@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import numpy as np
@@ -149,14 +150,17 @@ def _fixed_gamma_rates(t: Tuning, drafter: str) -> list[float]:
 Entry = tuple[Engine, list[tuple[str, int | str]], list[list[int]]]  # an engine, its (mode, γ) candidates, prompts
 
 
-def race(entries: list[Entry], max_tokens: int, rounds: int) -> list[dict[tuple[str, int | str], dict]]:
+def race(entries: list[Entry], max_tokens: int, rounds: int,
+         progress: Callable[[str], None] = lambda _: None) -> list[dict[tuple[str, int | str], dict]]:
     """Decode speed of each engine's candidates on its prompts (prompt i of every engine is the same text), all
     interleaved prompt by prompt so that the machine's drift hits every candidate alike, and whether each
     candidate's output matched its engine's plain decoding (each engine's first candidate)."""
     totals = [{c: {"decoded": 0, "decode_s": 0.0, "identical": 0, "generations": 0} for c in candidates}
               for _, candidates, _ in entries]
-    for _ in range(rounds):
-        for i in range(max(len(prompts) for _, _, prompts in entries)):
+    n_prompts = max(len(prompts) for _, _, prompts in entries)
+    for r in range(rounds):
+        for i in range(n_prompts):
+            progress(f"text {r * n_prompts + i + 1} of {rounds * n_prompts}")
             for (engine, candidates, prompts), engine_totals in zip(entries, totals, strict=True):
                 plain: list[int] | None = None
                 for mode, gamma in candidates:
