@@ -146,11 +146,11 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
 
 def table(choice: DefaultChoice) -> list[str]:
     """The candidates as a short table, the skipped ones, and the choice with its reason."""
-    lines = [f"  {'candidate':<30} {'mode':<6} {'tok/s':>7} {'× own plain':>11}  identical"]
+    lines = [f"  {'candidate':<30} {'mode':<12} {'tok/s':>7} {'× own plain':>11}  identical"]
     for r in choice.candidates:
         mark = "*" if (r["target"], r["mode"]) == (choice.target, choice.mode) else " "
         mode = f"{r['mode']}" + (" γ auto" if r["gamma"] == "auto" else "")
-        lines.append(f"{mark} {Path(str(r['target'])).name + ' (' + str(r['backend']) + ')':<30} {mode:<6} "
+        lines.append(f"{mark} {Path(str(r['target'])).name + ' (' + str(r['backend']) + ')':<30} {mode:<12} "
                      f"{r['decode_tok_s']:>7} {r['vs_own_target']:>10.2f}×  {r['identical']}")
     lines += [f"  skipped {name}: {why}" for name, why in choice.skipped.items()]
     gamma = f", γ {choice.gamma}" if choice.mode != "none" else ""
