@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socketserver
 import sys
 import threading
@@ -28,6 +29,8 @@ from .server.worker import CANCELLED, DONE, EngineWorker, Job
 log = logging.getLogger("edgespec.bridge")
 PROTOCOL = 1
 MAX_LINE = 1 << 20  # bytes; a longer line is an error, not a memory problem
+# A browser made to POST to the TCP port sends an HTTP request whose body could hold valid request lines.
+_HTTP_REQUEST_LINE = re.compile(rb"^[A-Z]+ \S+ HTTP/\d")
 _LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int}
 
 
@@ -101,7 +104,11 @@ class Session:
     def run(self, lines: IO[bytes]) -> None:
         self.send({"event": "ready", "protocol": PROTOCOL, "models": [w.name for w in self.bridge.pool.workers]})
         try:
-            for line in _lines(lines):
+            for n, line in enumerate(_lines(lines)):
+                if n == 0 and line is not None and _HTTP_REQUEST_LINE.match(line):
+                    self.error(None, "not_http", "this is edgespec's JSON-lines bridge, not an HTTP server; "
+                                                 "the connection is closed")
+                    break
                 if line is None:
                     self.send({"id": None, "event": "error", "code": "line_too_long",
                                "message": f"a request line may hold at most {MAX_LINE} bytes"})
@@ -149,7 +156,7 @@ class Session:
         try:
             command(rid, request)
         except ApiError as e:
-            self.error(rid, e.code or "bad_request", e.message)
+            self.error(rid, _code(e), e.message)
         except EdgespecError as e:
             self.error(rid, _code(e), str(e))
         except Exception:  # a bug in one command must not end the session
@@ -259,6 +266,6 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
             yield line
 
 
-def _code(e: EdgespecError) -> str:
-    api = ApiError.from_engine(e)
-    return {"invalid_value": "invalid_parameter"}.get(api.code or "", api.code or "error")
+def _code(e: EdgespecError | ApiError) -> str:
+    api = e if isinstance(e, ApiError) else ApiError.from_engine(e)
+    return {"invalid_value": "invalid_parameter"}.get(api.code or "", api.code or "bad_request")

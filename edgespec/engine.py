@@ -109,9 +109,7 @@ class Engine:
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         if self.chat_template is None:
             raise EdgespecError(f"{self.target.path.name} has no chat template; pass a plain prompt instead")
-        text = self.chat_template.render(messages)
-        # The template writes special tokens (BOS, <|im_start|>) as text: parse them, add nothing.
-        return self.target.tokenize(text, add_special=False, parse_special=True)
+        return self.chat_template.tokens(messages, self.target.tokenize)
 
     def tokenize(self, prompt: str) -> list[int]:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)

@@ -19,13 +19,19 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
     add_model_args(s)
     s.add_argument("--mode", choices=MODES, default=None,
                    help="default drafter for requests (default: 'draft' with a draft model, else --draft)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: loopback only; see --allow-unauthenticated)")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--api-key", default=os.environ.get("EDGESPEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 and /metrics (default: $EDGESPEC_API_KEY)")
     s.add_argument("--max-queue", type=int, default=16, help="requests that may wait per model (then 429)")
     s.add_argument("--cors-origin", action="append", default=[],
                    help="allow browser pages from this origin (repeatable; '*' for any)")
+    s.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to this host name (repeatable; '*' for any); a loopback "
+                        "server answers only localhost, 127.0.0.1 and [::1] otherwise (DNS rebinding)")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="listen on a non-loopback --host without --api-key (anyone on the network may use it)")
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (then 413)")
     s.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight streams may take to finish on shutdown before they are cancelled")
@@ -50,13 +56,21 @@ def _spec(args: argparse.Namespace) -> ModelSpec:
 def _serve(args: argparse.Namespace) -> int:
     try:
         from .server.app import create_app, run
+        from .server.guard import allowed_hosts, is_loopback
     except ModuleNotFoundError as e:
         raise EdgespecError(f"edgespec serve needs the server extra ({e.name} is missing): "
                             "pip install 'edgespec[server]'") from e
 
+    if not is_loopback(args.host) and not args.api_key:
+        if not args.allow_unauthenticated:
+            raise EdgespecError(f"--host {args.host} lets other machines in, and there is no --api-key: set one "
+                                "(or $EDGESPEC_API_KEY), or pass --allow-unauthenticated to serve anyone")
+        print(f"edgespec: WARNING: serving on {args.host} WITHOUT an API key: anyone who can reach this address "
+              "can use the model", file=sys.stderr, flush=True)
     pool = ModelPool(args.max_queue)
     pool.load(_spec(args))
-    app = create_app(pool, api_key=args.api_key, cors_origins=args.cors_origin, max_body=args.max_body)
+    app = create_app(pool, api_key=args.api_key, cors_origins=args.cors_origin, max_body=args.max_body,
+                     hosts=allowed_hosts(args.host, args.allowed_host))
     print(f"edgespec: serving {_spec(args).name} on http://{args.host}:{args.port}/ (ready when /health says ok)",
           file=sys.stderr, flush=True)
     run(app, pool, args.host, args.port, args.shutdown_timeout)

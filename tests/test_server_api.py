@@ -112,7 +112,8 @@ def test_bad_requests_get_openai_error_bodies(server: LiveServer) -> None:
     ok = {"model": "smollm2-135m", "messages": MESSAGES, "max_tokens": 4}
     _error(httpx.post(url, content=b'{"messages": [', headers={"content-type": "application/json"}), 400,
            "invalid_json")
-    _error(httpx.post(url, content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}'), 400, "invalid_json")
+    _error(httpx.post(url, content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+                      headers={"content-type": "application/json"}), 400, "invalid_json")
     _error(httpx.post(url, json={**ok, "model": "gpt-17"}), 404, "model_not_found", "model")
     assert "positive" in _error(httpx.post(url, json={**ok, "max_tokens": -3}), 400, "invalid_value", "max_tokens")
     _error(httpx.post(url, json={**ok, "temperature": "hot"}), 400, "invalid_type", "temperature")

@@ -15,7 +15,7 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable
 from importlib.resources import files
 from types import FrameType
 from typing import TypeVar
@@ -32,6 +32,7 @@ from uvicorn import Config, Server
 
 from ..engine import StreamChunk
 from ..errors import EdgespecError
+from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
 from .openai_api import (
     ApiError,
     GenerationRequest,
@@ -42,6 +43,7 @@ from .openai_api import (
     new_id,
     parse_chat,
     parse_completion,
+    usage_chunk,
 )
 from .pool import ModelPool
 from .worker import CANCELLED, FAILED, EngineWorker, Job
@@ -73,7 +75,8 @@ class _Generation:
 
 
 def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Iterable[str] = (),
-               max_body: int = 1 << 20) -> Starlette:
+               max_body: int = 1 << 20, hosts: Collection[str] | None = LOOPBACK_HOSTS) -> Starlette:
+    """``hosts``: the Host names answered (None: any; see guard.allowed_hosts)."""
     page = files("edgespec.server").joinpath("static/index.html").read_text(encoding="utf-8")
 
     async def index(_: Request) -> Response:
@@ -114,15 +117,19 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         except BaseException:
             gen.cancel()
             raise
-        _raise_if_ended(first)
+        _raise_if_ended(first, req.prompt_param)
         return EventStream(_sse(gen, req, rid, name, first), on_disconnect=gen.cancel)
 
     routes = [Route("/", index), Route("/health", health), Route("/metrics", metrics),
               Route("/v1/models", models), Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"])]
-    # CORS outside the key check, so that a browser can read a 401 too.
-    middleware = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                             allow_headers=["Authorization", "Content-Type"])] if cors_origins else []
+    # The guard first (a foreign Host or Origin learns nothing, not even CORS headers); CORS outside the key
+    # check, so that a browser can read a 401 too.
+    cors_origins = list(cors_origins)
+    middleware = [Middleware(RequestGuard, hosts=hosts, cors_origins=cors_origins)]
+    if cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+                                     allow_headers=["Authorization", "Content-Type"]))
     if api_key:
         middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
     return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
@@ -134,7 +141,7 @@ async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: st
     pieces: list[str] = []
     while True:
         event = await gen.events.get()
-        _raise_if_ended(event)
+        _raise_if_ended(event, req.prompt_param)
         chunk = event[0]
         assert isinstance(chunk, StreamChunk)
         pieces.append(chunk.text)
@@ -143,12 +150,12 @@ async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: st
             return completion_body(req, rid, model, "".join(pieces), chunk.finish_reason, chunk.stats)
 
 
-def _raise_if_ended(event: _Event) -> None:
+def _raise_if_ended(event: _Event, prompt_param: str) -> None:
     """An (outcome, error) event before the last chunk: the job failed or was cancelled (shutdown)."""
     outcome, error = event
     if outcome == FAILED:
         assert error is not None
-        raise ApiError.from_engine(error)
+        raise ApiError.from_engine(error, prompt_param)
     if outcome == CANCELLED:
         raise ApiError(503, "the generation was cancelled: the server is shutting down", type="server_error",
                        code="cancelled")
@@ -158,16 +165,19 @@ async def _sse(gen: _Generation, req: GenerationRequest, rid: str, model: str,
                first: _Event) -> AsyncGenerator[bytes, None]:
     if req.chat:
         yield _data(chunk_body(req, rid, model, None, first=True))
-    event = first
+    event, stats = first, None
     while isinstance(event[0], StreamChunk):
         chunk, n_draft = event
         assert isinstance(n_draft, int)
+        stats = chunk.stats or stats
         yield _data(chunk_body(req, rid, model, chunk, n_draft))
         event = await gen.events.get()
     try:
-        _raise_if_ended(event)
+        _raise_if_ended(event, req.prompt_param)
     except ApiError as e:  # too late for a status code: the error becomes the last event
         yield _data(e.body())
+    if req.include_usage and stats is not None:
+        yield _data(usage_chunk(req, rid, model, stats))
     yield b"data: [DONE]\n\n"
 
 
@@ -265,35 +275,32 @@ class ApiKeyMiddleware:
             scheme, _, given = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
                 error = ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
-                                 type="authentication_error", code="invalid_api_key")
-                await _error_response(error)(scope, receive, send)
+                                 type="authentication_error", code="invalid_api_key",
+                                 headers={"WWW-Authenticate": 'Bearer realm="edgespec"'})
+                await error_response(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def _error_response(e: ApiError) -> Response:
-    return JSONResponse(e.body(), e.status, headers=e.headers)
-
-
 async def _api_error(_: Request, e: Exception) -> Response:
     assert isinstance(e, ApiError)
-    return _error_response(e)
+    return error_response(e)
 
 
 async def _engine_error(_: Request, e: Exception) -> Response:
     assert isinstance(e, EdgespecError)
-    return _error_response(ApiError.from_engine(e))
+    return error_response(ApiError.from_engine(e))
 
 
 async def _http_error(_: Request, e: Exception) -> Response:
     assert isinstance(e, HTTPException)
-    return _error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None))
+    return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None))
 
 
 async def _internal_error(_: Request, e: Exception) -> Response:
     log.error("unhandled error", exc_info=e)
-    return _error_response(ApiError(500, "internal server error; see the server log", type="server_error",
-                                    code="internal_error"))
+    return error_response(ApiError(500, "internal server error; see the server log", type="server_error",
+                                   code="internal_error"))
 
 
 def _lifespan(pool: ModelPool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:

@@ -21,7 +21,7 @@ _COUNTERS = {  # snapshot key → (Prometheus name, help)
 
 class _ModelCounters:
     def __init__(self) -> None:
-        self.requests: Counter[str] = Counter()  # by outcome: done, cancelled, error, rejected
+        self.requests: Counter[str] = Counter()  # by outcome: done, cancelled, error, client_error, rejected
         self.totals: Counter[str] = Counter()
         self.position_trials = [0] * MAX_GAMMA
         self.position_accepts = [0] * MAX_GAMMA
@@ -65,7 +65,8 @@ class Metrics:
 
     def prometheus(self, queue_depths: Mapping[str, int]) -> str:
         snap = self.snapshot(queue_depths)
-        lines = ["# HELP edgespec_requests_total Generations by outcome (done, cancelled, error, rejected).",
+        lines = ["# HELP edgespec_requests_total Generations by outcome (done, cancelled, error, client_error: "
+                 "refused as a bad request, rejected: queue full).",
                  "# TYPE edgespec_requests_total counter"]
         lines += [f'edgespec_requests_total{{model="{_esc(name)}",outcome="{outcome}"}} {n}'
                   for name, s in snap.items() for outcome, n in sorted(s["requests"].items())]  # type: ignore[union-attr]

@@ -1,12 +1,16 @@
 """OpenAI request bodies → engine arguments, and engine output → OpenAI response objects.
 
-Only JSON *types* are checked here; value ranges (temperature >= 0, max_tokens >= 1, top_p in (0, 1],
-mode, γ) are the engine's to check, so the server and the library reject exactly the same things.
+This is the one validation layer of the HTTP server and the bridge: a body is parsed (bounded nesting,
+finite numbers, real text), its JSON types are checked, the API's documented ranges (temperature in
+[0, 2]) and the parameters edgespec cannot honour (tools, JSON mode, penalties) are refused by name.
+The engine's own ranges (max_tokens >= 1, top_p in (0, 1], mode, γ) stay the engine's to check, so
+the server and the library reject exactly the same things.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,6 +24,17 @@ from .pool import ModelNotFoundError
 from .worker import InternalError, QueueFullError
 
 _ENGINE_PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "mode", "gamma")
+MAX_DEPTH = 32  # nesting of a request body; OpenAI's own bodies need about 5
+ROLES = ("system", "developer", "user", "assistant")
+# Parameters edgespec does not implement, and the values that mean "not used" (which clients send by default).
+# Penalties and logit_bias change the target's distribution: they would have to be applied in verification
+# as well to keep speculation exact, and until they are they are refused rather than ignored.
+_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0), "logit_bias": (None, {}), "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0), "best_of": (None, 1), "suffix": (None, ""), "audio": (None,),
+    "modalities": (None, ["text"]), "parallel_tool_calls": (None, True, False)}
 
 
 class ApiError(Exception):
@@ -35,14 +50,14 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     @classmethod
-    def from_engine(cls, e: EdgespecError) -> ApiError:
+    def from_engine(cls, e: EdgespecError, prompt_param: str = "messages") -> ApiError:
         if isinstance(e, QueueFullError):
             return cls(429, str(e), type="rate_limit_error", code="queue_full",
                        headers={"Retry-After": str(e.retry_after)})
         if isinstance(e, ModelNotFoundError):
             return cls(404, str(e), param="model", code="model_not_found")
         if isinstance(e, ContextOverflowError):
-            return cls(400, str(e), param="messages", code="context_length_exceeded")
+            return cls(400, str(e), param=prompt_param, code="context_length_exceeded")
         if isinstance(e, InternalError):
             return cls(500, str(e), type="server_error", code="internal_error")
         # The engine's messages start with the parameter's name ("top_p must be in (0, 1]...").
@@ -52,17 +67,45 @@ class ApiError(Exception):
 
 
 def load_json(data: bytes) -> object:
-    """Parse a request body or line; ValueError if it is not JSON or holds text that is not Unicode.
+    """Parse a request body or line; ValueError if it is not JSON, nests deeper than MAX_DEPTH, holds a
+    number that is not finite (NaN, Infinity, 1e400) or text that is not Unicode.
 
     JSON may spell lone UTF-16 surrogates ("\\ud800"): no tokenizer can encode them, so they are
     refused here as bad input rather than failing later inside the model.
     """
-    value = json.loads(data)
+    try:
+        value = json.loads(data, parse_constant=_not_finite, parse_float=_finite_float)
+    except RecursionError:  # Python's parser recurses: a line of 1000 "[" would otherwise kill the reader
+        raise ValueError(f"the JSON nests deeper than {MAX_DEPTH} levels") from None
+    _check_depth(value)
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("the JSON holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text") from None
     return value
+
+
+def _not_finite(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large")
+    return value
+
+
+def _check_depth(value: object) -> None:
+    """Refuse deep nesting here, without recursion, so nothing after parsing has to walk it."""
+    level: list[object] = [value]
+    for _ in range(MAX_DEPTH):
+        level = [child for v in level if isinstance(v, dict | list)
+                 for child in (v.values() if isinstance(v, dict) else v)]
+        if not level:
+            return
+    if any(isinstance(v, dict | list) for v in level):
+        raise ValueError(f"the JSON nests deeper than {MAX_DEPTH} levels")
 
 
 @dataclass
@@ -74,11 +117,18 @@ class GenerationRequest:
     prompt: list[dict[str, str]] | str | list[int]
     stream: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+    include_usage: bool = False  # stream_options.include_usage: usage in a last chunk of its own
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.chat else "prompt"
 
     def start(self, engine: Engine) -> Iterator[StreamChunk]:
         """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
-        # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is full.
-        kwargs = {"max_tokens": engine.arena.n_ctx, **self.kwargs}
+        # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is
+        # full, so a larger max_tokens is clamped to the context.
+        kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", engine.arena.n_ctx),
+                                                   engine.arena.n_ctx)}
         if self.chat:
             return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
         return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
@@ -90,7 +140,7 @@ def parse_chat(body: object) -> GenerationRequest:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", param="messages", code="invalid_type")
     return GenerationRequest(True, _model(body), [_message(m, i) for i, m in enumerate(messages)],
-                             _flag(body, "stream"), _sampling(body))
+                             _flag(body, "stream"), _sampling(body), _include_usage(body))
 
 
 def parse_completion(body: object) -> GenerationRequest:
@@ -104,7 +154,8 @@ def parse_completion(body: object) -> GenerationRequest:
                        param="prompt", code="invalid_type")
     if body.get("echo"):
         raise ApiError(400, "'echo' is not supported", param="echo", code="unsupported")
-    return GenerationRequest(False, _model(body), prompt, _flag(body, "stream"), _sampling(body))
+    return GenerationRequest(False, _model(body), prompt, _flag(body, "stream"), _sampling(body),
+                             _include_usage(body))
 
 
 def _object(body: object) -> dict[str, Any]:
@@ -120,17 +171,29 @@ def _model(body: dict[str, Any]) -> str | None:
     return model
 
 
-def _flag(body: dict[str, Any], key: str) -> bool:
+def _flag(body: dict[str, Any], key: str, param: str | None = None) -> bool:
     value = body.get(key, False)
     if not isinstance(value, bool):
-        raise ApiError(400, f"'{key}' must be true or false", param=key, code="invalid_type")
+        raise ApiError(400, f"'{param or key}' must be true or false", param=param or key, code="invalid_type")
     return value
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options", code="invalid_type")
+    return _flag(options, "include_usage", "stream_options.include_usage")
 
 
 def _message(m: object, i: int) -> dict[str, str]:
     param = f"messages[{i}]"
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise ApiError(400, f"{param} needs a string 'role'", param=param, code="invalid_type")
+    if m["role"] not in ROLES:  # "tool" and "function" would need tool support; anything else is a typo
+        raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}, got {m['role'][:40]!r}",
+                       param=f"{param}.role", code="unsupported")
     content = m.get("content")
     if isinstance(content, list):  # content parts: only text can be read by a text model
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -141,27 +204,34 @@ def _message(m: object, i: int) -> dict[str, str]:
         content = ""
     if not isinstance(content, str):
         raise ApiError(400, f"{param} needs string 'content'", param=param, code="invalid_type")
-    return {"role": m["role"], "content": content}
+    # "developer" is the newer name of "system" (OpenAI's o-series clients send it); templates know "system".
+    return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise ApiError(400, "only n=1 is supported: send one request per completion", param="n", code="unsupported")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported")
+    for key, unused in _UNSUPPORTED.items():
+        value = body.get(key)
+        if not any(value == u and isinstance(value, bool) == isinstance(u, bool) for u in unused):
+            raise ApiError(400, f"'{key}' is not supported by edgespec (it would be ignored, so it is refused)",
+                           param=key, code="unsupported")
     kw: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         kw["max_tokens"] = _typed(max_tokens, int, "max_tokens")
     kw["temperature"] = float(_typed(body.get("temperature", 1.0), float, "temperature"))  # OpenAI's default
+    if not 0 <= kw["temperature"] <= 2:  # OpenAI's documented range
+        raise ApiError(400, f"temperature must be in [0, 2], got {kw['temperature']:.6g}", param="temperature",
+                       code="invalid_value")
     for key, kind in (("top_p", float), ("top_k", int), ("min_p", float)):
         if body.get(key) is not None:
             kw[key] = _typed(body[key], kind, key)
     if body.get("seed") is not None:
         kw["seed"] = _typed(body["seed"], int, "seed")
-        if kw["seed"] < 0:  # numpy's generator takes non-negative seeds only
-            raise ApiError(400, "seed must be >= 0", param="seed", code="invalid_value")
+        if not 0 <= kw["seed"] < 1 << 64:  # numpy's generator takes non-negative seeds only
+            raise ApiError(400, "seed must be in [0, 2**64)", param="seed", code="invalid_value")
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -216,7 +286,8 @@ def completion_body(req: GenerationRequest, rid: str, model: str, text: str, fin
 
 def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk | None, draft_chars: int = 0,
                first: bool = False) -> dict[str, object]:
-    """One SSE event. ``chunk`` None: the chat stream's opening event (role only). The last one carries usage.
+    """One SSE event. ``chunk`` None: the chat stream's opening event (role only). The last one carries usage,
+    unless the client asked for it in a chunk of its own (``usage_chunk``).
 
     ``edgespec`` tells the chat page which text came from the drafter: the first ``draft_chars``
     characters of this event's text belong to the draft tokens the target accepted.
@@ -233,9 +304,16 @@ def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk 
     if chunk is not None:
         body["edgespec"] = {"tokens": len(chunk.tokens), "drafted": chunk.drafted, "accepted": chunk.accepted,
                             "draft_chars": draft_chars}
-        if chunk.stats is not None:
+        if chunk.stats is not None and not req.include_usage:
             body["usage"] = usage(chunk.stats)
     return body
+
+
+def usage_chunk(req: GenerationRequest, rid: str, model: str, stats: GenerationStats) -> dict[str, object]:
+    """The stream's last event with ``stream_options.include_usage``: no choices, only usage (as OpenAI sends
+    it; the Node client's stream aggregation expects exactly that)."""
+    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [], "usage": usage(stats)}
 
 
 def draft_chars(chunk: StreamChunk, piece: Callable[[int], bytes]) -> int:

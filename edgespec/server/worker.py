@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..engine import Engine, StreamChunk
-from ..errors import EdgespecError
+from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .metrics import Metrics
 
 log = logging.getLogger("edgespec.server")
 
 DONE, CANCELLED, FAILED = "done", "cancelled", "error"
+CLIENT_ERROR = "client_error"  # counted apart from FAILED: a bad request is not a server fault
 
 
 class QueueFullError(EdgespecError):
@@ -145,5 +146,6 @@ class EngineWorker:
         except Exception:  # a bug must neither reach the client as a traceback nor kill the worker
             log.exception("generation on %s failed", self.name)
             outcome, error = FAILED, InternalError("internal error while generating; see the server log")
-        self.metrics.record(self.name, outcome, stats, n_tokens)
+        counted = CLIENT_ERROR if isinstance(error, InvalidParameterError | ContextOverflowError) else outcome
+        self.metrics.record(self.name, counted, stats, n_tokens)
         job.on_end(outcome, error)
