@@ -52,6 +52,8 @@ class ExactnessWarning(UserWarning):
 class Probed(Protocol):
     """What the probe needs from a model: the arena's cache interface plus a tokenizer."""
 
+    n_ctx: int
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray: ...
     def truncate(self, keep: int) -> None: ...
@@ -75,14 +77,20 @@ class Exactness:
                 f"argmax agrees at {self.argmax_agree}/{self.positions} positions)")
 
 
+def contexts(n_ctx: int) -> list[int]:
+    """The probed context lengths that fit a context window of ``n_ctx`` tokens."""
+    return sorted({max(1, min(c, n_ctx - BATCH)) for c in CONTEXTS})
+
+
 def probe(model: Probed) -> tuple[float, int, int]:
     """Max |logit difference|, argmax agreements and positions compared, single-token vs batched decoding.
     Leaves the model's cache empty."""
     text = model.tokenize(_TEXT, add_special=True)
-    needed = max(CONTEXTS) + BATCH
+    probed = contexts(model.n_ctx)
+    needed = max(probed) + BATCH
     tokens = (text * (needed // len(text) + 1))[:needed]
     worst, agree, n = 0.0, 0, 0
-    for context in CONTEXTS:
+    for context in probed:
         model.truncate(0)
         model.decode(tokens[:context], 0, 1)
         tail = tokens[context:context + BATCH]
@@ -104,7 +112,8 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
     """What the verdict depends on, for a llama.cpp or an ONNX model (module docstring)."""
     from .onnx_backend import OnnxModel
 
-    key: dict[str, object] = {"cpu": cpu_identity(), "device": device, "threads": getattr(model, "n_threads", None)}
+    key: dict[str, object] = {"cpu": cpu_identity(), "device": device, "threads": getattr(model, "n_threads", None),
+                              "contexts": contexts(model.n_ctx)}  # type: ignore[attr-defined]
     if isinstance(model, OnnxModel):
         import onnxruntime as ort
 

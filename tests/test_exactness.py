@@ -43,6 +43,16 @@ def test_the_exact_build_passes_quickly_and_the_verdict_is_cached(home: Path) ->
         model.close()
 
 
+def test_a_small_context_window_is_probed_within_it(home: Path) -> None:
+    model = LlamaModel(families()["smollm2-135m"].prepare("q4_1"), ContextOptions(n_ctx=16, n_threads=1))
+    try:
+        result = check(model, "cpu")
+        window = model.n_ctx  # llama.cpp rounds a small request up (256 here), still below 320 + 5
+    finally:
+        model.close()
+    assert window < 325 and result.exact and result.key["contexts"] == [24, window - 5]  # no overflow
+
+
 def test_the_key_names_the_build_device_and_quantization() -> None:
     model = _shipped()
     try:
@@ -70,7 +80,7 @@ class PerturbedBatches:
     tiny offset, as a non-batch-invariant GPU kernel would give them. Only the probe's own logic is under test."""
 
     def __init__(self, model: LlamaModel) -> None:
-        self.model = model
+        self.model, self.n_ctx = model, model.n_ctx
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special, parse_special)
