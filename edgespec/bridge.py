@@ -177,8 +177,8 @@ class Session:
                 self.error(rid, "load_failed", str(e))
                 return
             except Exception as e:  # llama.cpp or the file system may fail in ways we did not name
-                log.exception("loading %s failed", spec.model)
-                self.error(rid, "load_failed", f"could not load {spec.model!r}: {e}")
+                log.exception("loading %s failed", spec.name)
+                self.error(rid, "load_failed", f"could not load {spec.name!r}: {e}")
                 return
             worker.ready.wait()
             self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.arena.n_ctx,

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -30,8 +31,9 @@ def _stats_line(s: GenerationStats) -> str:
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model name (see `edgespec models`), GGUF path or ONNX export directory")
+    p.add_argument("--model", default=None,
+                   help="model name (see `edgespec models`), GGUF path or ONNX export directory (default: "
+                        f"{DEFAULT_MODEL} as measured fastest on this machine on first use; `edgespec tune --default`)")
     p.add_argument("--draft", default=None,
                    help="'ngram' (prompt lookup), 'none' (target alone), 'layerskip' / 'hybrid' (ONNX models: the "
                         "model drafts with layers skipped; hybrid tries lookup first), a draft model path/name, or "
@@ -46,11 +48,14 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast-numerics", action="store_true",
                    help="F16 KV cache and flash attention (the usual fast path on GPUs), but greedy output may "
                         "drift from target-only decoding at long contexts")
+    p.add_argument("--require-exact", action="store_true",
+                   help="refuse to run where this build and device give batched verification other logits than "
+                        "one-token decoding (checked once per build and device), instead of warning")
 
 
 def _load(args: argparse.Namespace) -> Engine:
     return ModelSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics, args.backend).load_engine()
+                     args.fast_numerics, args.backend, args.require_exact).load_engine()
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -158,6 +163,10 @@ def _drafts_for(model: str, as_json: bool) -> int:
     return 0
 
 
+def _format_warning(message: Warning | str, category: type[Warning], *_: object) -> str:
+    return f"edgespec: warning: {message}\n"  # a user-facing line (the exactness check's), not a source location
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgespec", description="Lossless speculative decoding on local CPUs")
     parser.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
@@ -196,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")
+    warnings.formatwarning = _format_warning
     try:
         return args.func(args)
     except EdgespecError as e:

@@ -13,7 +13,7 @@ import importlib.metadata as md
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
@@ -25,6 +25,10 @@ else:  # pragma: no cover
 
 DEFAULT_MODEL = "smollm2-135m"
 QUANTS = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q4_k_m": 15}  # llama_ftype values
+# A variant may be a default (or a candidate for this machine's measured default) only this close to the
+# shipped weights: top-1 agreement and KL(shipped ‖ variant) per token, as export/quality.py measures them.
+DEFAULT_MIN_TOP1 = 0.99
+DEFAULT_MAX_KL = 0.01
 
 
 def cache_dir() -> Path:
@@ -74,6 +78,7 @@ class ModelFamily:
     pair_target: str
     pair_draft: str
     pairings: tuple[Pairing, ...] = ()
+    quality: dict[str, tuple[float, float]] = field(default_factory=dict)  # quant → measured (top-1, KL)
 
     @classmethod
     def from_toml(cls, path: Path) -> ModelFamily:
@@ -82,13 +87,24 @@ class ModelFamily:
             family = cls(d["name"], d["description"], int(d["context_length"]), d["default_quant"],
                          d["source"]["package"], d["source"]["file"], d["source"]["quant"],
                          d["pair"]["target"], d["pair"]["draft"],
-                         tuple(Pairing.from_dict(p) for p in d.get("pairings", [])))
+                         tuple(Pairing.from_dict(p) for p in d.get("pairings", [])),
+                         {q: (float(v["top1"]), float(v["kl"])) for q, v in d.get("quality", {}).items()})
         except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as e:
             raise EdgespecError(f"invalid model manifest {path}: {e!r}") from e
-        for quant in (family.default_quant, family.source_quant, family.pair_target, family.pair_draft):
+        for quant in (family.default_quant, family.source_quant, family.pair_target, family.pair_draft,
+                      *family.quality):
             if quant not in QUANTS:
                 raise EdgespecError(f"invalid model manifest {path}: unknown quantization {quant!r}")
+        if family.default_quant not in family.default_candidates():
+            raise EdgespecError(f"invalid model manifest {path}: the default {family.default_quant!r} is below the "
+                                f"quality bar (top-1 ≥ {DEFAULT_MIN_TOP1}, KL ≤ {DEFAULT_MAX_KL} against the "
+                                "shipped weights) or has no measured [quality] entry")
         return family
+
+    def default_candidates(self) -> list[str]:
+        """The shipped quantization and those whose measured quality passes the bar for a default."""
+        passing = [q for q, (top1, kl) in self.quality.items() if top1 >= DEFAULT_MIN_TOP1 and kl <= DEFAULT_MAX_KL]
+        return [self.source_quant, *(q for q in passing if q != self.source_quant)]
 
     def installed(self) -> bool:
         try:

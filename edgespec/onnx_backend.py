@@ -307,6 +307,11 @@ class OnnxModel:
         return f"{m.get('architecture', '?')} {self.n_layer} layers, {m.get('quant', '?')} (ONNX)"
 
     @property
+    def providers(self) -> list[str]:
+        """The execution providers the sessions run on, best first."""
+        return list(self._embed.get_providers())
+
+    @property
     def chat_template(self) -> str | None:
         return self.manifest.get("chat_template") or self.tokenizer.config.get("chat_template")
 

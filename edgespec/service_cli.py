@@ -56,7 +56,7 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
 
 def _spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics, args.backend, cache_mb=args.cache_mb)
+                     args.fast_numerics, args.backend, cache_mb=args.cache_mb, require_exact=args.require_exact)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -77,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     pool.load(_spec(args))
     app = create_app(pool, api_key=args.api_key, cors_origins=args.cors_origin, max_body=args.max_body,
                      hosts=allowed_hosts(args.host, args.allowed_host))
-    print(f"edgespec: serving {args.model} on http://{args.host}:{args.port}/ (ready when /health says ok)",
+    print(f"edgespec: serving {_spec(args).name} on http://{args.host}:{args.port}/ (ready when /health says ok)",
           file=sys.stderr, flush=True)
     run(app, pool, args.host, args.port, args.shutdown_timeout)
     return 0

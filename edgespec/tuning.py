@@ -6,6 +6,10 @@ verify-cost curve and the best mode depend on all of them. Files are keyed by ea
 They live in ``$EDGESPEC_HOME/tuning`` (default ``~/.cache/edgespec/tuning``). ``EDGESPEC_TUNING=off``
 makes ``load`` ignore them (the tests do, so that a developer's tuning cannot change what they check), and
 so does ``exact_numerics=False``: tunings are measured with exact numerics, whose costs differ.
+
+The same directory holds the default-model choice (``DefaultChoice``, ``default-*.json``): which variant, backend
+and mode ``edgespec.load()`` runs without a model, keyed by the shipped file, the candidates, threads, device and
+CPU (edgespec/default_model.py).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,6 +29,7 @@ from .gamma import CostCurve
 from .models import cache_dir
 
 FORMAT = 1
+R = TypeVar("R", "Tuning", "DefaultChoice")
 
 
 class TuningError(EdgespecError):
@@ -77,28 +84,88 @@ class Tuning:
         return CostCurve(shape=np.array(self.curve_shape, dtype=float), scale=self.curve_scale)
 
     def save(self) -> Path:
-        path = tuning_path(self.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"format": FORMAT, **asdict(self)}, indent=1))
-        tmp.replace(path)
-        return path
+        return _write(tuning_path(self.key), self)
 
     @classmethod
     def read(cls, path: Path) -> Tuning:
-        try:
-            d = json.loads(path.read_text())
-            if d.pop("format", None) != FORMAT:
-                raise TuningError(f"{path} has another tuning format; run `edgespec tune` again")
-            return cls(**d)
-        except (OSError, ValueError, TypeError) as e:
-            raise TuningError(f"unreadable tuning file {path}: {e}") from e
+        return _read(cls, path)
+
+
+def _write(path: Path, record: Tuning | DefaultChoice) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": FORMAT, **asdict(record)}, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _read(cls: type[R], path: Path) -> R:
+    try:
+        d = json.loads(path.read_text())
+        if d.pop("format", None) != FORMAT:
+            raise TuningError(f"{path} has another tuning format; run `edgespec tune` again")
+        return cls(**d)
+    except (OSError, ValueError, TypeError) as e:
+        raise TuningError(f"unreadable tuning file {path}: {e}") from e
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("EDGESPEC_TUNING", "on").lower() not in ("off", "0", "no")
 
 
 def find_tuning(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None, threads: int,
                 device: str) -> Tuning | None:
     """The tuning for exactly this model file (and draft), thread count and device, if one was written."""
-    if os.environ.get("EDGESPEC_TUNING", "on").lower() in ("off", "0", "no"):
+    if not tuning_enabled():
         return None
     path = tuning_path(tuning_key(target, draft, threads, device))
     return Tuning.read(path) if path.exists() else None
+
+
+@dataclass
+class DefaultChoice:
+    """What the first ``edgespec.load()`` without a model measured on this machine and chose: the model
+    (a variant name such as ``smollm2-135m:q4_1`` or an ONNX export directory), its backend, mode and γ."""
+
+    key: dict[str, object]
+    target: str
+    backend: str
+    mode: str
+    gamma: int | str
+    reason: str
+    candidates: list[dict[str, object]]  # one row per model × mode raced: tok/s, ×, identical to plain
+    skipped: dict[str, str]  # candidate → why it was not raced (quality, exactness, a missing extra)
+    details: dict[str, object] = field(default_factory=dict)  # prompts, tokens, seconds, date
+
+    def save(self) -> Path:
+        return _write(default_choice_path(self.key), self)
+
+
+def cpu_identity() -> str:
+    """The CPU model and its feature flags (a digest): a choice measured on one CPU says nothing about another."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 platform.machine())
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:8]}]"
+
+
+def default_choice_key(source: str | os.PathLike[str], candidates: list[str], onnx: str | None, threads: int,
+                       device: str) -> dict[str, object]:
+    """The shipped file the candidates derive from, which candidates, the onnxruntime version (None without it),
+    threads, device and CPU."""
+    return {"source": file_identity(source), "candidates": candidates, "onnxruntime": onnx, "threads": threads,
+            "device": device, "cpu": cpu_identity()}
+
+
+def default_choice_path(key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return tuning_dir() / f"default-{digest}.json"
+
+
+def find_default_choice(key: dict[str, object]) -> DefaultChoice | None:
+    path = default_choice_path(key)
+    return _read(DefaultChoice, path) if path.exists() else None

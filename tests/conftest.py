@@ -53,7 +53,7 @@ def onnx_engine() -> Iterator[Engine]:
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[Engine]:
-    """The default model (SmolLM2-135M Q4_0) with n-gram lookup."""
+    """The default model (SmolLM2-135M as shipped, Q4_1) with n-gram lookup."""
     e = edgespec.load(n_ctx=4096)
     yield e
     e.close()

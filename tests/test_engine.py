@@ -94,4 +94,4 @@ def test_cli_lists_models() -> None:
                             text=True, timeout=120)
     rows = {r["name"]: r for r in json.loads(result.stdout)["families"]}
     assert rows["smollm2-135m"]["installed"] is True
-    assert rows["smollm2-135m"]["default"] == "smollm2-135m:q4_0"
+    assert rows["smollm2-135m"]["default"] == "smollm2-135m:q4_1"  # the shipped weights: Q4_0 fails the quality bar

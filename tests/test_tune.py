@@ -29,7 +29,7 @@ def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.M
     assert all(c["identical"] == c["generations"] for c in candidates)  # greedy: every candidate is lossless
     assert report["details"]["calibration_set"].endswith("(built-in, not from Spec-Bench)")
 
-    engine = edgespec.load(n_threads=1)
+    engine = edgespec.load("smollm2-135m", n_threads=1)  # named: without a model, load() measures the default
     try:
         tuned = engine.tuning
         assert tuned is not None and tuned.key == report["key"]
@@ -50,7 +50,7 @@ def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.M
 
     assert main(["tune", "--show", "--threads", "1"]) == 0
     assert f"mode {tuned.mode}, γ {tuned.gamma}" in capsys.readouterr().out
-    other = edgespec.load(n_threads=2, mode="none")  # another thread count: another tuning (none here)
+    other = edgespec.load("smollm2-135m", n_threads=2, mode="none")  # another thread count: another tuning (none here)
     assert other.tuning is None
     other.close()
     monkeypatch.setenv("EDGESPEC_TUNING", "off")

@@ -65,6 +65,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--quick", action="store_true", help="a CI-sized run (~half a minute) instead of a few minutes")
     t.add_argument("--show", action="store_true", help="print the stored tuning instead of measuring")
     t.add_argument("--json", action="store_true", help="print the tuning as JSON")
+    t.add_argument("--default", action="store_true",
+                   help="choose the model, backend and drafter `edgespec generate` / edgespec.load() use without a "
+                        "model (measured on first use anyway): quality-passing variants × n-gram/none, and ONNX")
     t.set_defaults(func=_tune)
 
     r = sub.add_parser("row-cost", help="what each onnxruntime kernel of an ONNX export charges per row of a call",
@@ -162,6 +165,11 @@ def _row_cost(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from .tune import show, tune
 
+    if args.default:
+        from ..llama_backend import physical_cores
+        from .choose import show as show_default
+
+        return show_default(args.threads or physical_cores(), args.device, measure=not args.show)
     if args.show:
         return show(args.model, args.draft, args.threads, args.device, args.json)
     return tune(args.model, args.draft, args.threads, args.device, args.quick, args.json)

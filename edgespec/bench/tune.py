@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..stats import GenerationStats
 from ..tuning import Tuning, find_tuning, tuning_key, tuning_path
 
 CALIBRATION_SET = "edgespec-tune/1 (built-in, not from Spec-Bench)"
-_PROMPTS = [
+CALIBRATION_PROMPTS = [
     "Rewrite this paragraph in the past tense, keeping everything else the same:\n\nThe committee meets every "
     "Tuesday in the old library. Each member brings a short report, and the chair reads the reports aloud. "
     "After the reading, the members vote on which projects receive funding for the next month.",
@@ -49,7 +50,7 @@ _MIN_TRIALS = 3  # draft positions tried fewer times than this take the previous
 
 def tune(model: str, draft: str | None, threads: int | None, device: str, quick: bool, as_json: bool) -> int:
     started = time.perf_counter()
-    prompts, max_tokens, rounds = (_PROMPTS[:2], 32, 1) if quick else (_PROMPTS, 128, 2)
+    prompts, max_tokens, rounds = (CALIBRATION_PROMPTS[:2], 32, 1) if quick else (CALIBRATION_PROMPTS, 128, 2)
     engine = edgespec.load(model, draft=draft, mode="none", gamma=0, n_threads=threads, device=device, tuning=False)
     try:
         say = (lambda _text: None) if as_json else print
@@ -86,7 +87,7 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
             candidates += [(d, "auto"), (d, best_k)]
         if "hybrid" in engine.modes:  # its drafters are the ones measured above, keyed by name
             candidates.append(("hybrid", "auto"))
-        measured = _race(engine, candidates, prompt_tokens, max_tokens, rounds)
+        measured = race([(engine, candidates, prompt_tokens)], max_tokens, rounds)[0]
         base = measured[("none", 0)]["decode_tok_s"]
         for m in measured.values():
             m["speedup"] = m["decode_tok_s"] / base if base else 0.0
@@ -146,23 +147,33 @@ def _fixed_gamma_rates(t: Tuning, drafter: str) -> list[float]:
     return rates
 
 
-def _race(engine: Engine, candidates: list[tuple[str, int | str]], prompts: list[list[int]], max_tokens: int,
-          rounds: int) -> dict[tuple[str, int | str], dict]:
-    """Decode speed of each candidate on the calibration prompts, interleaved, and whether it matched plain."""
-    totals = {c: {"decoded": 0, "decode_s": 0.0, "identical": 0, "generations": 0} for c in candidates}
-    for _ in range(rounds):
-        for tokens in prompts:
-            plain: list[int] | None = None
-            for mode, gamma in candidates:
-                out = engine.generate(tokens, max_tokens=max_tokens, mode=mode, gamma=gamma)
-                plain = out.tokens if plain is None else plain  # candidates[0] is plain decoding
-                t = totals[(mode, gamma)]
-                t["decoded"] += max(out.stats.generated_tokens - 1, 0)
-                t["decode_s"] += out.stats.decode_s
-                t["identical"] += out.tokens == plain
-                t["generations"] += 1
-    return {c: {"decode_tok_s": t["decoded"] / t["decode_s"] if t["decode_s"] else 0.0,
-                "identical": t["identical"], "generations": t["generations"]} for c, t in totals.items()}
+Entry = tuple[Engine, list[tuple[str, int | str]], list[list[int]]]  # an engine, its (mode, γ) candidates, prompts
+
+
+def race(entries: list[Entry], max_tokens: int, rounds: int,
+         progress: Callable[[str], None] = lambda _: None) -> list[dict[tuple[str, int | str], dict]]:
+    """Decode speed of each engine's candidates on its prompts (prompt i of every engine is the same text), all
+    interleaved prompt by prompt so that the machine's drift hits every candidate alike, and whether each
+    candidate's output matched its engine's plain decoding (each engine's first candidate)."""
+    totals = [{c: {"decoded": 0, "decode_s": 0.0, "identical": 0, "generations": 0} for c in candidates}
+              for _, candidates, _ in entries]
+    n_prompts = max(len(prompts) for _, _, prompts in entries)
+    for r in range(rounds):
+        for i in range(n_prompts):
+            progress(f"text {r * n_prompts + i + 1} of {rounds * n_prompts}")
+            for (engine, candidates, prompts), engine_totals in zip(entries, totals, strict=True):
+                plain: list[int] | None = None
+                for mode, gamma in candidates:
+                    out = engine.generate(prompts[i], max_tokens=max_tokens, mode=mode, gamma=gamma)
+                    plain = out.tokens if plain is None else plain
+                    t = engine_totals[(mode, gamma)]
+                    t["decoded"] += max(out.stats.generated_tokens - 1, 0)
+                    t["decode_s"] += out.stats.decode_s
+                    t["identical"] += out.tokens == plain
+                    t["generations"] += 1
+    return [{c: {"decode_tok_s": t["decoded"] / t["decode_s"] if t["decode_s"] else 0.0,
+                 "identical": t["identical"], "generations": t["generations"]} for c, t in engine_totals.items()}
+            for engine_totals in totals]
 
 
 def _as_dict(t: Tuning) -> dict[str, object]:

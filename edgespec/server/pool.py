@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from .. import load
 from ..engine import MODES, Engine
 from ..errors import EdgespecError, InvalidParameterError
+from ..models import DEFAULT_MODEL
 from ..prompt_cache import DEFAULT_CACHE_MB
 from .metrics import Metrics
 from .worker import EngineWorker
@@ -24,7 +25,7 @@ class ModelSpec:
     ``none``), a draft model name/path or ``auto`` (a local draft model where one pays); None (and ``gamma``
     None) take what ``edgespec tune`` chose, else n-gram lookup with γ auto."""
 
-    model: str
+    model: str | None  # None: the default model (measured on first use, see edgespec.load)
     draft: str | None = None
     mode: str | None = None  # the default mode; None: "draft" with a draft model, else what --draft says
     gamma: int | str | None = None
@@ -34,19 +35,25 @@ class ModelSpec:
     fast_numerics: bool = False
     backend: str = "auto"
     cache_mb: float = DEFAULT_CACHE_MB  # saved conversation states (edgespec/prompt_cache.py)
+    require_exact: bool = False
+
+    @property
+    def name(self) -> str:
+        """What clients call the model."""
+        return self.model or DEFAULT_MODEL
 
     def load_engine(self) -> Engine:
         if self.draft == "auto":  # a draft model only where it measurably pays here (draft_pairing)
             from ..draft_pairing import choose_draft
 
-            choice = choose_draft(self.model, self.threads, self.device)
+            choice = choose_draft(self.name, self.threads, self.device)
             print(f"edgespec: --draft auto: {choice.reason}", file=sys.stderr)
             return replace(self, draft=choice.draft, mode=self.mode or choice.mode).load_engine()
         has_draft = self.draft is not None and self.draft not in MODES
         engine = load(self.model, draft=self.draft if has_draft else None,
-                    mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
-                    n_ctx=self.ctx, n_threads=self.threads, device=self.device,
-                    exact_numerics=not self.fast_numerics, backend=self.backend)
+                      mode=self.mode or ("draft" if has_draft else self.draft), gamma=self.gamma,
+                      n_ctx=self.ctx, n_threads=self.threads, device=self.device,
+                      exact_numerics=not self.fast_numerics, backend=self.backend, require_exact=self.require_exact)
         try:
             engine.prompt_cache.resize(self.cache_mb)
         except EdgespecError:
@@ -55,7 +62,7 @@ class ModelSpec:
         return engine
 
     def load_worker(self, metrics: Metrics, max_queue: int) -> EngineWorker:
-        return EngineWorker(self.model, self.load_engine(), metrics, max_queue)
+        return EngineWorker(self.name, self.load_engine(), metrics, max_queue)
 
 
 class ModelPool:
@@ -70,9 +77,9 @@ class ModelPool:
     def load(self, spec: ModelSpec) -> EngineWorker:
         """Load a model under its name; loading a name again returns the engine already there."""
         with self._lock:  # held while loading: two clients loading one name must not get two engines
-            if spec.model not in self._workers:
-                self._workers[spec.model] = spec.load_worker(self.metrics, self.max_queue)
-            return self._workers[spec.model]
+            if spec.name not in self._workers:
+                self._workers[spec.name] = spec.load_worker(self.metrics, self.max_queue)
+            return self._workers[spec.name]
 
     def get(self, name: str | None) -> EngineWorker:
         """The named model; with no name, the only (or first) one loaded."""

@@ -1,0 +1,53 @@
+"""Which model ``edgespec.load()`` runs when none is named: measured once per machine, then read back.
+
+The candidates are the default family's variants that pass the quality bar (``ModelFamily.default_candidates``)
+and, with onnxruntime installed, an ONNX export of its shipped GGUF; ``edgespec/bench/choose.py`` races them
+(with and without n-gram drafting) and stores the fastest lossless one. With ``EDGESPEC_TUNING=off`` (the tests)
+nothing is measured: the default is the family's default quantization with n-gram lookup, γ auto.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from .models import DEFAULT_MODEL, families
+from .tuning import DefaultChoice, TuningError, default_choice_key, find_default_choice, tuning_enabled
+
+FIXED = DefaultChoice(key={}, target=DEFAULT_MODEL, backend="auto", mode="ngram", gamma="auto",
+                      reason="fixed default (EDGESPEC_TUNING is off)", candidates=[], skipped={})
+
+
+def onnxruntime_version() -> str | None:
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
+def choice_key(threads: int, device: str) -> dict[str, object] | None:
+    """The key of this machine's choice, or None when the default family's weights are not installed (loading
+    the fixed default then says which package to install)."""
+    family = families()[DEFAULT_MODEL]
+    source = family.source_path()
+    if source is None:
+        return None
+    return default_choice_key(source, family.default_candidates(), onnxruntime_version(), threads, device)
+
+
+def default_choice(threads: int, device: str) -> DefaultChoice:
+    """The stored choice for this machine, measured now (about a minute, with progress on stderr) if there is
+    none; ``FIXED`` when tuning is off."""
+    key = choice_key(threads, device) if tuning_enabled() else None
+    if key is None:
+        return FIXED
+    try:
+        found = find_default_choice(key)
+    except TuningError:
+        found = None  # an unreadable or older file: measure again and overwrite it
+    if found is not None and (found.backend != "onnx" or Path(found.target).is_dir()):  # an export may be deleted
+        return found
+    from .bench.choose import choose_default
+
+    return choose_default(families()[DEFAULT_MODEL], key, threads, device)

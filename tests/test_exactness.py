@@ -1,0 +1,119 @@
+"""The exactness self-check: real llama.cpp on the 135M model, exact and not, cached per build and device."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.cli import main
+from edgespec.exactness import ExactnessWarning, NotExactError, build_key, check, probe
+from edgespec.llama_backend import ContextOptions, LlamaModel
+from edgespec.models import families
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # a fresh verdict cache (the shipped Q4_1 needs no cache)
+    return tmp_path
+
+
+def _shipped(exact_numerics: bool = True, n_threads: int = 1) -> LlamaModel:
+    return LlamaModel(families()["smollm2-135m"].prepare("q4_1"),
+                      ContextOptions(n_ctx=1024, n_threads=n_threads, exact_numerics=exact_numerics))
+
+
+def test_the_exact_build_passes_quickly_and_the_verdict_is_cached(home: Path) -> None:
+    model = _shipped()
+    try:
+        cpu = time.process_time()
+        first = check(model, "cpu")
+        cpu = time.process_time() - cpu  # CPU seconds: wall time on a shared machine says little
+        assert first.exact and first.max_abs_diff == 0.0 and first.argmax_agree == first.positions == 10
+        assert not first.cached and cpu < 6.0  # ~2 s of one core when quiet (~1 s on 2 threads)
+        again = check(model, "cpu")
+        assert again.cached and again.exact and again.key == first.key
+        assert len(list((home / "exactness").glob("llamacpp-*.json"))) == 1
+        assert model.cache_end() == 0  # the probe leaves the cache empty
+    finally:
+        model.close()
+
+
+def test_a_small_context_window_is_probed_within_it(home: Path) -> None:
+    model = LlamaModel(families()["smollm2-135m"].prepare("q4_1"), ContextOptions(n_ctx=16, n_threads=1))
+    try:
+        result = check(model, "cpu")
+        window = model.n_ctx  # llama.cpp rounds a small request up (256 here), still below 320 + 5
+    finally:
+        model.close()
+    assert window < 325 and result.exact and result.key["contexts"] == [24, window - 5]  # no overflow
+
+
+def test_the_key_names_the_build_device_and_quantization() -> None:
+    model = _shipped()
+    try:
+        key = build_key(model, "cpu", True)
+    finally:
+        model.close()
+    assert key["backend"] == "llamacpp" and key["device"] == "cpu" and "Q4_1" in str(key["quant"])
+    assert key["library"] and "CPU" in str(key["system_info"]) and key["exact_numerics"] is True
+
+
+def test_fast_numerics_are_flagged_at_a_long_context(home: Path) -> None:
+    """llama.cpp's defaults (F16 KV cache, flash attention) on 2 threads: a batched row's logits differ from
+    one-token decoding (real llama.cpp, no wrapper; on one thread they were identical here)."""
+    model = _shipped(exact_numerics=False, n_threads=2)
+    try:
+        result = check(model, "cpu", exact_numerics=False)
+    finally:
+        model.close()
+    assert not result.exact and result.max_abs_diff > 0
+    assert "NOT exact" in result.describe()
+
+
+class PerturbedBatches:
+    """SCRIPTED, not a real backend: the real 135M model whose rows computed in a batch of several tokens get a
+    tiny offset, as a non-batch-invariant GPU kernel would give them. Only the probe's own logic is under test."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model, self.n_ctx = model, model.n_ctx
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.model.tokenize(text, add_special, parse_special)
+
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        logits = self.model.decode(tokens, start, n_logits)
+        return logits + np.float32(1e-3) if n_logits > 1 else logits
+
+    def truncate(self, keep: int) -> None:
+        self.model.truncate(keep)
+
+
+def test_the_probe_flags_perturbed_batched_rows() -> None:
+    model = _shipped()
+    try:
+        worst, agree, n = probe(PerturbedBatches(model))
+    finally:
+        model.close()
+    assert worst == pytest.approx(1e-3, rel=1e-2) and agree == n  # argmax unchanged, logits not: still flagged
+
+
+def test_require_exact_refuses_and_otherwise_warns_once(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(NotExactError, match=r"NOT exact.*--require-exact"):
+        edgespec.load("smollm2-135m:q4_1", exact_numerics=False, require_exact=True, n_ctx=1024, n_threads=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            edgespec.load("smollm2-135m:q4_1", exact_numerics=False, n_ctx=1024, n_threads=2).close()
+    assert [w.category for w in caught] == [ExactnessWarning]  # once, not per load
+    assert "may drift from target-only" in str(caught[0].message)
+    assert main(["generate", "hi", "--model", "smollm2-135m:q4_1", "--fast-numerics", "--require-exact",
+                 "--max-tokens", "2", "--threads", "2", "--ctx", "1024"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgespec: error:") and "Traceback" not in err
+    engine = edgespec.load("smollm2-135m:q4_1", require_exact=True, n_ctx=1024, n_threads=1)  # the exact build passes
+    engine.close()
