@@ -20,7 +20,7 @@ from edgespec.errors import ModelLoadError
 from . import require
 from .block_weights import CARRIED, BlockWeight, from_ggml
 from .ggufio import field, reader
-from .hf import UnsupportedArchitectureError
+from .hf import UnsupportedArchitectureError, check_rope_factors
 from .onnx_graphs import ModelSpec, Weight
 
 ARCHITECTURES = ("llama",)  # GGUF architectures this reader maps (Gemma 3 still goes through transformers)
@@ -49,6 +49,7 @@ def spec_from_gguf(path: Path) -> ModelSpec:
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(f"{path}: GGUF architecture {arch!r} cannot be exported to ONNX without "
                                            f"transformers yet (supported: {', '.join(ARCHITECTURES)})")
+    check_rope_factors(path)
     scaling = field(r, f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise UnsupportedArchitectureError(f"{path}: RoPE scaling {scaling!r} is not supported")

@@ -59,15 +59,17 @@ def check_architecture(model_type: str, where: Path, supported: Collection[str] 
                                            f"(supported: {', '.join(supported)})")
 
 
-def _check_rope_factors(gguf: Path) -> None:
-    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops:
-    the export would silently compute another model (measured on a tiny Llama with rope_freqs: logits off by 0.27
-    of 69 against llama.cpp's). Refused; the model's Hugging Face folder exports correctly."""
+def check_rope_factors(gguf: Path) -> None:
+    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops
+    and edgespec's own GGUF reader does not write yet: the export would silently compute another model (measured
+    on a tiny Llama with rope_freqs: logits off by 0.27 of 69 against llama.cpp's). Refused on both paths; the
+    model's Hugging Face folder exports correctly."""
     from .ggufio import reader
 
     if any(t.name == "rope_freqs.weight" for t in reader(gguf).tensors):
-        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) do not survive "
-                                           "transformers' GGUF loader; export the model's Hugging Face folder instead")
+        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) are not "
+                                           "carried over from a GGUF yet; export the model's Hugging Face folder "
+                                           "instead")
 
 
 def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
@@ -83,7 +85,7 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
     except (ValueError, KeyError, RuntimeError) as e:
         raise UnsupportedArchitectureError(f"{gguf}: transformers cannot read this GGUF: {e}") from e
     check_architecture(config.model_type, gguf)
-    _check_rope_factors(gguf)
+    check_rope_factors(gguf)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                                dtype=torch.float32)
     state = loaded.state_dict()
