@@ -9,16 +9,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from .arena import Cache, KVArena
+from .backend import Backend, SelfDraft
 from .chat import ChatTemplate, Message
 from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
-from .llama_backend import LlamaModel
-from .onnx_backend import LayerSkipView, OnnxModel
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
@@ -31,9 +31,6 @@ SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subse
 LAYERSKIP_MIN_CONFIDENCE = 0.5
 _CALIBRATION_TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model "
                      "then verifies in a single batched forward pass. ") * 4
-
-
-Model = LlamaModel | OnnxModel  # the backends: the engine uses only what both offer
 
 
 @dataclass
@@ -59,7 +56,7 @@ class Completion:
 class Engine:
     """A target model plus its drafters, sharing one KV arena. Create it with ``edgespec.load``."""
 
-    def __init__(self, target: Model, draft: Model | None = None, mode: str | None = None,
+    def __init__(self, target: Backend, draft: Backend | None = None, mode: str | None = None,
                  gamma: int | str = "auto", tuning: Tuning | None = None) -> None:
         self.target = target
         self.tuning = tuning  # from `edgespec tune`: replaces the start-up calibration and seeds the controller
@@ -252,8 +249,8 @@ class Engine:
         calibration (when it is the calibrated set) says how often it agrees and what a draft token costs:
         a self-draft that cannot pay is then declined from the first step instead of after a costly start."""
         curve = self.calibrate()
-        view = self.arena.caches.get("layerskip")
-        estimate = view.calibrated if isinstance(view, LayerSkipView) else None
+        view = cast("SelfDraft | None", self.arena.caches.get("layerskip"))  # the target's self_draft()
+        estimate = view.calibrated if view is not None else None
         if estimate is None:
             return GammaController(curve)
         agreement, cost_ratio = estimate

@@ -21,7 +21,9 @@ from pathlib import Path
 import llama_cpp as lc
 import numpy as np
 
+from .backend import ModelOptions
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .models import resolve
 from .vocab import check_same_vocab
 
 log = logging.getLogger("edgespec.llama")
@@ -285,3 +287,15 @@ class LlamaModel:
     def self_draft(self) -> None:
         """No layer-skip self-draft: llama.cpp offers no way to run a subset of a model's layers."""
         return None
+
+
+def claims(model: str | os.PathLike[str]) -> bool:
+    """GGUF files; llama.cpp is also the default backend, for model names (``smollm2-135m:q8_0``)."""
+    return Path(model).suffix == ".gguf"
+
+
+def open_model(model: str | os.PathLike[str], options: ModelOptions) -> LlamaModel:
+    if options.layer_skip is not None:
+        raise InvalidParameterError("layer_skip needs an ONNX model: llama.cpp cannot skip layers")
+    return LlamaModel(resolve(model), ContextOptions(n_ctx=options.n_ctx, n_threads=options.n_threads,
+                                                    device=options.device, exact_numerics=options.exact_numerics))
