@@ -197,7 +197,8 @@ class Engine:
 
             # Draft, choose γ, verify.
             step_start = time.perf_counter()
-            room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens), MAX_GAMMA)
+            # Accepted draft plus the target's own token must fit the context: target-only stops when it is full.
+            room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens) - 1, MAX_GAMMA)
             draft = self._propose(drafters, gamma, controller, room, params, rng)
             drafted_at = time.perf_counter()
             logits = arena.extend("target", draft.tokens, len(draft) + 1)

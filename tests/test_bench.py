@@ -11,7 +11,6 @@ from edgespec.bench.configs import CONFIGS, select
 from edgespec.bench.questions import BenchError, load_questions
 from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
 from edgespec.cli import main
-from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
@@ -25,9 +24,10 @@ def _bench(tmp_path: Path, *args: str) -> dict:
     return json.loads(path.read_text())
 
 
-def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec_bench_file: Path) -> None:
     """2 questions, 16 tokens, 2 configurations: the JSON has every field, ratios and bounds are consistent."""
-    result = _bench(tmp_path, "--limit", "2", "--max-tokens", "16", "--configs", "target,ngram-g4")
+    result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "2", "--max-tokens", "16",
+                    "--configs", "target,ngram-g4")
     printed = capsys.readouterr().out
     assert "ngram-g4" in printed and "memory bandwidth" in printed
 
@@ -35,7 +35,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert result["machine"]["cpu"] and result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
     assert result["args"]["max_tokens"] == 16 and result["args"]["limit"] == 2 and result["date"]
     assert [c["name"] for c in result["configs"]] == ["target", "ngram-g4"]
-    questions = load_questions(SPEC_BENCH, limit=2)
+    questions = load_questions(spec_bench_file, limit=2)
     turns = sum(len(q["turns"]) for q in questions)
     assert len(result["records"]) == 2 * turns  # every turn of every question, for both configurations
     assert all(0 < r["n_tokens"] <= 16 for r in result["records"])
@@ -77,9 +77,10 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.slow  # two transformers workers import torch and dequantize the GGUF: ~30 s quiet, 100 s loaded
-def test_transformers_peers(tmp_path: Path) -> None:
+def test_transformers_peers(tmp_path: Path, spec_bench_file: Path) -> None:
     """transformers' plain greedy and prompt lookup on the same dequantized weights, prompts and threads."""
-    result = _bench(tmp_path, "--limit", "1", "--max-tokens", "8", "--configs", "hf-pld", "--no-plots")
+    result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "1", "--max-tokens", "8", "--configs",
+                    "hf-pld", "--no-plots")
     assert [c["name"] for c in result["configs"]] == ["target", "hf-plain", "hf-pld"]  # baselines come along
     hf = result["summary"]["hf-pld"]["overall"]
     assert hf["decode_tok_s"] > 0 and hf["tau"] >= 1.0 and hf["bound_tok_s"] is None
