@@ -1,4 +1,4 @@
-"""The backend contract: what the engine needs from a model.
+"""The backend contract: what the engine needs from a model, and the rules every backend shares.
 
 A backend (llama.cpp in ``llama_backend``, ONNX Runtime in ``onnx_backend``, the scripted fake in
 tests/fake_backend.py) is a class implementing ``Backend`` plus a module-level ``open_model`` and ``claims``
@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .arena import Cache, SharedCache
+from .errors import InvalidParameterError
+
+DEVICES = ("auto", "cpu", "cuda", "metal")
 
 
 @dataclass(frozen=True)
@@ -84,3 +87,21 @@ class Backend(Cache, Protocol):
 
     def close(self) -> None: ...
 
+
+def check_options(device: str, n_ctx: int, n_batch: int, n_threads: int | None) -> None:
+    """The options every backend shares, checked alike."""
+    if device not in DEVICES:
+        raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if n_ctx < 16:
+        raise InvalidParameterError(f"n_ctx must be >= 16, got {n_ctx}")
+    if n_batch < 1:
+        raise InvalidParameterError(f"n_batch must be >= 1, got {n_batch}")
+    if n_threads is not None and n_threads < 1:
+        raise InvalidParameterError(f"n_threads must be >= 1, got {n_threads}")
+
+
+def split_batches(n: int, step: int) -> list[tuple[int, int]]:
+    """Cut n tokens into runs of at most ``step`` so that the LAST run holds the final ``step`` tokens: every
+    row whose logits are wanted (at most ``step``, at the end) then comes out of the last forward pass."""
+    tail = max(0, n - step)
+    return [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, n)]

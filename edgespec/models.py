@@ -164,7 +164,8 @@ def quantize(src: Path, dst: Path, quant: str | None, prune_layers: Sequence[int
     """
     import llama_cpp as lc
 
-    from .llama_backend import check_gguf, physical_cores
+    from .cpu import physical_cores
+    from .llama_backend import check_gguf
 
     check_gguf(src)
     dst.parent.mkdir(parents=True, exist_ok=True)

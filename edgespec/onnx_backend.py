@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from . import onnx_segments as segments
-from .backend import ModelOptions
+from .backend import ModelOptions, check_options, split_batches
+from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .hf_tokenizer import HFTokenizer
-from .llama_backend import check_options, physical_cores, split_batches
 from .vocab import check_same_vocab
 
 MANIFEST = "edgespec-onnx.json"

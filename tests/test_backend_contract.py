@@ -14,6 +14,7 @@ from edgespec.backend import Backend, ModelOptions, SelfDraft
 from edgespec.backends import BACKENDS, REGISTRY, choose, open_model
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError
+from tests.conftest import onnx_export_dir
 from tests.fake_backend import FakeModel, scripted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +49,10 @@ def test_the_registry_chooses_by_path(tmp_path: Path) -> None:
         choose(tmp_path, "mlx")
     with pytest.raises(InvalidParameterError, match="layer_skip needs an ONNX model"):
         open_model("smollm2-135m", "llamacpp", ModelOptions(layer_skip=[3]))
+
+
+def test_the_onnx_path_never_loads_llama_cpp() -> None:
+    folder = str(onnx_export_dir())
+    loaded = _modules_after(f"import edgespec\ne = edgespec.load({folder!r}, n_ctx=64, n_threads=1, tuning=False)\n"
+                            "assert e.generate('Hello', max_tokens=3, gamma=2).tokens")
+    assert "edgespec.onnx_backend" in loaded and "llama_cpp" not in loaded and "edgespec.llama_backend" not in loaded

@@ -39,7 +39,7 @@ class BenchArgs:
 
 
 def machine() -> dict[str, object]:
-    from ..llama_backend import physical_cores
+    from ..cpu import physical_cores
 
     try:
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -60,7 +60,7 @@ def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
     """Play the questions through every configuration; the raw records plus what the workers reported."""
     import edgespec
 
-    from ..llama_backend import physical_cores
+    from ..cpu import physical_cores
     from ..models import resolve
 
     started = datetime.now(timezone.utc)

@@ -20,10 +20,10 @@ import numpy as np
 
 import edgespec
 
+from ..cpu import physical_cores
 from ..engine import Engine
 from ..errors import EdgespecError
 from ..gamma import MAX_GAMMA
-from ..llama_backend import physical_cores
 from ..models import resolve
 from ..stats import GenerationStats
 from ..tuning import Tuning, find_tuning, tuning_key, tuning_path
