@@ -9,13 +9,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from export.cli import add_export_command
-from export.manifest import exported
-
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
 from .engine import Engine, collect
 from .errors import EdgespecError
+from .export.cli import add_export_command
+from .export.manifest import exported
 from .models import DEFAULT_MODEL, cache_dir, families
 from .server.pool import ModelSpec
 from .service_cli import add_service_commands

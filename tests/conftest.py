@@ -46,9 +46,10 @@ def spec_bench(spec_bench_file: Path) -> SpecBench:
 def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
     """An ONNX export of a shipped model, written into the edgespec cache by the real exporter (again when the
     graph writer's revision changed)."""
+    from edgespec.export.onnx_export import export_onnx
+    from edgespec.export.onnx_graphs import GRAPHS_REVISION
+
     from edgespec.models import cache_dir
-    from export.onnx_export import export_onnx
-    from export.onnx_graphs import GRAPHS_REVISION
 
     suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
     out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"

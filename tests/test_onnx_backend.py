@@ -259,7 +259,7 @@ def test_gemma3_greedy_equals_target_only(spec_bench: SpecBench) -> None:
 def test_every_session_in_the_process_runs_on_the_one_shared_pool(onnx_engine: Engine) -> None:
     """onnxruntime allows one process-wide pool, and then every session must use it: a second model asking
     for another thread count loads (and says what it really runs on), and so do the exporter's sessions."""
-    from export.onnx_reference import OnnxReference
+    from edgespec.export.onnx_reference import OnnxReference
 
     threads = onnx_engine.target.n_threads
     other = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=threads + 1, n_ctx=64))
