@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EdgespecError
-from .gamma import CostCurve
+from .files import write_text
+from .gamma import MAX_GAMMA, CostCurve, expected_step
 from .onnx_backend import MANIFEST, OnnxModel
 
 CALIBRATION_PROMPTS = (
@@ -37,7 +38,6 @@ CALIBRATION_PROMPTS = (
     "Summarize the causes of the French Revolution in a few sentences.",
     "Translate into French: The weather is lovely today, let us walk to the market.",
 )
-MAX_GAMMA = 8
 MIN_AGREEMENT = 0.3  # below this a draft is not worth searching further
 
 
@@ -58,13 +58,11 @@ class SkipCalibration:
 
 def expected_speedup(alpha: float, cost_ratio: float, verify: np.ndarray) -> tuple[float, int]:
     """Best (speed-up, γ) for per-token acceptance ``alpha``; ``verify[k]`` = cost(k tokens) / cost(1)."""
-    best, best_gamma = 1.0, 0
-    for gamma in range(1, min(MAX_GAMMA, len(verify) - 2) + 1):  # verify[0] is unused
-        tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
-        speedup = tokens / (gamma * cost_ratio + verify[gamma + 1])
-        if speedup > best:
-            best, best_gamma = speedup, gamma
-    return best, best_gamma
+    tokens, seconds = expected_step(np.full(MAX_GAMMA, alpha), verify, 1.0, cost_ratio, 0.0,
+                                    min(MAX_GAMMA, len(verify) - 2))  # in target passes: verify[1] is 1
+    speedups = tokens / seconds
+    gamma = int(np.argmax(speedups))  # the first best: γ = 0 (1.0) unless some γ beats it
+    return float(speedups[gamma]), gamma
 
 
 class _Scorer:
@@ -192,9 +190,7 @@ def save_to_manifest(folder: str | os.PathLike[str], result: SkipCalibration) ->
     path = Path(folder) / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest["layer_skip"] = result.manifest_entry()
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(manifest, indent=2) + "\n")
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EdgespecError
+from .files import write_text
 from .gamma import CostCurve
 from .models import cache_dir
 
@@ -78,10 +79,7 @@ class Tuning:
 
     def save(self) -> Path:
         path = tuning_path(self.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"format": FORMAT, **asdict(self)}, indent=1))
-        tmp.replace(path)
+        write_text(path, json.dumps({"format": FORMAT, **asdict(self)}, indent=1))
         return path
 
     @classmethod
