@@ -22,7 +22,7 @@ from typing import IO, Any
 from .engine import StreamChunk
 from .errors import EdgespecError
 from .server.openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
-from .server.pool import ModelPool, ModelSpec
+from .server.pool import EngineSpec, ModelPool
 from .server.worker import CANCELLED, DONE, EngineWorker, Job
 
 log = logging.getLogger("edgespec.bridge")
@@ -34,7 +34,7 @@ _LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "c
 class Bridge:
     """The models (shared by every connection) and the transports."""
 
-    def __init__(self, pool: ModelPool, defaults: ModelSpec) -> None:
+    def __init__(self, pool: ModelPool, defaults: EngineSpec) -> None:
         self.pool, self.defaults = pool, defaults
         self.stopped = threading.Event()
         self._on_stop: list[Callable[[], None]] = []

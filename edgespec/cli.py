@@ -16,7 +16,7 @@ from .errors import EdgespecError
 from .export.cli import add_export_command
 from .export.manifest import exported
 from .models import DEFAULT_MODEL, cache_dir, families
-from .server.pool import ModelSpec
+from .server.pool import EngineSpec
 from .service_cli import add_service_commands
 from .stats import GenerationStats
 
@@ -46,7 +46,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Engine:
-    return ModelSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
+    return EngineSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
                      args.fast_numerics, args.backend).load_engine()
 
 
@@ -80,9 +80,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_skip(args: argparse.Namespace) -> int:
-    from .layer_skip import calibrate_dir
+    from .skip_search import search_and_store
 
-    result = calibrate_dir(args.model, n_threads=args.threads, n_tokens=args.tokens, save=not args.dry_run)
+    result = search_and_store(args.model, n_threads=args.threads, n_tokens=args.tokens, save=not args.dry_run)
     print(json.dumps(result.manifest_entry()))
     return 0
 

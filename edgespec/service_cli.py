@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .engine import MODES
 from .errors import EdgespecError
-from .server.pool import ModelPool, ModelSpec
+from .server.pool import EngineSpec, ModelPool
 
 
 def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callable[[argparse.ArgumentParser], None]
@@ -42,8 +42,8 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
     b.set_defaults(func=_bridge)
 
 
-def _spec(args: argparse.Namespace) -> ModelSpec:
-    return ModelSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
+def _spec(args: argparse.Namespace) -> EngineSpec:
+    return EngineSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
                      args.fast_numerics, args.backend)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError, InvalidParameterError
+from edgespec.onnx_backend import MANIFEST
 
 from . import require
 from .hf import hf_folder
@@ -30,7 +31,6 @@ from .onnx_graphs import (
     kv_length,
     layer_graph,
 )
-from .onnx_reference import MANIFEST
 
 QUANTS = ("fp32", "fp16", "int8", "int4")
 FORMAT = "edgespec-onnx/1"
