@@ -174,7 +174,7 @@ class Session:
                 self.error(rid, "load_failed", f"could not load {spec.model!r}: {e}")
                 return
             worker.ready.wait()
-            self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.arena.n_ctx,
+            self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.n_ctx,
                        "mode": worker.engine.mode, "modes": list(worker.engine.modes)})
 
         threading.Thread(target=run, name=f"edgespec-load-{rid}", daemon=True).start()

@@ -93,6 +93,11 @@ class Engine:
                               if template else None)
 
     # -- public API -----------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        """Tokens a generation can hold, prompt and output together (the smallest context taking part)."""
+        return self.arena.n_ctx
+
     def generate(self, prompt: str | Sequence[int], **kwargs: object) -> Completion:
         """Generate a completion; keyword arguments as for ``stream``."""
         return collect(self.stream(prompt, **kwargs))  # type: ignore[arg-type]

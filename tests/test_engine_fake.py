@@ -61,6 +61,7 @@ def test_all_drafts_rejected(clock: FakeClock) -> None:
 def test_context_exactly_full(clock: FakeClock, gamma: int) -> None:
     n_ctx = 64
     engine = Engine(FakeModel(scripted(SEQUENCE), n_ctx=n_ctx, clock=clock), gamma=gamma)
+    assert engine.n_ctx == n_ctx
     out = engine.generate(PROMPT, max_tokens=500)
     assert out.finish_reason == "length" and out.tokens == SEQUENCE[len(PROMPT):n_ctx]
     last = engine.generate(SEQUENCE[:n_ctx - 1], max_tokens=500)  # room for one token

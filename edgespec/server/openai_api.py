@@ -78,7 +78,7 @@ class GenerationRequest:
     def start(self, engine: Engine) -> Iterator[StreamChunk]:
         """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
         # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is full.
-        kwargs = {"max_tokens": engine.arena.n_ctx, **self.kwargs}
+        kwargs = {"max_tokens": engine.n_ctx, **self.kwargs}
         if self.chat:
             return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
         return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
