@@ -64,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bridge(args: argparse.Namespace) -> int:
-    from .bridge import Bridge
+    from .server.bridge import Bridge
 
     pool = ModelPool(args.max_queue)
     bridge = Bridge(pool, _spec(args))

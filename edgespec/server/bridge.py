@@ -19,11 +19,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from .engine import StreamChunk
-from .errors import EdgespecError
-from .server.openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
-from .server.pool import EngineSpec, ModelPool
-from .server.worker import CANCELLED, DONE, EngineWorker, Job
+from ..engine import StreamChunk
+from ..errors import EdgespecError
+from .openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
+from .pool import EngineSpec, ModelPool
+from .worker import CANCELLED, DONE, EngineWorker, Job
 
 log = logging.getLogger("edgespec.bridge")
 PROTOCOL = 1
