@@ -43,6 +43,13 @@ def spec_bench(spec_bench_file: Path) -> SpecBench:
     return choose
 
 
+@pytest.fixture(scope="session")
+def questions(spec_bench: SpecBench) -> list[dict]:
+    """The first question of nine Spec-Bench categories: the lossless checks' prompts."""
+    return spec_bench(["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
+                       "math_reasoning", "rag"])
+
+
 def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
     """An ONNX export of a shipped model, written into the edgespec cache by the real exporter (again when the
     graph writer's revision changed)."""

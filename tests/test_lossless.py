@@ -7,18 +7,11 @@ import pytest
 from edgespec.engine import Engine
 from tests.conftest import SpecBench
 
-CATEGORIES = ["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
-              "math_reasoning", "rag"]
 MAX_TOKENS = 48
 
 
 def _prompt(engine: Engine, question: dict) -> list[int]:
     return engine.chat_tokens([{"role": "user", "content": question["turns"][0]}])
-
-
-@pytest.fixture(scope="module")
-def questions(spec_bench: SpecBench) -> list[dict]:
-    return spec_bench(CATEGORIES)
 
 
 @pytest.fixture(scope="module")

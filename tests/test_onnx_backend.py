@@ -19,18 +19,11 @@ from edgespec.onnx_backend import MANIFEST, LayerSkipView, OnnxModel, OnnxOption
 from tests.conftest import SpecBench, onnx_export_dir
 from tests.test_sampling_e2e import assert_sampling_matches_target
 
-CATEGORIES = ["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
-              "math_reasoning", "rag"]
 MAX_TOKENS = 24
 
 
 def _prompt(engine: Engine, question: dict) -> list[int]:
     return engine.chat_tokens([{"role": "user", "content": question["turns"][0]}])
-
-
-@pytest.fixture(scope="module")
-def questions(spec_bench: SpecBench) -> list[dict]:
-    return spec_bench(CATEGORIES)
 
 
 @pytest.fixture(scope="module")
