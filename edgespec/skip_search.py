@@ -59,9 +59,10 @@ class SkipSearchResult:
 def expected_speedup(alpha: float, cost_ratio: float, verify: np.ndarray) -> tuple[float, int]:
     """Best (speed-up, γ) for per-token acceptance ``alpha``; ``verify[k]`` = cost(k tokens) / cost(1)."""
     tokens, seconds = expected_step(np.full(MAX_GAMMA, alpha), verify, 1.0, cost_ratio, 0.0,
-                                    min(MAX_GAMMA, len(verify) - 2))  # in target passes: verify[1] is 1
+                                    min(MAX_GAMMA, len(verify) - 2))  # in target passes
     speedups = tokens / seconds
-    gamma = int(np.argmax(speedups))  # the first best: γ = 0 (1.0) unless some γ beats it
+    speedups[0] = 1.0  # γ = 0 is the target alone: the unit
+    gamma = int(np.argmax(speedups))  # the first best: γ = 0 unless some γ beats it
     return float(speedups[gamma]), gamma
 
 
