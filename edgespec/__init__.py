@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 
 from .backends import BACKENDS, ModelOptions, open_model
+from .cpu import physical_cores
 from .default_model import default_choice
 from .engine import MODES, Completion, Engine, StreamChunk
 from .errors import (
@@ -23,14 +25,20 @@ from .errors import (
 )
 from .exactness import ExactnessWarning, NotExactError, enforce
 from .exactness import check as check_exactness
-from .llama_backend import ContextOptions, LlamaModel, physical_cores
 from .models import DEFAULT_MODEL
-from .onnx_backend import OnnxModel
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .tuning import Tuning, find_tuning
 
 __version__ = "0.1.0"
+# The concrete backends load their runtimes (llama.cpp, onnxruntime) on import: only on first use.
+_LAZY = {"ContextOptions": "llama_backend", "LlamaModel": "llama_backend", "OnnxModel": "onnx_backend"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[str] | None = None,

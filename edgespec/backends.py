@@ -1,40 +1,35 @@
-"""Which backend runs a model: llama.cpp for GGUF files and model names, ONNX Runtime for exported directories."""
+"""Which backend runs a model. A new backend is a module with ``open_model``, ``claims`` and a ``Backend`` class
+(edgespec/backend.py) plus one line in ``REGISTRY``; modules are imported only when chosen, so the ONNX path
+never loads llama.cpp."""
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
 
+from .backend import Backend, ModelOptions
 from .errors import InvalidParameterError
-from .llama_backend import ContextOptions, LlamaModel
-from .models import resolve
-from .onnx_backend import OnnxModel, OnnxOptions, is_onnx_model
 
-BACKENDS = ("auto", "llamacpp", "onnx")
+# name → module. "auto" asks every module but the default whether it ``claims`` the path (an ONNX export
+# directory), and falls back to the default (llama.cpp: GGUF files and model names).
+REGISTRY = {"llamacpp": "edgespec.llama_backend", "onnx": "edgespec.onnx_backend"}
+DEFAULT = "llamacpp"
+BACKENDS = ("auto", *REGISTRY)
 
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """Load options shared by both backends (``layer_skip`` only means something to ONNX models)."""
-
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    device: str = "cpu"
-    exact_numerics: bool = True
-    layer_skip: Sequence[int] | None = None
+__all__ = ["BACKENDS", "REGISTRY", "ModelOptions", "choose", "open_model"]
 
 
-def open_model(model: str | os.PathLike[str], backend: str = "auto",
-               options: ModelOptions | None = None) -> LlamaModel | OnnxModel:
+def choose(model: str | os.PathLike[str], backend: str = "auto") -> str:
+    """The registered backend that runs ``model``."""
     if backend not in BACKENDS:
         raise InvalidParameterError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    o = options or ModelOptions()
-    if backend == "onnx" or (backend == "auto" and is_onnx_model(model)):
-        # Exact numerics are built into the exported graphs (docs/onnx-format.md): nothing to switch here.
-        return OnnxModel(model, OnnxOptions(n_ctx=o.n_ctx, n_threads=o.n_threads, device=o.device,
-                                            layer_skip=o.layer_skip))
-    if o.layer_skip is not None:
-        raise InvalidParameterError("layer_skip needs an ONNX model: llama.cpp cannot skip layers")
-    return LlamaModel(resolve(model), ContextOptions(n_ctx=o.n_ctx, n_threads=o.n_threads, device=o.device,
-                                                    exact_numerics=o.exact_numerics))
+    if backend != "auto":
+        return backend
+    claimed = (name for name, module in REGISTRY.items()
+               if name != DEFAULT and importlib.import_module(module).claims(model))
+    return next(claimed, DEFAULT)
+
+
+def open_model(model: str | os.PathLike[str], backend: str = "auto", options: ModelOptions | None = None) -> Backend:
+    module = importlib.import_module(REGISTRY[choose(model, backend)])
+    return module.open_model(model, options or ModelOptions())

@@ -10,16 +10,15 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from export.cli import add_export_command
-from export.manifest import exported
-
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
 from .discovery import listing
 from .engine import Engine, collect
 from .errors import EdgespecError
+from .export.cli import add_export_command
+from .export.manifest import exported
 from .models import DEFAULT_MODEL, cache_dir, families
-from .server.pool import ModelSpec
+from .server.pool import EngineSpec
 from .service_cli import add_service_commands
 from .stats import GenerationStats
 
@@ -54,8 +53,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Engine:
-    return ModelSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics, args.backend, args.require_exact).load_engine()
+    return EngineSpec(args.model, args.draft, None, args.gamma, args.ctx, args.threads, args.device,
+                      args.fast_numerics, args.backend, require_exact=args.require_exact).load_engine()
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -88,9 +87,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_skip(args: argparse.Namespace) -> int:
-    from .layer_skip import calibrate_dir
+    from .skip_search import search_and_store
 
-    result = calibrate_dir(args.model, n_threads=args.threads, n_tokens=args.tokens, save=not args.dry_run)
+    result = search_and_store(args.model, n_threads=args.threads, n_tokens=args.tokens, save=not args.dry_run)
     print(json.dumps(result.manifest_entry()))
     return 0
 

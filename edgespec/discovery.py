@@ -239,7 +239,7 @@ def llamacpp_knows(path: Path) -> bool:
 
 
 def onnx_exportable(architecture: str | None) -> bool:
-    from export.hf import ARCHITECTURES, FROM_GGUF
+    from edgespec.export.hf import ARCHITECTURES, FROM_GGUF
 
     return FROM_GGUF.get(architecture or "") in ARCHITECTURES
 

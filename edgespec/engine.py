@@ -10,16 +10,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from .arena import Cache, KVArena, common_prefix
+from .backend import Backend, SelfDraft
 from .chat import ChatTemplate, Message
 from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
-from .llama_backend import LlamaModel
-from .onnx_backend import LayerSkipView, OnnxModel
 from .prompt_cache import PromptCache
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
@@ -35,9 +35,6 @@ SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subse
 LAYERSKIP_MIN_CONFIDENCE = 0.5
 _CALIBRATION_TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model "
                      "then verifies in a single batched forward pass. ") * 4
-
-
-Model = LlamaModel | OnnxModel  # the backends: the engine uses only what both offer
 
 
 @dataclass
@@ -63,7 +60,7 @@ class Completion:
 class Engine:
     """A target model plus its drafters, sharing one KV arena. Create it with ``edgespec.load``."""
 
-    def __init__(self, target: Model, draft: Model | None = None, mode: str | None = None,
+    def __init__(self, target: Backend, draft: Backend | None = None, mode: str | None = None,
                  gamma: int | str = "auto", tuning: Tuning | None = None) -> None:
         self.target = target
         self.tuning = tuning  # from `edgespec tune`: replaces the start-up calibration and seeds the controller
@@ -106,6 +103,11 @@ class Engine:
                               if template else None)
 
     # -- public API -----------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        """Tokens a generation can hold, prompt and output together (the smallest context taking part)."""
+        return self.arena.n_ctx
+
     def generate(self, prompt: str | Sequence[int], **kwargs: object) -> Completion:
         """Generate a completion; keyword arguments as for ``stream``."""
         return collect(self.stream(prompt, **kwargs))  # type: ignore[arg-type]
@@ -212,7 +214,8 @@ class Engine:
 
             # Draft, choose γ, verify.
             step_start = time.perf_counter()
-            room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens), MAX_GAMMA)
+            # Accepted draft plus the target's own token must fit the context: target-only stops when it is full.
+            room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens) - 1, MAX_GAMMA)
             draft = self._propose(drafters, gamma, controller, room, params, rng)
             drafted_at = time.perf_counter()
             logits = arena.extend("target", draft.tokens, len(draft) + 1)
@@ -286,8 +289,8 @@ class Engine:
         calibration (when it is the calibrated set) says how often it agrees and what a draft token costs:
         a self-draft that cannot pay is then declined from the first step instead of after a costly start."""
         curve = self.calibrate()
-        view = self.arena.caches.get("layerskip")
-        estimate = view.calibrated if isinstance(view, LayerSkipView) else None
+        view = cast("SelfDraft | None", self.arena.caches.get("layerskip"))  # the target's self_draft()
+        estimate = view.calibrated if view is not None else None
         if estimate is None:
             return GammaController(curve)
         agreement, cost_ratio = estimate

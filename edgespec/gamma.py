@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .verify import positions_tested
+
 MAX_GAMMA = 16
 _DECAY = 0.97  # per observation: acceptance statistics remember roughly the last 30 drafts of a key
 _PRIOR_MEAN = 0.6  # optimistic enough that a new drafter or key gets tried
@@ -33,6 +35,17 @@ _EMA = 0.1
 # would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%. Not for
 # a drafter so dear that even a draft accepted whole would not pay (a layer-skip draft at c ≈ 1).
 _EXPLORE_EVERY = 32
+
+
+def expected_step(acceptance: np.ndarray, shape: np.ndarray, scale: float, draft_cost: float, overhead: float,
+                  k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """E[tokens | k] and E[seconds | k] of one step verifying k = 0..k_max draft tokens (the module docstring's
+    formulas): ``acceptance[j]`` is a_j, ``shape[k] * scale`` one target pass over k tokens, ``draft_cost`` the
+    cost of a drafted token. The one copy of the rule: the controller, `edgespec tune` and the skip-set search
+    all rate γ with it."""
+    survive = np.concatenate(([1.0], np.cumprod(np.asarray(acceptance, dtype=float)[:k_max])))
+    k = np.arange(len(survive))
+    return np.cumsum(survive), np.asarray(shape[1:len(k) + 1], dtype=float) * scale + k * draft_cost + overhead
 
 
 @dataclass
@@ -96,8 +109,7 @@ class _Acceptance:
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.fade()
-        # Position j was tested if all before it were accepted; it passed if j < accepted.
-        tested = min(drafted, accepted + 1)
+        tested = positions_tested(drafted, accepted)
         self.trials[:tested] += 1
         self.accepts[:accepted] += 1
 
@@ -156,11 +168,9 @@ class GammaController:
         if available <= 0:
             return 0
         ks = np.arange(available + 1)
-        survive = np.concatenate(([1.0], np.cumprod(self.acceptance(drafter, key)[:available])))
-        tokens = np.cumsum(survive)  # tokens[k] = 1 + Σ_{i≤k} Π_{j≤i} a_j
-        seconds = self.curve.shape[1:available + 2] * self.curve.scale + self._overhead
-        if not draft_cost_sunk:
-            seconds = seconds + ks * self._draft_ratio.get(drafter, 0.0) * self.curve.scale
+        draft_cost = 0.0 if draft_cost_sunk else self._draft_ratio.get(drafter, 0.0) * self.curve.scale
+        tokens, seconds = expected_step(self.acceptance(drafter, key), self.curve.shape, self.curve.scale,
+                                        draft_cost, self._overhead, available)
         value = tokens - self.rate() * seconds
         k = int(np.argmax(value))
         if k == 0:

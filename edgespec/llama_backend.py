@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +21,14 @@ import llama_cpp as lc
 import numpy as np
 
 from .arena import CacheState
+from .backend import ModelOptions, check_options, split_batches
+from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .models import resolve
 from .vocab import check_same_vocab
 
 log = logging.getLogger("edgespec.llama")
 
-DEVICES = ("auto", "cpu", "cuda", "metal")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level
 
 
@@ -46,19 +47,6 @@ lc.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
 lc.llama_backend_init()
 
 
-def physical_cores() -> int:
-    """Physical cores available to this process: llama.cpp gains nothing from SMT siblings."""
-    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return max(1, logical)
-    physical = re.findall(r"^physical id\s*:\s*(\d+)", text, re.M)
-    core = re.findall(r"^core id\s*:\s*(\d+)", text, re.M)
-    cores = len(set(zip(physical, core, strict=True))) if physical and len(physical) == len(core) else logical
-    return max(1, min(logical, cores))
-
-
 @dataclass(frozen=True)
 class ContextOptions:
     """How a context is created. The defaults make logits batch-invariant (see README, "Exact numerics")."""
@@ -71,25 +59,6 @@ class ContextOptions:
 
     def __post_init__(self) -> None:
         check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
-
-
-def check_options(device: str, n_ctx: int, n_batch: int, n_threads: int | None) -> None:
-    """The options every backend shares, checked alike."""
-    if device not in DEVICES:
-        raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if n_ctx < 16:
-        raise InvalidParameterError(f"n_ctx must be >= 16, got {n_ctx}")
-    if n_batch < 1:
-        raise InvalidParameterError(f"n_batch must be >= 1, got {n_batch}")
-    if n_threads is not None and n_threads < 1:
-        raise InvalidParameterError(f"n_threads must be >= 1, got {n_threads}")
-
-
-def split_batches(n: int, step: int) -> list[tuple[int, int]]:
-    """Cut n tokens into runs of at most ``step`` so that the LAST run holds the final ``step`` tokens: every
-    row whose logits are wanted (at most ``step``, at the end) then comes out of the last forward pass."""
-    tail = max(0, n - step)
-    return [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, n)]
 
 
 def _gpu_layers(device: str) -> int:
@@ -309,3 +278,15 @@ class LlamaModel:
     def self_draft(self) -> None:
         """No layer-skip self-draft: llama.cpp offers no way to run a subset of a model's layers."""
         return None
+
+
+def claims(model: str | os.PathLike[str]) -> bool:
+    """GGUF files; llama.cpp is also the default backend, for model names (``smollm2-135m:q8_0``)."""
+    return Path(model).suffix == ".gguf"
+
+
+def open_model(model: str | os.PathLike[str], options: ModelOptions) -> LlamaModel:
+    if options.layer_skip is not None:
+        raise InvalidParameterError("layer_skip needs an ONNX model: llama.cpp cannot skip layers")
+    return LlamaModel(resolve(model), ContextOptions(n_ctx=options.n_ctx, n_threads=options.n_threads,
+                                                    device=options.device, exact_numerics=options.exact_numerics))

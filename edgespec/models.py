@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .files import staged
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -185,11 +186,10 @@ def quantize(src: Path, dst: Path, quant: str | None, prune_layers: Sequence[int
     """
     import llama_cpp as lc
 
-    from .llama_backend import check_gguf, physical_cores
+    from .cpu import physical_cores
+    from .llama_backend import check_gguf
 
     check_gguf(src)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     params = lc.llama_model_quantize_default_params()
     if quant is None:
         params.only_copy = True
@@ -201,10 +201,7 @@ def quantize(src: Path, dst: Path, quant: str | None, prune_layers: Sequence[int
     pruned = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(prune_layers), -1)
     if prune_layers:
         params.prune_layers = ctypes.cast(pruned, ctypes.POINTER(ctypes.c_int32))
-    try:
+    with staged(dst) as tmp:
         if lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
             raise ModelLoadError(f"llama.cpp could not quantize {src} to {quant or 'a copy'}")
-        tmp.replace(dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dst

@@ -28,9 +28,10 @@ import numpy as np
 
 from . import onnx_segments as segments
 from .arena import CacheState
+from .backend import ModelOptions, check_options, split_batches
+from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .hf_tokenizer import HFTokenizer
-from .llama_backend import check_options, physical_cores, split_batches
 from .vocab import check_same_vocab
 
 MANIFEST = "edgespec-onnx.json"
@@ -40,10 +41,19 @@ _PROVIDERS = {"cpu": (), "cuda": ("CUDAExecutionProvider",), "metal": ("CoreMLEx
               "auto": ("CUDAExecutionProvider", "CoreMLExecutionProvider")}
 
 
+def open_model(model: str | os.PathLike[str], options: ModelOptions) -> OnnxModel:
+    # Exact numerics are built into the exported graphs (docs/onnx-format.md): nothing to switch here.
+    return OnnxModel(model, OnnxOptions(n_ctx=options.n_ctx, n_threads=options.n_threads, device=options.device,
+                                        layer_skip=options.layer_skip))
+
+
 def is_onnx_model(path: str | os.PathLike[str]) -> bool:
     """Whether a path is for the ONNX backend: a directory (GGUF models are files), a .onnx file or a manifest."""
     p = Path(path).expanduser()
     return p.is_dir() or p.suffix == ".onnx" or p.name == MANIFEST
+
+
+claims = is_onnx_model
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from .engine import MODES
 from .errors import EdgespecError
 from .prompt_cache import DEFAULT_CACHE_MB
-from .server.pool import ModelPool, ModelSpec
+from .server.pool import EngineSpec, ModelPool
 
 _CACHE_HELP = ("memory in MB for the KV states of recent conversations, so that several chats alternate without "
                "re-reading their history (0: only the last one's; default %(default)s)")
@@ -54,9 +54,9 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
     b.set_defaults(func=_bridge)
 
 
-def _spec(args: argparse.Namespace) -> ModelSpec:
-    return ModelSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
-                     args.fast_numerics, args.backend, cache_mb=args.cache_mb, require_exact=args.require_exact)
+def _spec(args: argparse.Namespace) -> EngineSpec:
+    return EngineSpec(args.model, args.draft, args.mode, args.gamma, args.ctx, args.threads, args.device,
+                      args.fast_numerics, args.backend, cache_mb=args.cache_mb, require_exact=args.require_exact)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -84,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bridge(args: argparse.Namespace) -> int:
-    from .bridge import Bridge
+    from .server.bridge import Bridge
 
     pool = ModelPool(args.max_queue)
     bridge = Bridge(pool, _spec(args))

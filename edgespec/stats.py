@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .gamma import MAX_GAMMA
+from .verify import positions_tested
 
 
 @dataclass
@@ -30,7 +31,7 @@ class GenerationStats:
         self.drafted += drafted
         self.accepted += accepted
         self.gamma_sum += drafted
-        for j in range(min(drafted, accepted + 1)):
+        for j in range(positions_tested(drafted, accepted)):
             self.position_trials[j] += 1
         for j in range(accepted):
             self.position_accepts[j] += 1

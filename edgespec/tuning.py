@@ -25,6 +25,7 @@ from typing import TypeVar
 import numpy as np
 
 from .errors import EdgespecError
+from .files import write_text
 from .gamma import CostCurve
 from .models import cache_dir
 
@@ -92,10 +93,7 @@ class Tuning:
 
 
 def _write(path: Path, record: Tuning | DefaultChoice) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"format": FORMAT, **asdict(record)}, indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps({"format": FORMAT, **asdict(record)}, indent=1))
     return path
 
 

@@ -15,6 +15,12 @@ import numpy as np
 from .sampling import SamplingParams, sample
 
 
+def positions_tested(drafted: int, accepted: int) -> int:
+    """How many draft positions a verify pass tested: each up to and including the first rejected one (a
+    position after a rejection was never compared). Positions below ``accepted`` passed."""
+    return min(drafted, accepted + 1)
+
+
 def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int, int]:
     """Keep the longest prefix of the draft that equals the target's argmax, then the target's own argmax."""
     best = target_logits.argmax(axis=1)

@@ -1,11 +1,8 @@
-"""Output files: check the disk has room before writing, and write through a temporary name."""
+"""Output files: check the disk has room before writing (writing through a temporary name: edgespec.files)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
@@ -36,14 +33,3 @@ def ensure_space(dst: Path, need_bytes: int) -> None:
         raise NoSpaceError(f"not enough disk space for {dst}: it needs about {human_size(need)}, "
                            f"{folder} has {human_size(free)} free")
 
-
-@contextmanager
-def staged(dst: Path, tag: str = "part") -> Iterator[Path]:
-    """A temporary path next to ``dst`` that becomes ``dst`` only if the block succeeds."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.{tag}{os.getpid()}")
-    try:
-        yield tmp
-        tmp.replace(dst)
-    finally:
-        tmp.unlink(missing_ok=True)

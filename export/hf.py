@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Collection
 from pathlib import Path
 
 from edgespec.discovery import is_store_name
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
+from edgespec.files import staged
 from edgespec.llama_backend import check_gguf
 from edgespec.models import cache_dir, prepare_named, resolve
 
@@ -100,18 +100,11 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
         raise ModelLoadError(f"{gguf}: weights do not match the architecture (missing {missing}, "
                              f"unexpected {unexpected})")
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _inline_chat_template(tmp, tokenizer.chat_template)
         _check_saved(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.replace(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

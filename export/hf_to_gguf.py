@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from edgespec.errors import ModelLoadError
+from edgespec.files import staged
 from edgespec.models import cache_dir
 
 from . import require
-from .files import ensure_space, staged
+from .files import ensure_space
 from .hf import UnsupportedArchitectureError, check_architecture
 
 ARCHITECTURES = {"llama": "llama", "gemma3_text": "gemma3"}  # HF model_type → GGUF architecture

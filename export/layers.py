@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import InvalidParameterError
+from edgespec.files import staged
 from edgespec.models import quantize
 
 from . import ggufio
-from .files import ensure_space, staged
+from .files import ensure_space
 
 
 class LayerSetError(InvalidParameterError):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from edgespec.errors import EdgespecError
+from edgespec.files import write_text
 from edgespec.models import cache_dir
 
 FORMAT = "edgespec-artefact/1"
@@ -84,9 +84,7 @@ def registry_path() -> Path:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def _read_registry() -> dict[str, Any]:

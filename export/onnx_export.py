@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError, InvalidParameterError
+from edgespec.onnx_backend import MANIFEST
 
 from . import require
 from .block_weights import CARRIED, BlockWeight
@@ -41,7 +42,6 @@ from .onnx_graphs import (
     kv_length,
     layer_graph,
 )
-from .onnx_reference import MANIFEST
 
 GGUF_QUANT = "gguf"  # carry the GGUF file's own quantization (the default for a GGUF source)
 QUANTS = (GGUF_QUANT, "fp32", "fp16", "int8", "int4")

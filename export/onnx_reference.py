@@ -5,16 +5,14 @@ with the preallocated arena and IO binding is edgespec's ONNX backend.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import ModelLoadError
+from edgespec.onnx_backend import read_manifest
 
 from . import require
-
-MANIFEST = "edgespec-onnx.json"
 
 
 def session_options(threads: int = 1, optimization: str = "all"):
@@ -29,16 +27,6 @@ def session_options(threads: int = 1, optimization: str = "all"):
                                    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                                    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[optimization]
     return so
-
-
-def read_manifest(folder: Path) -> dict:
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise ModelLoadError(f"{folder} is not an edgespec ONNX directory (no {MANIFEST})")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
 
 
 class OnnxReference:

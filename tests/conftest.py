@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,23 +17,46 @@ from tests.live import LiveServer
 os.environ["EDGESPEC_TUNING"] = "off"
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
+SpecBench = Callable[..., list[dict]]
 
 
-def spec_bench(categories: list[str], per_category: int = 1) -> list[dict]:
-    """The first questions of each category, in file order (fixed, not tuned)."""
-    questions = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
-    chosen = []
-    for category in categories:
-        chosen += [q for q in questions if q["category"] == category][:per_category]
-    return chosen
+@pytest.fixture(scope="session")
+def spec_bench_file() -> Path:
+    """Spec-Bench's questions, kept beside the checkout (not in it): tests that need them skip without."""
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"needs Spec-Bench's questions at {SPEC_BENCH}")
+    return SPEC_BENCH
+
+
+@pytest.fixture(scope="session")
+def spec_bench(spec_bench_file: Path) -> SpecBench:
+    """``spec_bench(categories, per_category=1)``: the first questions of each category, in file order (fixed,
+    not tuned)."""
+    questions = [json.loads(line) for line in spec_bench_file.read_text().splitlines() if line.strip()]
+
+    def choose(categories: list[str], per_category: int = 1) -> list[dict]:
+        chosen = []
+        for category in categories:
+            chosen += [q for q in questions if q["category"] == category][:per_category]
+        return chosen
+
+    return choose
+
+
+@pytest.fixture(scope="session")
+def questions(spec_bench: SpecBench) -> list[dict]:
+    """The first question of nine Spec-Bench categories: the lossless checks' prompts."""
+    return spec_bench(["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
+                       "math_reasoning", "rag"])
 
 
 def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
     """An ONNX export of a shipped model, written into the edgespec cache by the real exporter (again when the
     graph writer's revision changed)."""
+    from edgespec.export.onnx_export import export_onnx
+    from edgespec.export.onnx_graphs import GRAPHS_REVISION
+
     from edgespec.models import cache_dir
-    from export.onnx_export import export_onnx
-    from export.onnx_graphs import GRAPHS_REVISION
 
     suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
     out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"

@@ -12,7 +12,6 @@ from edgespec.bench.questions import BenchError, conversation, load_questions
 from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
 from edgespec.cli import main
 from edgespec.engine import Engine
-from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
@@ -26,9 +25,10 @@ def _bench(tmp_path: Path, *args: str) -> dict:
     return json.loads(path.read_text())
 
 
-def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec_bench_file: Path) -> None:
     """2 questions, 16 tokens, 2 configurations: the JSON has every field, ratios and bounds are consistent."""
-    result = _bench(tmp_path, "--limit", "2", "--max-tokens", "16", "--configs", "target,ngram-g4")
+    result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "2", "--max-tokens", "16",
+                    "--configs", "target,ngram-g4")
     printed = capsys.readouterr().out
     assert "ngram-g4" in printed and "memory bandwidth" in printed
 
@@ -36,7 +36,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert result["machine"]["cpu"] and result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
     assert result["args"]["max_tokens"] == 16 and result["args"]["limit"] == 2 and result["date"]
     assert [c["name"] for c in result["configs"]] == ["target", "ngram-g4"]
-    questions = load_questions(SPEC_BENCH, limit=2)
+    questions = load_questions(spec_bench_file, limit=2)
     turns = sum(len(q["turns"]) for q in questions)
     assert len(result["records"]) == 2 * turns  # every turn of every question, for both configurations
     assert all(0 < r["n_tokens"] <= 16 for r in result["records"])
@@ -82,9 +82,10 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.slow  # two transformers workers import torch and dequantize the GGUF: ~30 s quiet, 100 s loaded
-def test_transformers_peers(tmp_path: Path) -> None:
+def test_transformers_peers(tmp_path: Path, spec_bench_file: Path) -> None:
     """transformers' plain greedy and prompt lookup on the same dequantized weights, prompts and threads."""
-    result = _bench(tmp_path, "--limit", "1", "--max-tokens", "8", "--configs", "hf-pld", "--no-plots")
+    result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "1", "--max-tokens", "8", "--configs",
+                    "hf-pld", "--no-plots")
     assert [c["name"] for c in result["configs"]] == ["target", "hf-plain", "hf-pld"]  # baselines come along
     hf = result["summary"]["hf-pld"]["overall"]
     assert hf["decode_tok_s"] > 0 and hf["tau"] >= 1.0 and hf["bound_tok_s"] is None
@@ -182,7 +183,8 @@ def test_the_head_to_head_interval_resamples_questions() -> None:
     assert ratio_interval(faster[:1] + faster[6:7], "ngram-auto", "lcpp-plain", "qa") is None
 
 
-def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: Engine) -> None:
+def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: Engine,
+                        spec_bench_file: Path) -> None:
     """3 turns of 16 tokens, edgespec with n-gram drafting and llama-cpp-python with its RAM prompt cache: each
     plays its own conversation, every turn is compared with a fresh engine's, the JSON has every field.
     (γ = 4 rather than the default engine's γ auto: a fresh engine per turn would time its cost curve each time.)"""
@@ -197,7 +199,7 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
     assert result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
     assert result["args"]["turns"] == 3 and result["args"]["max_tokens"] == 16 and result["args"]["skip"] == 0
     assert [c["name"] for c in result["configs"]] == ["ngram-g4", "lcpp-cache"]  # no baselines come along
-    script = conversation(SPEC_BENCH, None, 3)
+    script = conversation(spec_bench_file, None, 3)
     assert result["script"] == script
     for name in ("ngram-g4", "lcpp-cache"):
         turns, conv = result["turns"][name], result["conversations"][name]
@@ -222,18 +224,18 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
     assert plot.endswith("-ttft.png") and Path(plot).stat().st_size > 10_000
 
 
-def test_chat_script_takes_turns_between_categories() -> None:
+def test_chat_script_takes_turns_between_categories(spec_bench_file: Path) -> None:
     """Categories in the file's order, each question's first turn, --skip passes over questions."""
-    questions = load_questions(SPEC_BENCH)
+    questions = load_questions(spec_bench_file)
     firsts: dict[str, list[str]] = {}
     for q in questions:
         firsts.setdefault(q["category"], []).append(q["turns"][0])
-    script = conversation(SPEC_BENCH, ["reasoning", "writing", "rag"], 5, skip=1)
+    script = conversation(spec_bench_file, ["reasoning", "writing", "rag"], 5, skip=1)
     assert [t["content"] for t in script] == [firsts["writing"][1], firsts["reasoning"][1], firsts["rag"][1],
                                               firsts["writing"][2], firsts["reasoning"][2]]
-    assert [t["category"] for t in conversation(SPEC_BENCH, None, 14)] == [*firsts, "writing"]
+    assert [t["category"] for t in conversation(spec_bench_file, None, 14)] == [*firsts, "writing"]
     with pytest.raises(BenchError, match="has only 5 questions to give after skipping 0"):
-        conversation(SPEC_BENCH, ["writing"], 6)
+        conversation(spec_bench_file, ["writing"], 6)
 
 
 def test_chat_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

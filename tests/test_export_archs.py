@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgespec.export.hf import hf_folder
+from edgespec.export.onnx_export import TOKENIZER_FILES
+from edgespec.export.onnx_reference import OnnxReference
 
 import edgespec
 from edgespec.cli import main
 from edgespec.engine import Engine
-from export.hf import hf_folder
-from export.onnx_export import TOKENIZER_FILES
-from export.onnx_reference import OnnxReference
 from tests.conftest import spec_bench
 
 torch = pytest.importorskip("torch")

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgespec.export.layers import format_layers, parse_layers, write_draft, write_draft_reference
+from edgespec.export.search import search
 
 import edgespec
 from edgespec.cli import main
+from edgespec.export import ggufio, quality
 from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.models import families, quantize
-from export import ggufio, quality
-from export.layers import format_layers, parse_layers, write_draft, write_draft_reference
-from export.search import search
 
 SMOL_KEEP = "0-11,20-29"
 GEMMA_KEEP = [0, 1, 2, 5, 6, 7, 11, 12, 16, 17]  # breaks gemma3's 5-local-1-global period on purpose

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from edgespec.export.layers import LayerSetError, check_keep, parse_layers
 
 from edgespec.cli import main
 from edgespec.models import families
-from export.layers import LayerSetError, check_keep, parse_layers
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_no_disk_space(smollm2: Path, small_disk: Path, capsys: pytest.CaptureFi
 
 def test_invalid_manifests_and_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from export import manifest
+    from edgespec.export import manifest
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     with pytest.raises(manifest.ManifestError, match="missing field 'kind'"):

@@ -10,8 +10,8 @@ import pytest
 
 import edgespec
 from edgespec.cli import main
+from edgespec.export import ggufio, manifest, quality
 from edgespec.models import families
-from export import ggufio, manifest, quality
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def test_requantized_weights_are_the_source_weights(smollm2: dict[str, Path], ho
 
 
 def test_q8_0_export_agrees_with_source(smollm2: dict[str, Path], home: Path, tmp_path: Path) -> None:
-    from export.common import resolve_source
-    from export.gguf import export_gguf
+    from edgespec.export.common import resolve_source
+    from edgespec.export.gguf import export_gguf
 
     entry = export_gguf(resolve_source("smollm2-135m:q4_1"), "q8_0", tmp_path / "q8.gguf", 2, 16, threads=1)
     q = entry["quality"]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgespec.export.hf import FROM_GGUF
+from edgespec.export.onnx_reference import OnnxReference
 
 import edgespec
 from edgespec.cli import main
-from export.hf import FROM_GGUF
-from export.onnx_reference import OnnxReference
 from tests.tiny_gguf import tiny_gguf
 
 pytest.importorskip("transformers")

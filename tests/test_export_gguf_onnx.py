@@ -22,12 +22,12 @@ gguf = pytest.importorskip("gguf")
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from export.block_weights import from_ggml  # noqa: E402
-from export.gguf_tokenizer import write_tokenizer  # noqa: E402
-from export.ggufio import reader  # noqa: E402
-from export.onnx_export import export_onnx  # noqa: E402
-from export.onnx_graphs import GraphBuilder, block_linear  # noqa: E402
-from export.onnx_reference import OnnxReference  # noqa: E402
+from edgespec.export.block_weights import from_ggml  # noqa: E402
+from edgespec.export.gguf_tokenizer import write_tokenizer  # noqa: E402
+from edgespec.export.ggufio import reader  # noqa: E402
+from edgespec.export.onnx_export import export_onnx  # noqa: E402
+from edgespec.export.onnx_graphs import GraphBuilder, block_linear  # noqa: E402
+from edgespec.export.onnx_reference import OnnxReference  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
@@ -290,7 +290,7 @@ def test_the_gate_refuses_a_bad_requantization(tmp_path: Path, monkeypatch: pyte
 
 
 def test_gate_thresholds() -> None:
-    from export.gate import MAX_KL, MIN_TOP1, QualityGateError, check, verdict
+    from edgespec.export.gate import MAX_KL, MIN_TOP1, QualityGateError, check, verdict
 
     assert verdict(MIN_TOP1, MAX_KL) is None
     assert "top-1" in (verdict(0.98, 0.0) or "") and "KL" in (verdict(1.0, 0.02) or "")
@@ -300,7 +300,8 @@ def test_gate_thresholds() -> None:
 
 
 def test_runtime_imports_pull_no_torch() -> None:
-    code = ("import sys, edgespec, edgespec.cli, edgespec.onnx_backend, edgespec.server.app, export.onnx_export\n"
+    code = ("import sys, edgespec, edgespec.cli, edgespec.onnx_backend, edgespec.server.app\n"
+            "import edgespec.export.onnx_export\n"
             "assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

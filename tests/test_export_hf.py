@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgespec.export.hf import gguf_to_hf
 
 import edgespec
 from edgespec.cli import main
+from edgespec.export import ggufio, quality
 from edgespec.models import families
-from export import ggufio, quality
-from export.hf import gguf_to_hf
 
 
 @pytest.fixture(scope="module")

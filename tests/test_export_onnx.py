@@ -12,15 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgespec.export.hf import UnsupportedArchitectureError, hf_folder
+from edgespec.export.onnx_cmd import summary
+from edgespec.export.onnx_export import export_onnx
+from edgespec.export.onnx_quality import compare, export_logits, source_logits
+from edgespec.export.onnx_reference import OnnxReference
 
 from edgespec.cli import main
 from edgespec.errors import ModelLoadError
-from export import MissingExtraError
-from export.hf import UnsupportedArchitectureError, hf_folder
-from export.onnx_cmd import summary
-from export.onnx_export import export_onnx
-from export.onnx_quality import compare, export_logits, source_logits
-from export.onnx_reference import OnnxReference
+from edgespec.export import MissingExtraError
 from tests.conftest import onnx_export_dir
 
 pytest.importorskip("onnxruntime")
@@ -105,9 +105,8 @@ def test_int4_exports_loads_and_generates(smol_onnx: dict[str, Path], smol_hf: P
 
 
 def _long_ids(hf: Path, n: int) -> list[int]:
+    from edgespec.export.quality import prompts
     from transformers import AutoTokenizer
-
-    from export.quality import prompts
 
     ids = AutoTokenizer.from_pretrained(hf)(" ".join(prompts(6)) * 8)["input_ids"]
     assert len(ids) >= n

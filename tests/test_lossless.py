@@ -5,11 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec.engine import Engine
-from tests.conftest import spec_bench
+from tests.conftest import SpecBench
 
-CATEGORIES = ["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
-              "math_reasoning", "rag"]
-QUESTIONS = spec_bench(CATEGORIES)
 MAX_TOKENS = 48
 
 
@@ -18,16 +15,17 @@ def _prompt(engine: Engine, question: dict) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference(engine: Engine) -> dict[int, list[int]]:
+def reference(engine: Engine, questions: list[dict]) -> dict[int, list[int]]:
     """Target-only greedy output for each question."""
     return {q["question_id"]: engine.generate(_prompt(engine, q), max_tokens=MAX_TOKENS, mode="none").tokens
-            for q in QUESTIONS}
+            for q in questions}
 
 
 @pytest.mark.parametrize("gamma", ["auto", 1, 4, 16])
-def test_ngram_greedy_equals_target_only(engine: Engine, reference: dict[int, list[int]], gamma: object) -> None:
+def test_ngram_greedy_equals_target_only(engine: Engine, questions: list[dict], reference: dict[int, list[int]],
+                                        gamma: object) -> None:
     drafted = 0
-    for q in QUESTIONS:
+    for q in questions:
         out = engine.generate(_prompt(engine, q), max_tokens=MAX_TOKENS, mode="ngram", gamma=gamma)
         assert out.tokens == reference[q["question_id"]], f"{q['category']} question {q['question_id']}"
         drafted += out.stats.drafted
@@ -35,7 +33,7 @@ def test_ngram_greedy_equals_target_only(engine: Engine, reference: dict[int, li
         assert drafted > 0, "nothing was verified speculatively: the test would prove nothing"
 
 
-def test_ngram_greedy_equals_target_only_at_long_context(engine: Engine) -> None:
+def test_ngram_greedy_equals_target_only_at_long_context(engine: Engine, spec_bench: SpecBench) -> None:
     """Batch-invariance matters most at long contexts: a prompt of well over 1000 tokens."""
     articles = [q["turns"][0] for q in spec_bench(["summarization"], per_category=4)]
     prompt = engine.chat_tokens([{"role": "user", "content": "\n\n".join(articles)}])
@@ -48,9 +46,9 @@ def test_ngram_greedy_equals_target_only_at_long_context(engine: Engine) -> None
 
 
 @pytest.mark.parametrize("gamma", ["auto", 3])
-def test_draft_model_greedy_equals_target_only(pair_engine: Engine, gamma: object) -> None:
+def test_draft_model_greedy_equals_target_only(pair_engine: Engine, questions: list[dict], gamma: object) -> None:
     accepted = 0
-    for q in QUESTIONS[:8]:
+    for q in questions[:8]:
         prompt = _prompt(pair_engine, q)
         expected = pair_engine.generate(prompt, max_tokens=32, mode="none")
         out = pair_engine.generate(prompt, max_tokens=32, mode="draft", gamma=gamma)

@@ -16,12 +16,9 @@ from edgespec import onnx_segments as segments
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
 from edgespec.onnx_backend import MANIFEST, LayerSkipView, OnnxModel, OnnxOptions
-from tests.conftest import onnx_export_dir, spec_bench
+from tests.conftest import SpecBench, onnx_export_dir
 from tests.test_sampling_e2e import assert_sampling_matches_target
 
-CATEGORIES = ["writing", "roleplay", "reasoning", "coding", "translation", "summarization", "qa",
-              "math_reasoning", "rag"]
-QUESTIONS = spec_bench(CATEGORIES)
 MAX_TOKENS = 24
 
 
@@ -30,16 +27,17 @@ def _prompt(engine: Engine, question: dict) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference(onnx_engine: Engine) -> dict[int, list[int]]:
+def reference(onnx_engine: Engine, questions: list[dict]) -> dict[int, list[int]]:
     return {q["question_id"]: onnx_engine.generate(_prompt(onnx_engine, q), max_tokens=MAX_TOKENS, mode="none").tokens
-            for q in QUESTIONS}
+            for q in questions}
 
 
 @pytest.mark.parametrize("mode", ["layerskip", "ngram", "hybrid"])
-def test_greedy_equals_target_only(onnx_engine: Engine, reference: dict[int, list[int]], mode: str) -> None:
+def test_greedy_equals_target_only(onnx_engine: Engine, questions: list[dict], reference: dict[int, list[int]],
+                                  mode: str) -> None:
     """Each of the 9 questions at one of γ = 1, 3, auto (every γ on three questions), per mode."""
     drafted = 0
-    for i, q in enumerate(QUESTIONS):
+    for i, q in enumerate(questions):
         gamma = (1, 3, "auto")[i % 3]
         out = onnx_engine.generate(_prompt(onnx_engine, q), max_tokens=MAX_TOKENS, mode=mode, gamma=gamma)
         assert out.tokens == reference[q["question_id"]], f"{mode} γ={gamma}: {q['category']} {q['question_id']}"
@@ -47,7 +45,7 @@ def test_greedy_equals_target_only(onnx_engine: Engine, reference: dict[int, lis
     assert drafted > 0, "nothing was verified speculatively at fixed γ: the test would prove nothing"
 
 
-def test_greedy_at_long_context(onnx_engine: Engine) -> None:
+def test_greedy_at_long_context(onnx_engine: Engine, spec_bench: SpecBench) -> None:
     """Batch invariance matters most at long contexts: a prompt of well over 1000 tokens."""
     articles = [q["turns"][0] for q in spec_bench(["summarization"], per_category=2)]
     prompt = onnx_engine.chat_tokens([{"role": "user", "content": "\n\n".join(articles)}])
@@ -89,11 +87,11 @@ def test_random_accept_reject_leaves_exact_cache(onnx_engine: Engine) -> None:
     np.testing.assert_array_equal(got, fresh)
 
 
-def test_layerskip_never_overwrites_committed_kv(onnx_engine: Engine) -> None:
+def test_layerskip_never_overwrites_committed_kv(onnx_engine: Engine, questions: list[dict]) -> None:
     """After a layer-skip generation, the KV of every committed position is exactly what the target alone
     wrote: the draft only ever wrote speculative positions, and the verify pass replaced them."""
     target: OnnxModel = onnx_engine.target  # type: ignore[assignment]
-    prompt = _prompt(onnx_engine, QUESTIONS[0])
+    prompt = _prompt(onnx_engine, questions[0])
     plain = onnx_engine.generate(prompt, max_tokens=20, mode="none")
     n = len(prompt) + len(plain.tokens) - 1  # the last token is committed but never fed
     kv_plain = target.kv_array[..., :n, :].copy()
@@ -113,7 +111,7 @@ def test_draft_and_target_share_sessions_and_memory(onnx_engine: Engine) -> None
     assert 0 < len(view.layers) < target.n_layer and not set(view.layers) & set(view.skip)
 
 
-def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: Engine) -> None:
+def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: Engine, questions: list[dict]) -> None:
     """Layers between skipped ones run as one session (merged at load), with the per-layer sessions' logits
     bit for bit: prefill, a verify batch, single tokens and the layer-skip draft's passes."""
     skip = [3, 4, 10]
@@ -124,7 +122,7 @@ def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: E
     assert {(0, 1, 2), (3, 4), (10,)} <= set(fused.segments) and len(fused.segments) < fused.n_layer // 2
     assert all(len({i in skip for i in segment}) == 1 for segment in fused.segments)
     assert single.segments == [(i,) for i in range(single.n_layer)]
-    prompt = fused.tokenize(QUESTIONS[0]["turns"][0])
+    prompt = fused.tokenize(questions[0]["turns"][0])
     n = len(prompt)
     for model in (fused, single):
         model.decode(prompt, 0, 1)
@@ -147,8 +145,8 @@ def test_segment_plan() -> None:
     assert segments.plan(3, [], [1] * 3, fuse=False) == [[0], [1], [2]]
 
 
-def test_self_speculation_memory_within_10_percent(onnx_engine: Engine) -> None:
-    prompt = _prompt(onnx_engine, QUESTIONS[1])
+def test_self_speculation_memory_within_10_percent(onnx_engine: Engine, questions: list[dict]) -> None:
+    prompt = _prompt(onnx_engine, questions[1])
     process = psutil.Process(os.getpid())
     onnx_engine.generate(prompt, max_tokens=16, mode="none")
     alone = process.memory_info().rss
@@ -232,7 +230,7 @@ def test_self_draft_modes_need_an_onnx_model(engine: Engine) -> None:
 
 # -- Gemma 3 270M through the same path --------------------------------------------------------------------
 @pytest.mark.slow
-def test_gemma3_greedy_equals_target_only() -> None:
+def test_gemma3_greedy_equals_target_only(spec_bench: SpecBench) -> None:
     """Gemma 3 (sliding-window layers, 262k vocabulary, no chat template in its GGUF), the default INT8 export.
 
     The translation prompt's verify batches cross 64 keys, where GroupQueryAttention's Q·Kᵀ over head_dim 256
@@ -254,7 +252,7 @@ def test_gemma3_greedy_equals_target_only() -> None:
 def test_every_session_in_the_process_runs_on_the_one_shared_pool(onnx_engine: Engine) -> None:
     """onnxruntime allows one process-wide pool, and then every session must use it: a second model asking
     for another thread count loads (and says what it really runs on), and so do the exporter's sessions."""
-    from export.onnx_reference import OnnxReference
+    from edgespec.export.onnx_reference import OnnxReference
 
     threads = onnx_engine.target.n_threads
     other = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=threads + 1, n_ctx=64))

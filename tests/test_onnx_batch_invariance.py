@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from edgespec.export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize, pads_every_product
+from edgespec.export.onnx_graphs import ModelSpec, attention_min_total, kv_length, layer_graph
 
 from edgespec.onnx_backend import session_options
-from export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize, pads_every_product
-from export.onnx_graphs import ModelSpec, attention_min_total, kv_length, layer_graph
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

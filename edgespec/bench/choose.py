@@ -52,14 +52,14 @@ def onnx_export_path(family: ModelFamily) -> Path:
 def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:
     """The INT8 ONNX export of the shipped GGUF (built and cached on first use) and its quality line, or None and
     why it cannot be a candidate."""
-    from export import quality
+    from edgespec.export import quality
 
     source = family.variant_path(family.source_quant)
     out = onnx_export_path(family)
     if not (out / MANIFEST).is_file():
         say(f"  exporting {source.name} to ONNX INT8 (once) into {out}")
         try:
-            from export.onnx_export import export_onnx
+            from edgespec.export.onnx_export import export_onnx
 
             export_onnx(source, out, quant="int8", progress=True)
         except (EdgespecError, OSError) as e:  # a missing extra (torch today), disk, an unsupported model

@@ -50,7 +50,7 @@ class BenchArgs(RunArgs):
 
 
 def machine() -> dict[str, object]:
-    from ..llama_backend import physical_cores
+    from ..cpu import physical_cores
 
     try:
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

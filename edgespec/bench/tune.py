@@ -21,10 +21,10 @@ import numpy as np
 
 import edgespec
 
+from ..cpu import physical_cores
 from ..engine import Engine
 from ..errors import EdgespecError
-from ..gamma import MAX_GAMMA
-from ..llama_backend import physical_cores
+from ..gamma import MAX_GAMMA, expected_step
 from ..models import resolve
 from ..stats import GenerationStats
 from ..tuning import Tuning, find_tuning, tuning_key, tuning_path
@@ -138,13 +138,9 @@ def _measured(stats: list[GenerationStats]) -> tuple[list[float], float, float]:
 
 def _fixed_gamma_rates(t: Tuning, drafter: str) -> list[float]:
     """Expected tokens per second for fixed γ = 0..MAX_GAMMA, from the cost curve and measured acceptance."""
-    survive = np.cumprod(np.asarray(t.acceptance[drafter], dtype=float))
-    rates = []
-    for k in range(MAX_GAMMA + 1):
-        tokens = 1 + survive[:k].sum()
-        seconds = t.curve_shape[k + 1] * t.curve_scale + k * t.draft_cost_s[drafter] + t.overhead_s
-        rates.append(float(tokens / seconds))
-    return rates
+    tokens, seconds = expected_step(np.asarray(t.acceptance[drafter]), np.asarray(t.curve_shape), t.curve_scale,
+                                    t.draft_cost_s[drafter], t.overhead_s, MAX_GAMMA)
+    return [float(r) for r in tokens / seconds]
 
 
 Entry = tuple[Engine, list[tuple[str, int | str]], list[list[int]]]  # an engine, its (mode, γ) candidates, prompts

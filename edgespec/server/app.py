@@ -94,7 +94,7 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": w.name, "object": "model", "created": 0, "owned_by": "edgespec",
-             "n_ctx": w.engine.arena.n_ctx, "modes": list(w.engine.modes), "mode": w.engine.mode}
+             "n_ctx": w.engine.n_ctx, "modes": list(w.engine.modes), "mode": w.engine.mode}
             for w in pool.workers]})
 
     async def chat_completions(request: Request) -> Response:

@@ -127,8 +127,8 @@ class GenerationRequest:
         """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
         # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is
         # full, so a larger max_tokens is clamped to the context.
-        kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", engine.arena.n_ctx),
-                                                   engine.arena.n_ctx)}
+        kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", engine.n_ctx),
+                                                   engine.n_ctx)}
         if self.chat:
             return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
         return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ class ModelNotFoundError(EdgespecError):
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class EngineSpec:
     """What to load, as on the command line: ``draft`` is a mode (``ngram``, ``layerskip``, ``hybrid``,
     ``none``), a draft model name/path or ``auto`` (a local draft model where one pays); None (and ``gamma``
     None) take what ``edgespec tune`` chose, else n-gram lookup with γ auto."""
@@ -74,7 +74,7 @@ class ModelPool:
         self._workers: dict[str, EngineWorker] = {}
         self._lock = threading.Lock()
 
-    def load(self, spec: ModelSpec) -> EngineWorker:
+    def load(self, spec: EngineSpec) -> EngineWorker:
         """Load a model under its name; loading a name again returns the engine already there."""
         with self._lock:  # held while loading: two clients loading one name must not get two engines
             if spec.name not in self._workers:

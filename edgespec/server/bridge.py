@@ -20,11 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from .engine import StreamChunk
-from .errors import EdgespecError
-from .server.openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
-from .server.pool import ModelPool, ModelSpec
-from .server.worker import CANCELLED, DONE, EngineWorker, Job
+from ..engine import StreamChunk
+from ..errors import EdgespecError
+from .openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
+from .pool import EngineSpec, ModelPool
+from .worker import CANCELLED, DONE, EngineWorker, Job
 
 log = logging.getLogger("edgespec.bridge")
 PROTOCOL = 1
@@ -37,7 +37,7 @@ _LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "c
 class Bridge:
     """The models (shared by every connection) and the transports."""
 
-    def __init__(self, pool: ModelPool, defaults: ModelSpec) -> None:
+    def __init__(self, pool: ModelPool, defaults: EngineSpec) -> None:
         self.pool, self.defaults = pool, defaults
         self.stopped = threading.Event()
         self._on_stop: list[Callable[[], None]] = []
@@ -181,7 +181,7 @@ class Session:
                 self.error(rid, "load_failed", f"could not load {spec.name!r}: {e}")
                 return
             worker.ready.wait()
-            self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.arena.n_ctx,
+            self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.n_ctx,
                        "mode": worker.engine.mode, "modes": list(worker.engine.modes)})
 
         threading.Thread(target=run, name=f"edgespec-load-{rid}", daemon=True).start()

@@ -1,4 +1,4 @@
-"""Choosing which layers the self-draft skips (SWIFT / Draft & Verify style calibration).
+"""Searching for the layers the self-draft skips (SWIFT / Draft & Verify style; `edgespec calibrate-skip`).
 
 The search runs on the model's own greedy generations: the full model generates a continuation of each
 calibration prompt once; then a candidate skip set is scored by *teacher-forced agreement*, the share of
@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import EdgespecError
-from .gamma import CostCurve
+from .files import write_text
+from .gamma import MAX_GAMMA, CostCurve, expected_step
 from .onnx_backend import MANIFEST, OnnxModel
 
-CALIBRATION_PROMPTS = (
+SEARCH_PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a hash table works and when it is a poor choice.",
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -37,12 +38,11 @@ CALIBRATION_PROMPTS = (
     "Summarize the causes of the French Revolution in a few sentences.",
     "Translate into French: The weather is lovely today, let us walk to the market.",
 )
-MAX_GAMMA = 8
 MIN_AGREEMENT = 0.3  # below this a draft is not worth searching further
 
 
 @dataclass
-class SkipCalibration:
+class SkipSearchResult:
     skip: list[int]
     agreement: float  # teacher-forced top-1 agreement with the full model
     cost_ratio: float  # draft pass / target pass, from measured per-layer times
@@ -58,13 +58,12 @@ class SkipCalibration:
 
 def expected_speedup(alpha: float, cost_ratio: float, verify: np.ndarray) -> tuple[float, int]:
     """Best (speed-up, γ) for per-token acceptance ``alpha``; ``verify[k]`` = cost(k tokens) / cost(1)."""
-    best, best_gamma = 1.0, 0
-    for gamma in range(1, min(MAX_GAMMA, len(verify) - 2) + 1):  # verify[0] is unused
-        tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
-        speedup = tokens / (gamma * cost_ratio + verify[gamma + 1])
-        if speedup > best:
-            best, best_gamma = speedup, gamma
-    return best, best_gamma
+    tokens, seconds = expected_step(np.full(MAX_GAMMA, alpha), verify, 1.0, cost_ratio, 0.0,
+                                    min(MAX_GAMMA, len(verify) - 2))  # in target passes
+    speedups = tokens / seconds
+    speedups[0] = 1.0  # γ = 0 is the target alone: the unit
+    gamma = int(np.argmax(speedups))  # the first best: γ = 0 unless some γ beats it
+    return float(speedups[gamma]), gamma
 
 
 class _Scorer:
@@ -128,8 +127,8 @@ def measure_costs(model: OnnxModel, position: int = 256, repeats: int = 9) -> tu
     return base, per_layer, verify
 
 
-def calibrate(model: OnnxModel, prompts: Sequence[Sequence[int]] | None = None, n_tokens: int = 48,
-              candidates_per_round: int = 4, max_skip: int | None = None) -> SkipCalibration:
+def search_skip_set(model: OnnxModel, prompts: Sequence[Sequence[int]] | None = None, n_tokens: int = 48,
+                    candidates_per_round: int = 4, max_skip: int | None = None) -> SkipSearchResult:
     """Search the skip set that maximises the expected speed-up of layer-skip self-speculation.
 
     ``model`` must be loaded with ``fuse_layers=False``: candidates are arbitrary layer subsets.
@@ -137,7 +136,7 @@ def calibrate(model: OnnxModel, prompts: Sequence[Sequence[int]] | None = None, 
     if model.options.fuse_layers:
         raise EdgespecError("skip-set calibration runs any layer subset: load the model with fuse_layers=False")
     if prompts is None:
-        prompts = [_chat_prompt(model, text) for text in CALIBRATION_PROMPTS]
+        prompts = [_chat_prompt(model, text) for text in SEARCH_PROMPTS]
     scorer = _Scorer(model, prompts, n_tokens)
     base, per_layer, verify = measure_costs(model)
     total = base + per_layer.sum()
@@ -173,7 +172,7 @@ def calibrate(model: OnnxModel, prompts: Sequence[Sequence[int]] | None = None, 
         chosen = {ranked[0]}
         speedup, alpha, c, gamma = score(chosen)
     model.truncate(0)
-    return SkipCalibration(sorted(chosen), alpha, c, speedup, gamma, tried)
+    return SkipSearchResult(sorted(chosen), alpha, c, speedup, gamma, tried)
 
 
 def _chat_prompt(model: OnnxModel, text: str) -> list[int]:
@@ -187,26 +186,24 @@ def _chat_prompt(model: OnnxModel, text: str) -> list[int]:
                           add_special=False, parse_special=True)
 
 
-def save_to_manifest(folder: str | os.PathLike[str], result: SkipCalibration) -> Path:
+def save_to_manifest(folder: str | os.PathLike[str], result: SkipSearchResult) -> Path:
     """Store the chosen set as the manifest's ``layer_skip`` entry (the runtime's default skip set)."""
     path = Path(folder) / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest["layer_skip"] = result.manifest_entry()
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(manifest, indent=2) + "\n")
     return path
 
 
-def calibrate_dir(folder: str | os.PathLike[str], n_threads: int | None = None, n_tokens: int = 48,
-                  save: bool = True) -> SkipCalibration:
-    """Calibrate the ONNX model in ``folder`` and (by default) store the result in its manifest."""
+def search_and_store(folder: str | os.PathLike[str], n_threads: int | None = None, n_tokens: int = 48,
+                     save: bool = True) -> SkipSearchResult:
+    """Search the skip set of the ONNX model in ``folder`` and (by default) store it in its manifest."""
     from .onnx_backend import OnnxOptions
 
     # Per-layer sessions: candidates are arbitrary subsets, and each layer's time is clocked.
     model = OnnxModel(folder, OnnxOptions(n_ctx=2048, n_threads=n_threads, fuse_layers=False))
     try:
-        result = calibrate(model, n_tokens=n_tokens)
+        result = search_skip_set(model, n_tokens=n_tokens)
     finally:
         model.close()
     if save:

@@ -12,8 +12,8 @@ import edgespec
 from edgespec.cli import main
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError
-from edgespec.layer_skip import SkipCalibration, calibrate, expected_speedup, save_to_manifest
 from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions
+from edgespec.skip_search import SkipSearchResult, expected_speedup, save_to_manifest, search_skip_set
 from tests.conftest import onnx_export_dir
 
 
@@ -27,10 +27,10 @@ def test_expected_speedup_model() -> None:
 
 def test_calibration_finds_and_stores_a_skip_set(onnx_engine: Engine, tmp_path: Path) -> None:
     with pytest.raises(EdgespecError, match="fuse_layers=False"):  # fused segments cannot run any subset
-        calibrate(onnx_engine.target, n_tokens=1)  # type: ignore[arg-type]
+        search_skip_set(onnx_engine.target, n_tokens=1)  # type: ignore[arg-type]
     model = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=512, fuse_layers=False))
     prompt = model.tokenize("The three primary colours are")
-    result = calibrate(model, prompts=[prompt], n_tokens=12, candidates_per_round=2, max_skip=3)
+    result = search_skip_set(model, prompts=[prompt], n_tokens=12, candidates_per_round=2, max_skip=3)
     assert 1 <= len(result.skip) <= 3 and all(0 <= i < model.n_layer for i in result.skip)
     assert 0.0 <= result.agreement <= 1.0 and 0.0 < result.cost_ratio < 1.0
     assert len(result.tried) >= model.n_layer  # every layer was scored alone first
@@ -49,7 +49,7 @@ def test_a_calibrated_draft_that_cannot_pay_is_declined_from_the_start(tmp_path:
     """A self-draft whose calibration says it agrees rarely and costs nearly a full pass is not tried
     (beyond the controller's occasional exploration), and the output stays the target's."""
     folder = _linked_copy(onnx_export_dir(), tmp_path)
-    save_to_manifest(folder, SkipCalibration(skip=[3], agreement=0.3, cost_ratio=0.97, expected_speedup=1.0,
+    save_to_manifest(folder, SkipSearchResult(skip=[3], agreement=0.3, cost_ratio=0.97, expected_speedup=1.0,
                                              gamma=0))
     engine = edgespec.load(folder, mode="layerskip", n_ctx=512, n_threads=1, tuning=False)
     try:

@@ -1,0 +1,107 @@
+"""The backend contract: what the engine needs from a model, and the rules every backend shares.
+
+A backend (llama.cpp in ``llama_backend``, ONNX Runtime in ``onnx_backend``, the scripted fake in
+tests/fake_backend.py) is a class implementing ``Backend`` plus a module-level ``open_model`` and ``claims``
+registered in ``backends.py``. The engine and the arena import this module, never a concrete backend.
+Capabilities are asked, not ``isinstance``-checked: ``self_draft()`` returns None where a backend cannot run a
+subset of its layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from .arena import Cache, SharedCache
+from .errors import InvalidParameterError
+
+DEVICES = ("auto", "cpu", "cuda", "metal")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Load options every backend accepts (``layer_skip`` only means something to one that can skip layers)."""
+
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    device: str = "cpu"
+    exact_numerics: bool = True
+    layer_skip: Sequence[int] | None = None
+
+
+@runtime_checkable
+class SelfDraft(SharedCache, Protocol):
+    """A target run with some layers skipped, over the target's own KV memory (see ``KVArena``)."""
+
+    # What a skip-set search measured for this very set: (top-1 agreement with the target, draft pass /
+    # target pass); None when nothing was measured. The γ controller starts from it.
+    calibrated: tuple[float, float] | None
+
+
+@runtime_checkable
+class Backend(Cache, Protocol):
+    """One model with one KV cache: decode rows → logits, roll back, and its vocabulary.
+
+    ``decode``, ``truncate`` and ``cache_end`` (from ``Cache``) are called by ``KVArena`` only.
+    """
+
+    path: Path
+    n_vocab: int
+    n_threads: int
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def bos(self) -> int: ...
+
+    @property
+    def eos(self) -> int: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def token_text(self, token: int) -> bytes:
+        """A token's text as the vocabulary stores it (control tokens by name): what vocabularies compare."""
+        ...
+
+    def piece(self, token: int) -> bytes:
+        """A token's bytes as output text (control tokens render as nothing)."""
+        ...
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def check_same_vocab(self, other: Backend) -> None:
+        """Raise ``VocabMismatchError`` unless both map every token id to the same text."""
+        ...
+
+    def self_draft(self) -> SelfDraft | None:
+        """This model with some layers skipped, drafting over its own KV memory; None if it cannot skip layers."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_options(device: str, n_ctx: int, n_batch: int, n_threads: int | None) -> None:
+    """The options every backend shares, checked alike."""
+    if device not in DEVICES:
+        raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if n_ctx < 16:
+        raise InvalidParameterError(f"n_ctx must be >= 16, got {n_ctx}")
+    if n_batch < 1:
+        raise InvalidParameterError(f"n_batch must be >= 1, got {n_batch}")
+    if n_threads is not None and n_threads < 1:
+        raise InvalidParameterError(f"n_threads must be >= 1, got {n_threads}")
+
+
+def split_batches(n: int, step: int) -> list[tuple[int, int]]:
+    """Cut n tokens into runs of at most ``step`` so that the LAST run holds the final ``step`` tokens: every
+    row whose logits are wanted (at most ``step``, at the end) then comes out of the last forward pass."""
+    tail = max(0, n - step)
+    return [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, n)]

@@ -1,0 +1,193 @@
+"""A scripted, model-free backend: the engine, the γ controller, the arena and the drafters in milliseconds.
+
+``FakeModel`` implements the backend contract (edgespec/backend.py) over a byte vocabulary (token 0 is BOS,
+1 is EOS, 2 + b is byte b). Its logits are a pure function of the context held in its KV memory, so a run is
+deterministic and its target-only output is known; a ``FakeClock`` advances by a configurable cost per
+forward pass (instead of sleeping), so the γ controller sees a chosen verify-cost curve exactly.
+
+The KV memory records which cache wrote each position. A target position whose entry a self-draft view
+wrote (what the arena must prevent) shifts the target's argmax: a view misused by the arena shows up as a
+greedy output that differs from target-only, as it would with a real layer-skip draft.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.vocab import check_same_vocab
+
+BOS, EOS = 0, 1
+N_VOCAB = 258  # BOS, EOS and the 256 bytes
+PEAK = 10.0  # a scripted token's logit above every other one
+
+Logits = Callable[[Sequence[int]], np.ndarray]  # context (tokens held up to a position) → next-token logits
+
+
+def encode(text: str) -> list[int]:
+    """The fake vocabulary's tokens for ``text`` (no BOS)."""
+    return [2 + b for b in text.encode("utf-8")]
+
+
+def decode_text(tokens: Sequence[int]) -> str:
+    return bytes(t - 2 for t in tokens if t >= 2).decode("utf-8", "replace")
+
+
+def scripted(sequence: Sequence[int]) -> Logits:
+    """The model that continues ``sequence``: after a context of length n it predicts sequence[n] (EOS past
+    its end), whatever the context holds. A prompt that is a prefix of ``sequence`` is continued by the rest."""
+    seq = list(sequence)
+
+    def logits(context: Sequence[int]) -> np.ndarray:
+        row = np.zeros(N_VOCAB, dtype=np.float32)
+        row[seq[len(context)] if len(context) < len(seq) else EOS] = PEAK
+        return row
+
+    return logits
+
+
+def bigram(seed: int, support: Sequence[int], scale: float = 1.5) -> Logits:
+    """Logits from a table indexed by the last token: random over ``support``, -inf elsewhere (a distribution
+    whose every probability is known, for the statistical tests)."""
+    rng = np.random.default_rng(seed)
+    table = np.full((N_VOCAB, N_VOCAB), -np.inf, dtype=np.float32)
+    table[:, list(support)] = rng.normal(0.0, scale, (N_VOCAB, len(support)))
+    return lambda context: table[context[-1]]
+
+
+class FakeClock:
+    """Stands in for ``time.perf_counter``: it moves only when a fake model charges a forward pass."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class _Entry:
+    token: int
+    writer: str  # "target" or "draft"
+
+
+class _Pass:
+    """One cache's end over the shared memory: the target's, or its self-draft view's."""
+
+    def __init__(self, memory: FakeModel, logits: Logits, writer: str, cost_ratio: float) -> None:
+        self.memory, self.logits, self.writer, self.cost_ratio = memory, logits, writer, cost_ratio
+        self.n_ctx = memory.n_ctx
+        self.end = 0
+
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        if start != self.end:
+            raise EdgespecError(f"fake: {self.writer} decode at {start}, but its cache ends at {self.end}")
+        self.end = self.memory.write(tokens, start, self.writer, self.cost_ratio)
+        return self.memory.rows(self.logits, self.end, n_logits, corrupt=self.writer == "target")
+
+    def truncate(self, keep: int) -> None:
+        self.end = min(self.end, keep)
+
+    def cache_end(self) -> int:
+        return self.end
+
+
+class FakeModel:
+    """A scripted model with one KV memory (see the module docstring)."""
+
+    def __init__(self, logits: Logits, n_ctx: int = 256, pass_cost: Callable[[int], float] = lambda n: 0.01,
+                 clock: FakeClock | None = None, self_draft: Logits | None = None, draft_cost_ratio: float = 0.3,
+                 calibrated: tuple[float, float] | None = None, name: str = "fake.gguf",
+                 chat_template: str | None = None) -> None:
+        """``pass_cost(n)``: seconds one forward pass over n tokens charges ``clock``. ``self_draft``: the logits
+        of a layer-skip view over this model's memory, whose passes cost ``draft_cost_ratio`` of the target's."""
+        self.path = Path(name)
+        self.n_ctx = n_ctx
+        self.n_vocab = N_VOCAB
+        self.n_threads = 1
+        self.bos, self.eos = BOS, EOS
+        self.chat_template = chat_template
+        self.description = "scripted fake model"
+        self.logits, self.pass_cost, self.clock = logits, pass_cost, clock
+        self.kv: list[_Entry | None] = [None] * n_ctx
+        self._target = _Pass(self, logits, "target", 1.0)
+        self._draft = None if self_draft is None else FakeSkipView(self, self_draft, draft_cost_ratio, calibrated)
+        self.passes: list[int] = []  # tokens fed per forward pass, in order
+        self.closed = False
+
+    # -- vocabulary -----------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        tokens = [BOS] if add_special else []
+        for part in re.split(r"(<s>|</s>)", text) if parse_special else [text]:
+            tokens += {"<s>": [BOS], "</s>": [EOS]}.get(part, encode(part))
+        return tokens
+
+    def piece(self, token: int) -> bytes:
+        return bytes([token - 2]) if token >= 2 else b""  # control tokens render as nothing
+
+    def token_text(self, token: int) -> bytes:
+        return {BOS: b"<s>", EOS: b"</s>"}.get(token, self.piece(token))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+    def check_same_vocab(self, other: object) -> None:
+        check_same_vocab(self, other)  # type: ignore[arg-type]
+
+    # -- the cache ------------------------------------------------------------------------------------
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        return self._target.decode(tokens, start, n_logits)
+
+    def truncate(self, keep: int) -> None:
+        self._target.truncate(keep)
+
+    def cache_end(self) -> int:
+        return self._target.cache_end()
+
+    def self_draft(self) -> FakeSkipView | None:
+        return self._draft
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- shared by the target and its view ------------------------------------------------------------
+    def write(self, tokens: Sequence[int], start: int, writer: str, cost_ratio: float) -> int:
+        if not tokens or start + len(tokens) > self.n_ctx:
+            raise EdgespecError(f"fake: cannot write {len(tokens)} tokens at {start} (n_ctx {self.n_ctx})")
+        for i, token in enumerate(tokens):
+            self.kv[start + i] = _Entry(token, writer)
+        self.passes.append(len(tokens))
+        if self.clock is not None:
+            self.clock.now += cost_ratio * self.pass_cost(len(tokens))
+        return start + len(tokens)
+
+    def rows(self, logits: Logits, end: int, n_logits: int, corrupt: bool) -> np.ndarray:
+        """Logits for the last ``n_logits`` of positions ..end, each from the context held up to it."""
+        out = []
+        for pos in range(end - min(n_logits, end), end):
+            held = self.kv[:pos + 1]
+            row = logits([e.token for e in held])  # type: ignore[union-attr]
+            if corrupt and any(e.writer != "target" for e in held):  # type: ignore[union-attr]
+                row = np.roll(row, 1)  # a target reading draft-written KV computes something else
+            out.append(row)
+        return np.array(out, dtype=np.float32).reshape(len(out), N_VOCAB)
+
+
+class FakeSkipView(_Pass):
+    """A layer-skip self-draft over the owner's memory: other logits, a share of the cost (a ``SelfDraft``)."""
+
+    def __init__(self, owner: FakeModel, logits: Logits, cost_ratio: float,
+                 calibrated: tuple[float, float] | None) -> None:
+        super().__init__(owner, logits, "draft", cost_ratio)
+        self.calibrated = calibrated
+
+    def adopt(self, end: int) -> None:
+        self.end = end

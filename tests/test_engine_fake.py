@@ -1,0 +1,186 @@
+"""The engine on the scripted fake backend (tests/fake_backend.py): the loop, the γ controller, arena rollback,
+the drafters and the sampling rule in milliseconds, including cases real models rarely hit."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from edgespec.engine import Completion, Engine
+from edgespec.errors import ContextOverflowError
+from edgespec.gamma import MAX_GAMMA
+from edgespec.sampling import SamplingParams
+from tests.fake_backend import BOS, EOS, FakeClock, FakeModel, Logits, bigram, encode, scripted
+
+TEXT = "the cat sat on the mat. " * 6
+SEQUENCE = [BOS, *encode(TEXT)]
+PROMPT = SEQUENCE[:30]  # the rest of SEQUENCE, then EOS, is what the target alone generates
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """Virtual time: the engine and the γ controller read it, the fake models' passes advance it."""
+    c = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+def target_only(model: FakeModel, prompt: Sequence[int], **kwargs: object) -> Completion:
+    return Engine(model, mode="none", gamma=0).generate(prompt, **kwargs)
+
+
+def wrong(sequence: Sequence[int]) -> Logits:
+    """A draft that never agrees with ``scripted(sequence)``."""
+    right = scripted(sequence)
+    return lambda context: np.roll(right(context), 1)
+
+
+@pytest.mark.parametrize("gamma", [*range(MAX_GAMMA + 1), "auto"])
+def test_ngram_greedy_equals_target_only_for_every_gamma(clock: FakeClock, gamma: int | str) -> None:
+    out = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), gamma=gamma).generate(PROMPT, max_tokens=500)
+    assert out.tokens == SEQUENCE[len(PROMPT):] and out.finish_reason == "stop"
+    assert out.text == TEXT[len(PROMPT) - 1:]
+    if gamma != 0:
+        assert out.stats.accepted > 0  # the repeated sentence was drafted and kept
+
+
+def test_all_drafts_rejected(clock: FakeClock) -> None:
+    target = FakeModel(scripted(SEQUENCE), clock=clock)
+    engine = Engine(target, FakeModel(wrong(SEQUENCE), clock=clock), mode="draft", gamma=4)
+    out = engine.generate(PROMPT, max_tokens=40)
+    assert out.tokens == target_only(target, PROMPT, max_tokens=40).tokens
+    assert out.stats.drafted > 100 and out.stats.accepted == 0 and out.stats.steps == 39  # one token per pass
+
+
+@pytest.mark.parametrize("gamma", [0, 3, MAX_GAMMA])
+def test_context_exactly_full(clock: FakeClock, gamma: int) -> None:
+    n_ctx = 64
+    engine = Engine(FakeModel(scripted(SEQUENCE), n_ctx=n_ctx, clock=clock), gamma=gamma)
+    assert engine.n_ctx == n_ctx
+    out = engine.generate(PROMPT, max_tokens=500)
+    assert out.finish_reason == "length" and out.tokens == SEQUENCE[len(PROMPT):n_ctx]
+    last = engine.generate(SEQUENCE[:n_ctx - 1], max_tokens=500)  # room for one token
+    assert last.tokens == [SEQUENCE[n_ctx - 1]] and last.finish_reason == "length"
+    with pytest.raises(ContextOverflowError, match="context holds 64"):
+        engine.generate(SEQUENCE[:n_ctx], max_tokens=5)
+
+
+def test_eos_inside_an_accepted_draft(clock: FakeClock) -> None:
+    """After the prompt's "hello wor" the target's first token is "l"; the n-gram draft then copies "d</s> the end"
+    from the prompt and the target agrees up to EOS: the engine stops at EOS, inside the accepted draft."""
+    sequence = [BOS, *encode("hello world"), EOS, *encode(" the end. hello world")]
+    prompt = sequence[:-2]
+    engine = Engine(FakeModel(scripted(sequence), clock=clock), gamma=MAX_GAMMA)
+    chunks = list(engine.stream(prompt, max_tokens=50))
+    assert [t for c in chunks for t in c.tokens] == encode("ld") == sequence[-2:]
+    last = chunks[-1]
+    assert last.finish_reason == "stop" and last.tokens == encode("d") and last.drafted > 3
+    assert last.stats is not None and last.stats.accepted == 2  # "d" and EOS, in the one verify step
+
+
+def test_stop_string_inside_accepted_draft_tokens(clock: FakeClock) -> None:
+    sequence = [BOS, *encode("one two three. one two three. one two three.")]
+    prompt = sequence[:19]  # "<s>one two three. one"
+    model = FakeModel(scripted(sequence), clock=clock)
+    chunks = list(Engine(model, gamma=MAX_GAMMA).stream(prompt, max_tokens=50, stop=["three"]))
+    reference = target_only(model, prompt, max_tokens=50, stop=["three"])
+    assert "".join(c.text for c in chunks) == reference.text == " two "
+    assert [t for c in chunks for t in c.tokens] == reference.tokens
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].accepted > 0  # cut inside the accepted draft
+
+
+def test_max_tokens_lands_anywhere_in_a_draft(clock: FakeClock) -> None:
+    model = FakeModel(scripted(SEQUENCE), clock=clock)
+    engine = Engine(model, gamma=MAX_GAMMA)
+    for max_tokens in range(1, 40):
+        out = engine.generate(PROMPT, max_tokens=max_tokens)
+        assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + max_tokens] and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("mode", ["layerskip", "hybrid"])
+def test_self_draft_view_never_overwrites_committed_kv(clock: FakeClock, mode: str) -> None:
+    """The fake target computes something else wherever it reads KV its view wrote: equal greedy output means
+    the arena kept every committed position the target's own."""
+    half_right = scripted(SEQUENCE[:60])  # agrees for the first 60 positions, then drafts EOS
+    model = FakeModel(scripted(SEQUENCE), clock=clock, self_draft=half_right)
+    out = Engine(model, mode=mode, gamma=3).generate(PROMPT, max_tokens=500)
+    assert out.tokens == SEQUENCE[len(PROMPT):]
+    assert out.stats.accepted > 0 and out.stats.accepted < out.stats.drafted
+    assert all(e is not None and e.writer == "target" for e in model.kv[:len(SEQUENCE) - 1])
+
+
+def test_the_fake_target_notices_kv_written_by_its_view() -> None:
+    """The check the previous test rests on: a committed position written by the view changes the target."""
+    model = FakeModel(scripted(SEQUENCE), self_draft=scripted(SEQUENCE))
+    view = model.self_draft()
+    assert view is not None
+    model.decode(SEQUENCE[:3], 0, 1)
+    view.adopt(1)
+    view.decode([SEQUENCE[1]], 1, 1)  # the view rewrites a committed position (what the arena prevents)
+    assert int(model.decode([SEQUENCE[3]], 3, 1)[0].argmax()) != SEQUENCE[4]
+
+
+def test_controller_drafts_where_verifying_is_flat_and_not_where_it_is_linear(clock: FakeClock) -> None:
+    """γ auto against a chosen verify-cost curve: with k tokens costing one pass it drafts and beats plain
+    decoding in virtual time; with k tokens costing k passes drafting cannot pay, and it stays near plain."""
+    def decode_seconds(pass_cost: Callable[[int], float], mode: str) -> float:
+        engine = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, pass_cost=pass_cost), mode=mode)
+        engine.generate(PROMPT, max_tokens=5)  # calibrates the cost curve (virtual time too)
+        out = engine.generate(PROMPT, max_tokens=500)
+        assert out.tokens == SEQUENCE[len(PROMPT):]
+        return out.stats.decode_s
+
+    flat = lambda n: 0.01  # noqa: E731
+    assert decode_seconds(flat, "ngram") < 0.5 * decode_seconds(flat, "none")
+    linear = lambda n: 0.01 * n  # noqa: E731
+    assert decode_seconds(linear, "ngram") <= 1.05 * decode_seconds(linear, "none")
+
+
+def test_a_calibrated_self_draft_that_cannot_pay_is_declined_from_the_start(clock: FakeClock) -> None:
+    model = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, self_draft=scripted(SEQUENCE),
+                      draft_cost_ratio=0.95, calibrated=(0.1, 0.95), pass_cost=lambda n: 0.01 * (1 + 0.2 * (n - 1)))
+    out = Engine(model, mode="layerskip").generate(PROMPT, max_tokens=30)
+    assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 30] and out.stats.drafted == 0
+
+
+# -- sampling: the engine's output follows the target's distribution, whatever drafts ---------------------
+SUPPORT = encode("abcdef")
+RUNS = 3000
+
+
+def _marginals(target: FakeModel, last: int, params: SamplingParams, n: int) -> list[np.ndarray]:
+    """Exact P(i-th generated token), i < n, of the target alone (a bigram model: each depends on the last)."""
+    d = np.zeros(target.n_vocab)
+    d[last] = 1.0
+    out = []
+    for _ in range(n):
+        d = sum(d[t] * params.probs(target.logits([t]))[0] for t in np.flatnonzero(d))
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize(("mode", "params"), [("draft", SamplingParams(1.0)), ("draft", SamplingParams(0.8, top_k=4)),
+                                               ("ngram", SamplingParams(1.0))])
+def test_sampled_output_follows_the_target_distribution(mode: str, params: SamplingParams) -> None:
+    target = FakeModel(bigram(1, SUPPORT))
+    engine = Engine(target, FakeModel(bigram(2, SUPPORT)), mode=mode, gamma=3)
+    # A prompt of repeats: the n-gram drafter copies from it, so it proposes on most steps too.
+    prompt = [BOS, *encode("abcabcabcab")]
+    seen: list[Counter[int]] = [Counter() for _ in range(4)]
+    drafted = 0
+    for seed in range(RUNS):
+        out = engine.generate(prompt, max_tokens=4, temperature=params.temperature, top_k=params.top_k, seed=seed)
+        for i, token in enumerate(out.tokens):
+            seen[i][token] += 1
+        drafted += out.stats.drafted
+    assert drafted > RUNS  # tokens 2 to 4 came through verification of drafts
+    for i, expected in enumerate(_marginals(target, prompt[-1], params, 4)):
+        support = [t for t in SUPPORT if expected[t] > 0]
+        assert set(seen[i]) <= set(support)
+        _, p_value = chisquare([seen[i][t] for t in support], [RUNS * expected[t] for t in support])
+        assert p_value > 1e-4, (i, dict(seen[i]), {t: RUNS * expected[t] for t in support})
