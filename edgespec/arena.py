@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -52,6 +52,10 @@ class Cache(Protocol):
     def truncate(self, keep: int) -> None: ...
 
     def cache_end(self) -> int: ...
+
+
+class OwnedCache(Cache, Protocol):
+    """A cache with memory of its own (not a view): its entries can be copied out and back in."""
 
     def save_state(self) -> CacheState | None:
         """A copy of the cache's entries, or None where that is not cheap (memory on a GPU)."""
@@ -118,15 +122,19 @@ class KVArena:
         last prompt token's: feeding it gives the logits the generation starts from.
         """
         self.tokens = list(prompt)
-        for name in self.caches:
+        for name, cache in self.caches.items():
             self._agreed[name] = 0
+            if name not in self.views and cache.cache_end() != len(self.held[name]):
+                # Another arena (a second engine over the same model) used this cache since: trust none of it.
+                cache.truncate(0)
+                self.held[name] = []
         self._trim_all(len(self.tokens) - 1 if reuse else 0)
         return len(self.held["target"])
 
     def snapshot(self) -> ArenaState | None:
         """The caches' entries and what they hold; None when a cache cannot copy its entries out."""
         owners = [name for name in self.caches if name not in self.views]
-        states = {name: self.caches[name].save_state() for name in owners}
+        states = {name: cast(OwnedCache, self.caches[name]).save_state() for name in owners}
         if any(state is None for state in states.values()):
             return None
         return ArenaState({name: tuple(self.held[name]) for name in owners}, states)  # type: ignore[arg-type]
@@ -134,7 +142,7 @@ class KVArena:
     def restore(self, state: ArenaState) -> None:
         """Put a snapshot's entries back; the committed sequence is set by the next ``reset``."""
         for name, cache_state in state.caches.items():
-            self.caches[name].load_state(cache_state)
+            cast(OwnedCache, self.caches[name]).load_state(cache_state)
             self.held[name] = list(state.held[name])
             self._agreed[name] = 0
         self.tokens = list(max(state.held.values(), key=len))  # each cache held a prefix of one sequence

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .arena import Cache, SharedCache
+from .arena import OwnedCache, SharedCache
 from .errors import InvalidParameterError
 
 DEVICES = ("auto", "cpu", "cuda", "metal")
@@ -41,10 +41,11 @@ class SelfDraft(SharedCache, Protocol):
 
 
 @runtime_checkable
-class Backend(Cache, Protocol):
+class Backend(OwnedCache, Protocol):
     """One model with one KV cache: decode rows → logits, roll back, and its vocabulary.
 
-    ``decode``, ``truncate`` and ``cache_end`` (from ``Cache``) are called by ``KVArena`` only.
+    ``decode``, ``truncate``, ``cache_end``, ``save_state`` and ``load_state`` (from ``OwnedCache``) are called by
+    ``KVArena`` only.
     """
 
     path: Path
@@ -56,6 +57,12 @@ class Backend(Cache, Protocol):
 
     @property
     def description(self) -> str: ...
+
+    @property
+    def exact_reuse(self) -> bool:
+        """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit (the prompt
+        cache reuses entries only then)."""
+        ...
 
     @property
     def bos(self) -> int: ...

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.arena import CacheState
 from edgespec.errors import EdgespecError
 from edgespec.vocab import check_same_vocab
 
@@ -151,6 +152,17 @@ class FakeModel:
 
     def cache_end(self) -> int:
         return self._target.cache_end()
+
+    exact_reuse = True  # a position's entry depends on its token and context alone, never on its batch
+
+    def save_state(self) -> CacheState:
+        end = self.cache_end()
+        return CacheState(end, end, list(self.kv[:end]))
+
+    def load_state(self, state: CacheState) -> None:
+        assert isinstance(state.data, list)
+        self.kv[:state.n_tokens] = state.data
+        self._target.end = state.n_tokens
 
     def self_draft(self) -> FakeSkipView | None:
         return self._draft
