@@ -81,6 +81,8 @@ def stores(store_files: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The stores of ``store_files``, where discovery looks."""
     home = store_files
     monkeypatch.setenv("HOME", str(home))
+    # edgespec's own cache (exactness verdicts, prepared files) lives outside the stores it must not write to
+    monkeypatch.setenv("EDGESPEC_HOME", str(home.parent / "edgespec-home"))
     monkeypatch.setenv("OLLAMA_MODELS", str(home / "ollama"))
     monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setenv("EDGESPEC_MODEL_PATH", str(home / "mine"))
