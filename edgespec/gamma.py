@@ -17,14 +17,20 @@ right too), with decay so it follows the text being generated; a key with few sa
 pooled rates, which lean on a fixed prior only until the first steps of a session have been judged.
 
 Free drafts (lookup) are judged whether they are verified or not: the tokens the target commits next say how
-much of a draft was right, at no cost. So γ = 0 teaches as much as drafting does, a stretch of misses switches
+much of a draft was right, at no cost. So γ = 0 teaches as much as drafting does: a stretch of misses switches
 speculation off without paying for the evidence, and it switches back on as soon as declined drafts start
-matching (a copied passage after a stretch of misses). The controller this replaced learned only from verified
-drafts, so it let declined keys fade back toward an optimistic prior (0.6) and re-tried them every 32 declines:
-on a steep verify curve (AMD EPYC, k = 2 at 1.75× one token) each re-try of a key that only looked good again
-lost, and reasoning, math and summarization ran at 0.86–0.88× target-only. A model drafter's declined draft is
-never made, so for it the fade and the periodic one-token exploration remain.
-The verify-cost curve is calibrated at load and refined online.
+matching (a copied passage after a stretch of misses). Because evidence is free, there is nothing to gain from
+optimism: a free drafter's acceptance is taken one standard deviation below its posterior mean, so a key with
+little evidence, or evidence from another text, is declined until its own drafts have been seen to match, and
+caution costs only a late start. A model drafter's declined draft is never made, so for it the posterior mean,
+the fade of declined keys toward the prior and a one-token exploration every _EXPLORE_EVERY declines remain.
+
+Why the controller this replaced lost on a steep curve (`edgespec replay`, recorded Spec-Bench outputs): it
+learned only from verified drafts, so declined keys faded back toward an optimistic prior (0.6) and were re-tried,
+and it refined its cost curve only at the k in use, slowly: timed with a curve calibrated flatter than the true
+one (a short calibration context, or a busy machine), it kept drafting where verifying cost more than it won.
+The verify-cost curve is calibrated at load; online, its scale follows every pass and one steepness factor
+(CostCurve.observe) corrects its slope from every verify.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import numpy as np
 
 MAX_GAMMA = 16
 _DECAY = 0.97  # per observation: acceptance statistics remember roughly the last 30 drafts of a key
-_PRIOR_MEAN = 0.6  # optimistic enough that a new drafter or key gets tried
+_PRIOR_MEAN = 0.6  # optimistic enough that a new model drafter or key gets tried (a free one takes a lower bound)
 _PRIOR_WEIGHT = 2.0
 _PRIOR = np.full(MAX_GAMMA, _PRIOR_MEAN)
 _EMA = 0.1

@@ -88,8 +88,9 @@ def test_a_draft_that_cannot_pay_stays_declined_as_the_context_grows() -> None:
 
 
 def test_declined_keys_fade_back_to_drafting_but_a_bad_one_stays_rare() -> None:
-    """Rejections seen once must not switch a key off for good (the next passage may be copyable): each declined
-    step weighs them less, until the key drafts again. A key that keeps being rejected still drafts rarely."""
+    """Drafts that are never made when declined (no tokens reach the controller, as a model drafter's): rejections
+    seen once must not switch a key off for good, so each declined step weighs them less, until the key drafts
+    again. A key that keeps being rejected still drafts rarely. (Lookup drafts are judged when declined: below.)"""
     recovered = _controller()
     _learn(recovered, 0.1)
     assert sum(recovered.choose("ngram", 5, 16, draft_cost_sunk=True) > 0 for _ in range(200)) > 100
@@ -156,3 +157,16 @@ def test_the_rate_to_beat_is_never_below_plain_decoding() -> None:
     for _ in range(20):  # long drafts that all failed: achieved rate well below plain decoding
         controller.observe("ngram", 3, 8, 0, 0.0, controller.curve.seconds(9))
     assert controller.rate() == pytest.approx(1 / controller.curve.seconds(1))
+
+
+def test_a_curve_calibrated_too_flat_learns_its_steepness_at_every_k() -> None:
+    """Calibrated at 1 + 0.1 (k − 1) while verifying really costs 1 + 0.5 (k − 1) (a longer context than the
+    calibration's, or a calibration timed on a busy machine): verifies at k = 3 alone correct the whole curve, so
+    the k not yet used stop looking cheap."""
+    curve = _curve(0.1)
+    for _ in range(60):
+        curve.observe(1, SCALE)
+        curve.observe(3, SCALE * 2.0)
+    assert curve.scale == pytest.approx(SCALE, rel=0.05)
+    assert curve.shape[3] == pytest.approx(2.0, rel=0.05)
+    assert curve.shape[9] == pytest.approx(5.0, rel=0.1)  # calibrated: 1.8

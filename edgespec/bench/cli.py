@@ -71,12 +71,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-plots", action="store_true")
     r.set_defaults(func=_row_cost)
 
-    p = sub.add_parser("replay", help="the γ controller and n-gram lookup replayed over recorded greedy outputs, "
-                                      "timed by fixed verify-cost curves",
-                       description="Greedy output does not depend on drafting, so each prompt's target-only output, "
-                                   "recorded once (--record), decides every draft offline. Prints the simulated "
-                                   "speed-up over target-only per category on each cost curve: deterministic, and "
-                                   "unaffected by a busy machine.")
+    replay_help = ("the γ controller and n-gram lookup replayed over recorded target-only greedy outputs (--record), "
+                   "timed by fixed verify-cost curves: the simulated speed-up per category, deterministic")
+    p = sub.add_parser("replay", help=replay_help, description=replay_help[0].upper() + replay_help[1:] + ".")
     p.add_argument("streams", help="JSON lines of recorded generations (written by --record)")
     p.add_argument("--record", action="store_true", help="first record (or complete) the streams with the model")
     p.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="(--record) Spec-Bench question.jsonl")
