@@ -57,6 +57,14 @@ def _load(args: argparse.Namespace) -> Engine:
                       args.fast_numerics, args.backend, require_exact=args.require_exact).load_engine()
 
 
+def generate_engine(flags: Sequence[str] = ()) -> Engine:
+    """The engine `edgespec generate` loads with these flags (none: what a user gets by default). The bench's
+    `default` configuration runs it, so it measures whatever the default is, not a copy of today's."""
+    parser = argparse.ArgumentParser(prog="edgespec generate")
+    _add_generation_args(parser)
+    return _load(parser.parse_args(list(flags)))
+
+
 def _generate(args: argparse.Namespace) -> int:
     engine = _load(args)
     prompt = engine.chat_tokens([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt

@@ -173,6 +173,8 @@ class Engine:
         stats.cached_tokens = self._start_sequence(prompt, cache_prompt)
         for drafter in drafters:
             drafter.begin(arena.tokens)
+        if controller is not None:
+            controller.begin()
         draft = Draft([])
         logits = arena.extend("target", [], 1)
         n_accepted, next_token = 0, _pick(logits[0], params, rng)
@@ -229,7 +231,8 @@ class Engine:
             stats.verify_s += verified_at - drafted_at
             if controller is not None:
                 controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
-                                   drafted_at - step_start, verified_at - drafted_at, draft.passes)
+                                   drafted_at - step_start, verified_at - drafted_at, draft.passes,
+                                   committed=draft.tokens[:n_accepted] + [next_token])
 
     def _start_sequence(self, prompt: list[int], cache_prompt: bool) -> int:
         """Set the arena to ``prompt``, keeping the cached tokens it starts with; return how many were kept.
@@ -273,7 +276,8 @@ class Engine:
             k = gamma if controller is None else controller.choose(drafter.name, 0, room, draft_cost_sunk=False)
             return drafter.propose(context, min(int(k), room), params, rng)
         draft = drafter.propose(context, room, params, rng)  # free to draft: choose γ by cutting it
-        k = gamma if controller is None else controller.choose(drafter.name, draft.key, len(draft), True)
+        k = gamma if controller is None else controller.choose(drafter.name, draft.key, len(draft), True,
+                                                               draft.tokens)
         return draft.truncated(int(k))
 
     # -- setup ----------------------------------------------------------------------------------------

@@ -8,17 +8,35 @@ maximises   E[tokens | k] − λ · E[seconds | k]   where λ is the rate the en
   E[tokens | k]  = 1 + Σ_{i≤k} Π_{j≤i} a_j       a_j: P(draft token j accepted | tokens 1..j-1 accepted)
   E[seconds | k] = verify(k+1) + c·verify(1)·k + overhead     c: a draft token's cost / one target pass
 
-k = 0 (plain decoding) is always a candidate, so speculation only happens when it is expected to pay.
+k = 0 (plain decoding) is always a candidate, so speculation only happens when it is expected to pay, and λ is
+never below plain decoding's rate (the best policy is at least that fast; a λ dragged down by drafts that lost
+would lower the bar for the next one, and losses would feed on themselves).
 Acceptance a_j is tracked per drafter, per draft "key" (n-gram match length) and per streak (whether the
-drafter's previous draft was accepted whole: inside a copied passage the next draft is likely right too),
-with decay so it follows the text being generated (also on declined steps: old rejections fade).
-The verify-cost curve is calibrated at load and refined online.
+drafter's previous draft was right as far as it was judged: inside a copied passage the next draft is likely
+right too), with decay so it follows the text being generated; a key with few samples leans on the drafter's
+pooled rates, which lean on a fixed prior only until the first steps of a session have been judged.
+
+Free drafts (lookup) are judged whether they are verified or not: the tokens the target commits next say how
+much of a draft was right, at no cost. So γ = 0 teaches as much as drafting does: a stretch of misses switches
+speculation off without paying for the evidence, and it switches back on as soon as declined drafts start
+matching (a copied passage after a stretch of misses). Because evidence is free, there is nothing to gain from
+optimism: a free drafter's acceptance is taken one standard deviation below its posterior mean, so a key with
+little evidence, or evidence from another text, is declined until its own drafts have been seen to match, and
+caution costs only a late start. A model drafter's declined draft is never made, so for it the posterior mean,
+the fade of declined keys toward the prior and a one-token exploration every _EXPLORE_EVERY declines remain.
+
+Why the controller this replaced lost on a steep curve (`edgespec replay`, recorded Spec-Bench outputs): it
+learned only from verified drafts, so declined keys faded back toward an optimistic prior (0.6) and were re-tried,
+and it refined its cost curve only at the k in use, slowly: timed with a curve calibrated flatter than the true
+one (a short calibration context, or a busy machine), it kept drafting where verifying cost more than it won.
+The verify-cost curve is calibrated at load; online, its scale follows every pass and one steepness factor
+(CostCurve.observe) corrects its slope from every verify.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,10 +45,12 @@ from .verify import positions_tested
 
 MAX_GAMMA = 16
 _DECAY = 0.97  # per observation: acceptance statistics remember roughly the last 30 drafts of a key
-_PRIOR_MEAN = 0.6  # optimistic enough that a new drafter or key gets tried
+_PRIOR_MEAN = 0.6  # optimistic enough that a new model drafter or key gets tried (a free one takes a lower bound)
 _PRIOR_WEIGHT = 2.0
 _PRIOR = np.full(MAX_GAMMA, _PRIOR_MEAN)
 _EMA = 0.1
+# A free drafter's acceptance is taken one standard deviation below its posterior mean (about the 16th percentile).
+_LOWER_Z = 1.0
 # Every this many declined drafts of a key, verify one token anyway: estimates of a key that is never tried
 # would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%. Not for
 # a drafter so dear that even a draft accepted whole would not pay (a layer-skip draft at c ≈ 1).
@@ -59,6 +79,13 @@ class CostCurve:
 
     shape: np.ndarray  # index k: cost(k) / cost(1); index 0 unused
     scale: float  # seconds for k = 1
+    # shape = 1 + steepness · (calibrated shape − 1): see observe
+    steepness: float = 1.0
+    _calibrated: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._bound()
+        self._calibrated = self.shape.copy()
 
     @classmethod
     def measure(cls, run: Callable[[int], None], rounds: int = 3,
@@ -74,9 +101,7 @@ class CostCurve:
                 run(k)
                 samples[k].append(time.perf_counter() - t)
         seconds = np.array([statistic(s) if s else np.nan for s in samples])
-        curve = cls(shape=seconds / seconds[1], scale=float(seconds[1]))
-        curve._bound()
-        return curve
+        return cls(shape=seconds / seconds[1], scale=float(seconds[1]))
 
     def _bound(self) -> None:
         """Keep the shape physical. Verifying more tokens never costs less, and k tokens in one pass never cost
@@ -92,8 +117,16 @@ class CostCurve:
 
     def observe(self, k: int, seconds: float) -> None:
         self.scale += _EMA * (seconds / self.shape[k] - self.scale)
-        if k > 1:  # refine the shape slowly where it is exercised
-            self.shape[k] += _EMA / 4 * (seconds / self.scale - self.shape[k])
+        excess = self._calibrated[k] - 1
+        if k > 1 and excess > 0:
+            # The calibration is trusted for the curve's form, not its steepness: verifying k tokens gets
+            # relatively dearer as the context grows (each row attends over all of it, while the weights are
+            # read once), and a calibration timed on a busy machine can be off either way. One factor, learned
+            # from every verify, moves the whole curve, the k not in use too: refining only the k in use (as
+            # before) let a curve calibrated too flat keep tempting the controller to the k it had not yet used.
+            observed = (seconds / self.scale - 1) / excess
+            self.steepness = max(0.0, self.steepness + _EMA * (observed - self.steepness))
+            self.shape[1:] = 1 + self.steepness * (self._calibrated[1:] - 1)
             self._bound()
 
     def as_dict(self) -> dict[int, float]:
@@ -118,8 +151,11 @@ class _Acceptance:
         self.trials *= _DECAY
         self.accepts *= _DECAY
 
-    def rates(self, prior: np.ndarray) -> np.ndarray:
-        return (self.accepts + prior * _PRIOR_WEIGHT) / (self.trials + _PRIOR_WEIGHT)
+    def rates(self, prior: np.ndarray, lower_z: float = 0.0) -> np.ndarray:
+        """Posterior mean of each position's rate, or ``lower_z`` standard deviations below it."""
+        n = self.trials + _PRIOR_WEIGHT
+        mean = (self.accepts + prior * _PRIOR_WEIGHT) / n
+        return np.clip(mean - lower_z * np.sqrt(mean * (1 - mean) / n), 0.0, 1.0)
 
 
 class GammaController:
@@ -138,6 +174,10 @@ class GammaController:
         self._keyed: dict[tuple[str, int, bool], _Acceptance] = {}
         self._streak: dict[str, bool] = {}  # per drafter: was its last verified draft accepted whole?
         self._declined: dict[tuple[str, int, bool], int] = {}
+        # Per free drafter: this step's draft (its statistics key and tokens), verified or not, until the
+        # target's next tokens say how much of it was right.
+        self._shadows: dict[str, tuple[tuple[str, int, bool], list[int]]] = {}
+        self._free: set[str] = set()  # drafters whose drafts have been judged for free
         # Per drafter: a drafted token's cost as a share of one single-token target pass (c). Kept as a ratio, not
         # in seconds, because both get dearer as the context grows: a draft cost frozen in seconds while the
         # verify scale rose made a layer-skip draft that cannot pay look as if it could (c 0.97, verify(2) 1.2×).
@@ -146,41 +186,59 @@ class GammaController:
         self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
         self._seconds = 0.0
 
+    def begin(self) -> None:
+        """A new sequence starts: no drafter has a previous draft in it, so none is on a streak (a streak carried
+        over from the end of the last request made the first lookup draft of each new one look as good as a
+        copied passage's)."""
+        self._streak.clear()
+        self._shadows.clear()
+
     # -- decisions --------------------------------------------------------------------------------------
     def rate(self) -> float:
-        if self._seconds > 0:
-            return self._tokens / self._seconds
-        return 1.0 / self.curve.seconds(1)
+        """λ: the rate achieved lately, but never below plain decoding's: the best policy is at least as fast
+        as never drafting, and a λ lowered by drafts that lost would make the next long draft look cheaper."""
+        plain = 1.0 / (self.curve.seconds(1) + self._overhead)
+        return max(self._tokens / self._seconds, plain) if self._seconds > 0 else plain
 
     def acceptance(self, drafter: str, key: int) -> np.ndarray:
+        """Acceptance per draft position for this key: a free drafter's lower estimate (its declined drafts are
+        judged anyway, so caution costs only a late start), another's posterior mean (it learns only by
+        drafting, so it needs the benefit of the doubt, and exploration)."""
+        lower_z = _LOWER_Z if drafter in self._free else 0.0
         pooled = self._pooled.get(drafter)
         base = self._priors.get(drafter, _PRIOR)
-        prior = pooled.rates(base) if pooled else base
+        if pooled is None:
+            return _Acceptance().rates(base, lower_z)
         keyed = self._keyed.get(self._key(drafter, key))
-        return keyed.rates(prior) if keyed else prior
+        return keyed.rates(pooled.rates(base), lower_z) if keyed else pooled.rates(base, lower_z)
 
     def _key(self, drafter: str, key: int) -> tuple[str, int, bool]:
         return drafter, key, self._streak.get(drafter, False)
 
-    def choose(self, drafter: str, key: int, available: int, draft_cost_sunk: bool) -> int:
-        """How many of ``available`` draft tokens to verify (0: decode plainly this step)."""
+    def choose(self, drafter: str, key: int, available: int, draft_cost_sunk: bool,
+               tokens: Sequence[int] | None = None) -> int:
+        """How many of ``available`` draft tokens to verify (0: decode plainly this step). ``tokens``: the
+        draft itself, when it is free (lookup): what the target commits next tells how much of it was right,
+        whether it is verified or not (``observe``'s ``committed``)."""
         available = min(available, MAX_GAMMA)
         if available <= 0:
             return 0
+        stats_key = self._key(drafter, key)
+        if tokens is not None:
+            self._shadows[drafter] = (stats_key, list(tokens[:available]))
+            self._free.add(drafter)
         ks = np.arange(available + 1)
         draft_cost = 0.0 if draft_cost_sunk else self._draft_ratio.get(drafter, 0.0) * self.curve.scale
-        tokens, seconds = expected_step(self.acceptance(drafter, key), self.curve.shape, self.curve.scale,
-                                        draft_cost, self._overhead, available)
-        value = tokens - self.rate() * seconds
+        tokens_k, seconds = expected_step(self.acceptance(drafter, key), self.curve.shape, self.curve.scale,
+                                          draft_cost, self._overhead, available)
+        value = tokens_k - self.rate() * seconds
         k = int(np.argmax(value))
-        if k == 0:
+        if k == 0 and tokens is None:
             if np.all(ks + 1 - self.rate() * seconds <= value[0]):
                 return 0  # even a draft accepted whole would not pay (a dear one): nothing to explore
-            stats_key = self._key(drafter, key)
-            # A declined draft teaches nothing, and the text it would have drafted from moves on: what a few
-            # rejections taught fades back toward the prior, so one unlucky passage (or request) cannot keep
-            # speculation off for the rest of a session (Spec-Bench, GGUF: mean γ 0.07 instead of 0.52, τ 1.05,
-            # while γ = 4 ran 1.5× on reasoning questions).
+            # A draft that was never made teaches nothing: what a few rejections taught fades back toward the
+            # prior, and every _EXPLORE_EVERY declines one token is verified anyway, so one unlucky passage
+            # cannot keep a model drafter off for the rest of a session.
             for stats in (self._keyed.get(stats_key), self._pooled.get(drafter)):
                 if stats is not None:
                     stats.fade()
@@ -192,24 +250,44 @@ class GammaController:
 
     # -- learning ---------------------------------------------------------------------------------------
     def observe(self, drafter: str | None, key: int, drafted: int, accepted: int,
-                draft_s: float, verify_s: float, passes: int | None = None) -> None:
+                draft_s: float, verify_s: float, passes: int | None = None,
+                committed: Sequence[int] | None = None) -> None:
         """One verify step: ``drafted`` tokens verified, ``accepted`` kept (plus the target's own token).
 
         ``passes``: draft forward passes spent, when more than ``drafted`` (a draft that stopped on low
         confidence): the extra pass is charged, and its doubted position counts as a rejected one.
+        ``committed``: the tokens this step committed (the accepted ones and the target's): they judge the free
+        drafts ``choose`` saw this step, the declined ones too.
         """
         self.curve.observe(drafted + 1, verify_s)
         self._tokens = self._tokens * _DECAY + accepted + 1
         self._seconds = self._seconds * _DECAY + draft_s + verify_s + self._overhead
+        judged = self._judge_shadows(committed) if committed is not None else set()
+        self._shadows.clear()
         tried = max(drafted, passes or 0)
         if drafter is None or tried == 0:
             return
         ratio = self._draft_ratio.get(drafter)
         per_token = draft_s / tried / self.curve.scale
         self._draft_ratio[drafter] = per_token if ratio is None else ratio + _EMA * (per_token - ratio)
-        self._pooled.setdefault(drafter, _Acceptance()).observe(tried, accepted)
-        self._keyed.setdefault(self._key(drafter, key), _Acceptance()).observe(tried, accepted)
-        self._streak[drafter] = accepted == tried
+        if drafter not in judged:
+            self._learn(drafter, self._key(drafter, key), tried, accepted)
+
+    def _judge_shadows(self, committed: Sequence[int]) -> set[str]:
+        """Score each free draft of this step against what the target committed: its position j was tested if
+        all before it matched and the target's token at j is known. Returns the drafters judged."""
+        for drafter, (stats_key, tokens) in self._shadows.items():
+            matched = next((i for i, (a, b) in enumerate(zip(tokens, committed, strict=False)) if a != b),
+                           min(len(tokens), len(committed)))
+            tested = min(len(tokens), matched + 1 if matched < len(committed) else matched)
+            if tested:
+                self._learn(drafter, stats_key, tested, matched)
+        return set(self._shadows)
+
+    def _learn(self, drafter: str, stats_key: tuple[str, int, bool], tested: int, accepted: int) -> None:
+        self._pooled.setdefault(drafter, _Acceptance()).observe(tested, accepted)
+        self._keyed.setdefault(stats_key, _Acceptance()).observe(tested, accepted)
+        self._streak[drafter] = accepted == tested
 
     def observe_overhead(self, seconds: float) -> None:
         """Time spent per step outside drafting and verifying (accepting, detokenizing, bookkeeping)."""

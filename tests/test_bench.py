@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.bench.configs import CONFIGS, select
+from edgespec.bench.configs import CONFIGS, DEFAULT_CONFIGS, select
 from edgespec.bench.questions import BenchError, conversation, load_questions
 from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
-from edgespec.cli import main
+from edgespec.cli import generate_engine, main
 from edgespec.engine import Engine
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
@@ -92,6 +92,24 @@ def test_transformers_peers(tmp_path: Path, spec_bench_file: Path) -> None:
     assert result["workers"]["hf-plain"]["engine"].startswith("transformers 5")
     # prompt lookup is lossless against transformers' own greedy output on these short answers
     assert result["summary"]["hf-pld"]["overall"]["lossless"] == hf["generations"]
+
+
+def test_the_default_configuration_is_what_generate_runs_with_no_flags(tmp_path: Path) -> None:
+    """`default` loads through `edgespec generate`'s own code path (whatever the default model, backend, mode and γ
+    are), against that same model alone; it is lossless and one of the automatic modes."""
+    result = _bench(tmp_path, "--limit", "1", "--max-tokens", "16", "--configs", "default", "--no-plots")
+    assert [c["name"] for c in result["configs"]] == ["default-target", "default"]
+    engine = generate_engine(["--threads", "1"])
+    try:
+        expected = {"model_file": str(engine.target.path), "mode": engine.mode, "gamma": engine.gamma}
+    finally:
+        engine.close()
+    assert {k: result["workers"]["default"][k] for k in expected} == expected
+    assert result["workers"]["default-target"]["model_file"] == expected["model_file"]
+    assert result["workers"]["default-target"]["mode"] == "none"
+    overall = result["summary"]["default"]["overall"]
+    assert overall["lossless"] == overall["generations"] > 0
+    assert CONFIGS["default"].auto and "default" in DEFAULT_CONFIGS
 
 
 def test_configs_skip_cleanly_without_their_model_folder() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from edgespec.gamma import MAX_GAMMA, CostCurve, GammaController
 
@@ -87,8 +88,9 @@ def test_a_draft_that_cannot_pay_stays_declined_as_the_context_grows() -> None:
 
 
 def test_declined_keys_fade_back_to_drafting_but_a_bad_one_stays_rare() -> None:
-    """Rejections seen once must not switch a key off for good (the next passage may be copyable): each declined
-    step weighs them less, until the key drafts again. A key that keeps being rejected still drafts rarely."""
+    """Drafts that are never made when declined (no tokens reach the controller, as a model drafter's): rejections
+    seen once must not switch a key off for good, so each declined step weighs them less, until the key drafts
+    again. A key that keeps being rejected still drafts rarely. (Lookup drafts are judged when declined: below.)"""
     recovered = _controller()
     _learn(recovered, 0.1)
     assert sum(recovered.choose("ngram", 5, 16, draft_cost_sunk=True) > 0 for _ in range(200)) > 100
@@ -103,3 +105,68 @@ def test_declined_keys_fade_back_to_drafting_but_a_bad_one_stays_rare() -> None:
         else:
             bad.observe(None, 0, 0, 0, 0.0, SCALE)
     assert 400 / 32 <= drafts <= 400 * 0.15
+
+
+# -- free drafts (lookup): every draft is judged by what the target commits next, verified or not -------------
+
+def _curve(slope: float) -> CostCurve:
+    """cost(k tokens) / cost(1) = 1 + slope (k − 1): slope 1.0 is a verify of 2 tokens at 2.0× one."""
+    return CostCurve(np.concatenate(([np.nan], 1 + slope * np.arange(MAX_GAMMA + 1))), SCALE)
+
+
+def _step(controller: GammaController, right: int, draft: tuple[int, ...] = (11, 12, 13, 14), key: int = 3) -> int:
+    """One engine step with a free 4-token draft of which the first ``right`` tokens are what the target says
+    next: the controller cuts it to k, the target keeps the matching prefix and adds its own token."""
+    k = controller.choose("ngram", key, len(draft), True, draft)
+    truth = [*draft[:right], 999, *draft[right + 1:]]
+    accepted = min(k, right)
+    verify_s = controller.curve.seconds(k + 1)
+    controller.observe("ngram" if k else None, key, k, accepted, 0.0, verify_s, committed=truth[:accepted + 1])
+    return k
+
+
+def _mediocre(i: int) -> int:
+    """A scripted draft quality: the first token right 3 times in 5, and then often the next ones too."""
+    return (4, 1, 0, 2, 0)[i % 5]
+
+
+def test_a_steep_verify_curve_declines_mediocre_drafts_that_a_flat_one_verifies() -> None:
+    steep, flat = GammaController(_curve(1.0)), GammaController(_curve(0.05))
+    steep_k = [_step(steep, _mediocre(i)) for i in range(200)]
+    flat_k = [_step(flat, _mediocre(i)) for i in range(200)]
+    assert sum(steep_k[50:]) == 0  # γ = 0: never worth a verify at 2× a plain pass
+    assert min(flat_k[50:]) >= 1  # nearly free to verify: always worth trying
+
+
+def test_declined_drafts_still_teach_so_drafting_stops_after_misses_and_resumes_when_drafts_match() -> None:
+    """A copied passage, a stretch where lookup guesses wrong, and a copied passage again: the declined drafts of
+    the middle stretch are judged by the target's tokens, so the controller sees the copying resume at once."""
+    controller = GammaController(_curve(0.35))
+    copying = [_step(controller, 4) for _ in range(30)]
+    missing = [_step(controller, 0) for _ in range(60)]
+    resumed = [_step(controller, 4) for _ in range(10)]
+    assert min(copying[5:]) >= 3
+    assert sum(missing[10:]) == 0  # no exploration needed: each declined draft was judged anyway
+    assert min(resumed[3:]) >= 3
+
+
+def test_the_rate_to_beat_is_never_below_plain_decoding() -> None:
+    """λ is the rate achieved lately, floored at plain decoding's: drafts that lost must not lower the bar the
+    next draft has to clear."""
+    controller = GammaController(_curve(1.0))
+    for _ in range(20):  # long drafts that all failed: achieved rate well below plain decoding
+        controller.observe("ngram", 3, 8, 0, 0.0, controller.curve.seconds(9))
+    assert controller.rate() == pytest.approx(1 / controller.curve.seconds(1))
+
+
+def test_a_curve_calibrated_too_flat_learns_its_steepness_at_every_k() -> None:
+    """Calibrated at 1 + 0.1 (k − 1) while verifying really costs 1 + 0.5 (k − 1) (a longer context than the
+    calibration's, or a calibration timed on a busy machine): verifies at k = 3 alone correct the whole curve, so
+    the k not yet used stop looking cheap."""
+    curve = _curve(0.1)
+    for _ in range(60):
+        curve.observe(1, SCALE)
+        curve.observe(3, SCALE * 2.0)
+    assert curve.scale == pytest.approx(SCALE, rel=0.05)
+    assert curve.shape[3] == pytest.approx(2.0, rel=0.05)
+    assert curve.shape[9] == pytest.approx(5.0, rel=0.1)  # calibrated: 1.8

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
+from .replay import CURVES
 
 
 def _positive(text: str) -> int:
@@ -84,6 +85,25 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-plots", action="store_true")
     r.set_defaults(func=_row_cost)
 
+    replay_help = ("the γ controller and n-gram lookup replayed over recorded target-only greedy outputs (--record), "
+                   "timed by fixed verify-cost curves: the simulated speed-up per category, deterministic")
+    p = sub.add_parser("replay", help=replay_help, description=replay_help[0].upper() + replay_help[1:] + ".")
+    p.add_argument("streams", help="JSON lines of recorded generations (written by --record)")
+    p.add_argument("--record", action="store_true", help="first record (or complete) the streams with the model")
+    p.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="(--record) Spec-Bench question.jsonl")
+    p.add_argument("--categories", default=None, help="(--record) comma-separated categories (default: all)")
+    p.add_argument("--per-category", type=_positive, default=None, help="(--record) questions per category")
+    p.add_argument("--max-tokens", type=_positive, default=128, help="(--record) tokens per generation")
+    p.add_argument("--model", default="smollm2-135m", help="(--record) model name or path")
+    p.add_argument("--threads", type=_positive, default=None)
+    p.add_argument("--curves", default=",".join(CURVES), help="cost curves to replay on (default: %(default)s)")
+    p.add_argument("--overhead", type=float, default=0.0,
+                   help="time per step outside verifying, in single-token passes (default: %(default)s)")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="the controller sees each pass's time times exp(NOISE · N(0,1)), as on a busy machine")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=_replay)
+
 
 def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
     """The options ``bench`` and ``bench --chat`` share, with the defaults of the one asked for."""
@@ -148,6 +168,26 @@ def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
     except ModuleNotFoundError as e:
         raise BenchError(f"plots need matplotlib ({e.name} is missing): pip install 'edgespec[bench]', "
                          "or pass --no-plots") from e
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .questions import load_questions
+    from .replay import curve_shape, load_streams, record, simulate, table
+
+    curves = [c for c in args.curves.split(",") if c]
+    unknown = [c for c in curves if c not in CURVES]
+    if unknown or not curves:
+        raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(CURVES)}")
+    if args.overhead < 0 or args.noise < 0:
+        raise BenchError(f"--overhead and --noise must be >= 0, got {args.overhead} and {args.noise}")
+    if args.record:
+        questions = load_questions(args.questions, args.categories.split(",") if args.categories else None,
+                                   args.per_category)
+        record(args.model, questions, args.max_tokens, args.streams, args.threads)
+    streams = load_streams(args.streams)
+    results = {c: simulate(streams, curve_shape(CURVES[c]), args.overhead, args.noise) for c in curves}
+    print(json.dumps(results, indent=1) if args.json else table(results))
+    return 0
 
 
 def _row_cost(args: argparse.Namespace) -> int:

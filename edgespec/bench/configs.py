@@ -49,6 +49,11 @@ class Config:
 # Peers are compared for losslessness with their own plain greedy output too (reference), because their
 # numerics differ from edgespec's: "same as baseline" and "lossless" are separate columns.
 CONFIGS = {c.name: c for c in [
+    # `edgespec generate` with no flags, through its own code path: whatever the default becomes, this measures it.
+    Config("default", "edgespec", {"generate_flags": []}, baseline="default-target", auto=True,
+           description="edgespec generate (no flags: the default model, mode, γ and tuning)"),
+    Config("default-target", "edgespec", {"generate_flags": ["--draft", "none"]}, baseline="default-target",
+           description="edgespec generate --draft none (the default model alone)"),
     Config("target", "edgespec", {"mode": "none"}, description="edgespec, target alone"),
     Config("ngram-auto", "edgespec", {"mode": "ngram"}, auto=True, description="edgespec, n-gram lookup, γ auto"),
     Config("ngram-g4", "edgespec", {"mode": "ngram", "gamma": 4}, description="edgespec, n-gram lookup, γ = 4"),
@@ -86,8 +91,8 @@ CONFIGS = {c.name: c for c in [
     Config("onnx-hybrid", "edgespec", {"model": "@onnx_model", "mode": "hybrid"}, baseline="onnx-target",
            auto=True, description="edgespec ONNX backend, n-gram lookup else layer-skip self-draft, γ auto"),
 ]}
-DEFAULT_CONFIGS = ("target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld", "ortg-plain",
-                   "ortg-ngram", "onnx-target", "onnx-ngram", "onnx-layerskip", "onnx-hybrid")
+DEFAULT_CONFIGS = ("default", "target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld",
+                   "ortg-plain", "ortg-ngram", "onnx-target", "onnx-ngram", "onnx-layerskip", "onnx-hybrid")
 
 # bench --chat: edgespec's default engine and each peer in its best own configuration for a conversation
 # (onnxruntime-genai keeps one generator and appends each turn's tokens).

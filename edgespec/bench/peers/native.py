@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 import edgespec
+from edgespec.cli import generate_engine
 from edgespec.engine import StreamChunk
 from edgespec.errors import EdgespecError
 from edgespec.gamma import MAX_GAMMA
@@ -21,10 +22,15 @@ class NativeRunner:
     def __init__(self, options: dict[str, object], setup: Setup) -> None:
         tuned = bool(options.get("tuned"))
         self.model = str(options.get("model") or setup.model)  # a GGUF, or an ONNX folder for that backend
-        self.engine = edgespec.load(self.model, draft=options.get("draft"),
-                                    mode=None if tuned else str(options.get("mode", "none")),
-                                    gamma=None if tuned else options.get("gamma", "auto"),  # type: ignore[arg-type]
-                                    n_ctx=setup.n_ctx, n_threads=setup.threads, tuning=tuned)
+        flags = options.get("generate_flags")
+        if isinstance(flags, list):  # `edgespec generate FLAGS`, with the threads and context every config shares
+            self.engine = generate_engine([*flags, "--threads", str(setup.threads), "--ctx", str(setup.n_ctx)])
+            self.model = str(self.engine.target.path)
+        else:
+            self.engine = edgespec.load(self.model, draft=options.get("draft"),
+                                        mode=None if tuned else str(options.get("mode", "none")),
+                                        gamma=None if tuned else options.get("gamma", "auto"),  # type: ignore[arg-type]
+                                        n_ctx=setup.n_ctx, n_threads=setup.threads, tuning=tuned)
         if tuned and self.engine.tuning is None:
             raise EdgespecError("no tuning for this model, thread count and device: run `edgespec tune` first")
         self.engine.generate(_WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing

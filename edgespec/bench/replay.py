@@ -1,0 +1,189 @@
+"""Replay: the γ controller and the n-gram drafter played over recorded greedy outputs, timed by a fixed cost curve.
+
+Greedy output does not depend on drafting (edgespec is lossless), so the target-only token stream of a prompt is
+what every speculative run of it commits. Recorded once with the real model (``record``), it decides every draft
+offline: a draft token is accepted iff it equals the recorded next token. Time is counted, not measured: a step
+that verifies k draft tokens costs ``shape[k + 1]`` target passes, plus a per-step overhead. So a controller can be
+judged on a verify-cost curve of any machine (the AMD, Intel and ONNX curves measured in
+``../shared/notes/measured-facts.md``, or a flat one), deterministically, on a busy machine, in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..drafters.ngram import NgramDrafter
+from ..gamma import MAX_GAMMA, CostCurve, GammaController
+from ..sampling import SamplingParams
+from .questions import BenchError
+
+# Verify cost of k tokens in one pass relative to one token, as measured (k: relative cost); linear in between
+# and past the last point. ``flat`` stands for a GPU, where a few more rows are nearly free.
+CURVES: dict[str, dict[int, float]] = {
+    "amd-q4_1": {1: 1.0, 2: 1.75, 3: 2.29, 5: 2.95, 9: 4.84},
+    "amd-q8_0": {1: 1.0, 2: 1.99, 3: 2.18, 5: 3.28, 9: 5.09},
+    "intel-q4_0": {1: 1.0, 2: 1.34, 3: 1.61, 4: 1.91, 5: 2.20, 7: 2.85, 9: 3.32},
+    "onnx-int8": {1: 1.0, 2: 1.22, 3: 1.35, 4: 1.47, 5: 1.59, 7: 1.85, 9: 2.07},
+    "flat": {1: 1.0, 2: 1.02, 17: 1.3},
+}
+_SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
+
+
+def curve_shape(points: dict[int, float]) -> np.ndarray:
+    """The shape array ``CostCurve`` takes (index k: cost(k) / cost(1), index 0 unused) from measured points."""
+    ks = sorted(points)
+    if ks[0] != 1 or len(ks) < 2:
+        raise BenchError(f"a cost curve needs k = 1 and at least one more point, got {points}")
+    x = np.arange(1, MAX_GAMMA + 2)
+    shape = np.interp(x, ks, [points[k] for k in ks])
+    slope = (points[ks[-1]] - points[ks[-2]]) / (ks[-1] - ks[-2])
+    beyond = x > ks[-1]
+    shape[beyond] = points[ks[-1]] + slope * (x[beyond] - ks[-1])
+    return np.concatenate(([np.nan], shape))
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One generation: the prompt's tokens and the target's greedy continuation."""
+
+    question_id: int | str
+    category: str
+    turn: int
+    prompt: list[int]
+    output: list[int]
+
+
+def load_streams(path: str | Path) -> list[Stream]:
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"no recorded streams at {path}: record them first (edgespec replay --record)")
+    try:
+        return [Stream(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    except (ValueError, TypeError) as e:
+        raise BenchError(f"{path}: not a file of recorded streams ({e})") from None
+
+
+def record(model: str, questions: list[dict], max_tokens: int, path: str | Path, threads: int | None = None,
+           log: Callable[[str], None] = print) -> None:
+    """Target-only greedy outputs, one JSON line per turn, multi-turn questions played as conversations (as the
+    bench does). Appends to ``path``, skipping questions already in it, so an interrupted recording resumes."""
+    import edgespec
+
+    path = Path(path)
+    done = {s.question_id for s in load_streams(path)} if path.is_file() else set()
+    engine = edgespec.load(model, mode="none", gamma=0, n_threads=threads, tuning=False)
+    try:
+        with path.open("a") as f:
+            for i, q in enumerate(questions):
+                if q["question_id"] in done:
+                    continue
+                messages: list[dict[str, str]] = []
+                lines = []
+                for turn, user in enumerate(q["turns"]):
+                    messages.append({"role": "user", "content": user})
+                    prompt = engine.chat_tokens(messages)
+                    result = engine.generate(prompt, max_tokens=max_tokens)
+                    messages.append({"role": "assistant", "content": result.text})
+                    lines.append(json.dumps(asdict(Stream(q["question_id"], q["category"], turn, prompt,
+                                                          result.tokens))) + "\n")
+                f.writelines(lines)  # a question's turns together: an interrupted one is recorded again whole
+                f.flush()
+                log(f"  recorded {i + 1}/{len(questions)} ({q['category']})")
+    finally:
+        engine.close()
+
+
+@dataclass
+class Tally:
+    """What a replay of some streams cost, in single-token target passes."""
+
+    tokens: int = 0  # tokens after the first (the first comes with the prefill, in either run)
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    passes: float = 0.0  # time of the speculative run
+    plain_passes: float = 0.0  # time of target-only decoding
+
+    def add(self, other: Tally) -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def summary(self) -> dict[str, float]:
+        return {"speedup": round(self.plain_passes / self.passes, 4) if self.passes else 1.0,
+                "tau": round(self.tokens / self.steps, 3) if self.steps else 0.0,
+                "gamma_mean": round(self.drafted / self.steps, 3) if self.steps else 0.0,
+                "alpha": round(self.accepted / self.drafted, 3) if self.drafted else 0.0,
+                "generations": 0}
+
+
+def _replay_one(stream: Stream, controller: GammaController, shape: np.ndarray, overhead: float,
+                noise: Callable[[], float]) -> Tally:
+    """Mirrors Engine._run's step: propose from the committed text, let the controller cut the draft, keep the
+    draft's prefix that matches the recorded output plus the target's own token."""
+    drafter = NgramDrafter()
+    drafter.begin(stream.prompt)
+    controller.begin()
+    out = stream.output
+    context = [*stream.prompt, *out[:1]]
+    tally = Tally(tokens=max(len(out) - 1, 0))
+    tally.plain_passes = tally.tokens * (1 + overhead)
+    params = SamplingParams()
+    rng = np.random.default_rng(0)
+    pos = 1
+    while pos < len(out):
+        room = min(len(out) - pos - 1, MAX_GAMMA)
+        draft = drafter.propose(context, room, params, rng) if room > 0 else None
+        k = 0
+        if draft is not None:
+            k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
+        tokens = draft.tokens[:k] if draft is not None else []
+        accepted = next((i for i, (a, b) in enumerate(zip(tokens, out[pos:], strict=False)) if a != b), len(tokens))
+        committed = out[pos:pos + accepted + 1]
+        seconds = float(shape[k + 1]) * _SCALE * noise()  # what the controller sees; the tally counts the curve
+        controller.observe_overhead(overhead * _SCALE)
+        controller.observe(drafter.name if k else None, draft.key if draft is not None else 0, k, accepted,
+                           0.0, seconds, committed=committed)
+        tally.steps += 1
+        tally.drafted += k
+        tally.accepted += accepted
+        tally.passes += shape[k + 1] + overhead
+        context.extend(committed)
+        pos += len(committed)
+    return tally
+
+
+def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
+             controller: Callable[[CostCurve], GammaController] = GammaController) -> dict[str, dict[str, float]]:
+    """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller plays every stream in
+    order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token passes.
+    ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded)."""
+    rng = np.random.default_rng(0)
+    ctl = controller(CostCurve(shape.copy(), _SCALE))
+    tallies: dict[str, Tally] = defaultdict(Tally)
+    counts: dict[str, int] = defaultdict(int)
+    for stream in streams:
+        tally = _replay_one(stream, ctl, shape, overhead, lambda: float(np.exp(noise * rng.standard_normal())))
+        for name in (stream.category, "overall"):
+            tallies[name].add(tally)
+            counts[name] += 1
+    return {name: {**t.summary(), "generations": counts[name]} for name, t in tallies.items()}
+
+
+def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Speed-up per category (rows) and curve (columns), then the worst category per curve."""
+    curves = list(results)
+    categories = sorted({c for r in results.values() for c in r} - {"overall"}) + ["overall"]
+    lines = [f"{'category':<16}" + "".join(f"{c:>18}" for c in curves)]
+    for cat in categories:
+        cells = [results[c].get(cat) for c in curves]
+        lines.append(f"{cat:<16}" + "".join(f"{s['speedup']:>8.3f}× γ{s['gamma_mean']:>5.2f}   " if s else f"{'':>18}"
+                                             for s in cells))
+    worst = [min((s["speedup"], cat) for cat, s in results[c].items()) for c in curves]
+    lines.append(f"{'worst':<16}" + "".join(f"{w[0]:>8.3f}× {w[1][:8]:<8}" for w in worst))
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""`edgespec replay`: the γ controller and n-gram lookup replayed over greedy outputs, timed by fixed cost curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.bench.replay import CURVES, Stream, curve_shape, load_streams, simulate
+from edgespec.cli import main
+
+
+def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
+    shape = curve_shape(CURVES["amd-q4_1"])
+    assert np.isnan(shape[0]) and shape[1] == 1.0 and shape[2] == 1.75 and shape[5] == 2.95
+    assert shape[4] == pytest.approx((2.29 + 2.95) / 2)
+    assert shape[10] == pytest.approx(4.84 + (4.84 - 2.95) / 4)  # past the last point: its last slope
+    assert len(shape) == len(curve_shape(CURVES["flat"]))
+
+
+def _scripted_streams() -> list[Stream]:
+    """Three kinds of text after a 300-token prompt (fixed seed): 'copying' repeats spans of the prompt, 'fresh'
+    shares nothing with it (lookup matches only by chance), 'mixed' alternates copied spans and fresh stretches."""
+    rng = np.random.default_rng(7)
+    streams = []
+    for i in range(24):
+        prompt = [int(t) for t in rng.integers(0, 400, 300)]
+        kind = ("copying", "fresh", "mixed")[i % 3]
+        out: list[int] = []
+        while len(out) < 160:
+            copy = kind == "copying" or (kind == "mixed" and len(out) // 40 % 2 == 0)
+            if copy:
+                start = int(rng.integers(0, 280))
+                out += prompt[start:start + int(rng.integers(6, 20))]
+            else:
+                out += [int(t) for t in rng.integers(400, 800, 5)]  # tokens the prompt does not have
+        streams.append(Stream(i, kind, 0, prompt, out[:160]))
+    return streams
+
+
+def test_the_controller_never_loses_on_a_steep_curve_and_drafts_where_it_pays() -> None:
+    streams = _scripted_streams()
+    steep = simulate(streams, curve_shape({1: 1.0, 2: 2.0, 9: 9.0}))  # a draft token costs a whole pass
+    assert all(s["speedup"] >= 1.0 for s in steep.values()), steep
+    amd = simulate(streams, curve_shape(CURVES["amd-q4_1"]))
+    assert all(s["speedup"] >= 1.0 for s in amd.values()), amd
+    assert amd["copying"]["speedup"] > 1.2  # long copied spans pay even there
+    flat = simulate(streams, curve_shape(CURVES["flat"]))
+    assert flat["mixed"]["speedup"] > 1.5 and flat["copying"]["speedup"] > amd["copying"]["speedup"]
+    # Where verifying is nearly free, lookup keeps trying on text with nothing to copy for a while after a copied
+    # passage (its statistics remember ~30 drafts): a small price, paid back many times on the other two.
+    assert flat["fresh"]["gamma_mean"] > amd["fresh"]["gamma_mean"] and flat["fresh"]["speedup"] > 0.95
+    assert simulate(streams, curve_shape(CURVES["flat"])) == flat  # deterministic
+
+
+def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Record one question's target-only greedy output, replay it on two curves, and resume a recording that
+    is already complete without recording again."""
+    path = tmp_path / "streams.jsonl"
+    args = ["replay", str(path), "--record", "--categories", "writing", "--per-category", "1", "--max-tokens", "24",
+            "--threads", "1", "--curves", "amd-q4_1,flat", "--json"]
+    assert main(args) == 0
+    results = json.loads(capsys.readouterr().out.split("\n", 1)[1])  # after the progress line
+    streams = load_streams(path)
+    assert [(s.category, s.turn) for s in streams] == [("writing", 0), ("writing", 1)]  # both turns of it
+    assert all(0 < len(s.output) <= 24 and len(s.prompt) > 10 for s in streams)
+    assert len(streams[1].prompt) > len(streams[0].prompt) + len(streams[0].output)  # the conversation so far
+    for curve in ("amd-q4_1", "flat"):
+        assert results[curve]["overall"]["generations"] == 2 and results[curve]["overall"]["speedup"] >= 1.0
+    assert main(args) == 0  # already recorded: nothing is added
+    assert load_streams(path) == streams
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(tmp_path / "none.jsonl")]) == 2
+    assert "no recorded streams" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text("{\"tokens\": 1}\n")
+    assert main(["replay", str(tmp_path / "bad.jsonl")]) == 2
+    assert "not a file of recorded streams" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "bad.jsonl"), "--curves", "gpu"]) == 2
+    assert "unknown curves gpu" in capsys.readouterr().err
