@@ -164,75 +164,92 @@ class Engine:
     def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
              drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
              mode: str, cache_prompt: bool) -> Iterator[StreamChunk]:
-        arena, target = self.arena, self.target
+        """prefill → (accept → stream → draft → verify)*: one chunk per verify step."""
         rng = params.rng()
         stats = GenerationStats(mode=mode, prompt_tokens=len(prompt))
-        text = TextStream(target.piece, stop)
+        text = TextStream(self.target.piece, stop)
         out: list[int] = []
         start = time.perf_counter()
-        stats.cached_tokens = self._start_sequence(prompt, cache_prompt)
-        for drafter in drafters:
-            drafter.begin(arena.tokens)
-        if controller is not None:
-            controller.begin()
-        draft = Draft([])
-        logits = arena.extend("target", [], 1)
-        n_accepted, next_token = 0, _pick(logits[0], params, rng)
+        next_token = self._prefill(prompt, cache_prompt, drafters, controller, params, rng, stats)
         stats.prefill_s = time.perf_counter() - start
-
+        draft, n_accepted = Draft([]), 0
         while True:
-            # Accept the draft's first n_accepted tokens, then the target's own token, one at a time so
-            # that EOS, a stop string or max_tokens cut exactly where they occur.
             bookkeeping_start = time.perf_counter()
-            new: list[int] = []
-            pieces: list[str] = []
-            finish = None
-            for token in draft.tokens[:n_accepted] + [next_token]:
-                if target.is_eog(token):
-                    finish = "stop"
-                    break
-                new.append(token)
-                out.append(token)
-                pieces.append(text.push(token))
-                if text.stopped:
-                    finish = "stop"
-                elif len(out) == max_tokens:
-                    finish = "length"
-                if finish:
-                    break
-            arena.commit(new)
-            if finish is None and len(arena.tokens) >= arena.n_ctx:
-                finish = "length"  # the context is full: nothing more can be decoded
+            new, piece, finish = self._accept(draft.tokens[:n_accepted] + [next_token], out, text, max_tokens)
             from_draft = min(n_accepted, len(new))
             if finish is not None:
-                pieces.append(text.flush())
                 stats.generated_tokens = len(out)
                 stats.decode_s = time.perf_counter() - start - stats.prefill_s
-                yield StreamChunk("".join(pieces), new, len(draft), from_draft, finish, stats)
+                yield StreamChunk(piece + text.flush(), new, len(draft), from_draft, finish, stats)
                 return
             if controller is not None:
                 controller.observe_overhead(time.perf_counter() - bookkeeping_start)
-            yield StreamChunk("".join(pieces), new, len(draft), from_draft)
-
-            # Draft, choose γ, verify.
-            step_start = time.perf_counter()
+            yield StreamChunk(piece, new, len(draft), from_draft)
             # Accepted draft plus the target's own token must fit the context: target-only stops when it is full.
-            room = min(max_tokens - len(out) - 1, arena.n_ctx - len(arena.tokens) - 1, MAX_GAMMA)
-            draft = self._propose(drafters, gamma, controller, room, params, rng)
-            drafted_at = time.perf_counter()
-            logits = arena.extend("target", draft.tokens, len(draft) + 1)
-            if params.greedy:
-                n_accepted, next_token = verify_greedy(draft.tokens, logits)
-            else:
-                n_accepted, next_token = verify_sampled(draft.tokens, draft.probs, logits, params, rng)
-            verified_at = time.perf_counter()
-            stats.record_step(len(draft), n_accepted)
-            stats.draft_s += drafted_at - step_start
-            stats.verify_s += verified_at - drafted_at
-            if controller is not None:
-                controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
-                                   drafted_at - step_start, verified_at - drafted_at, draft.passes,
-                                   committed=draft.tokens[:n_accepted] + [next_token])
+            room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA)
+            draft, n_accepted, next_token = self._speculate(drafters, gamma, controller, room, params, rng, stats)
+
+    def _prefill(self, prompt: list[int], cache_prompt: bool, drafters: tuple[Drafter, ...],
+                 controller: GammaController | None, params: SamplingParams, rng: np.random.Generator,
+                 stats: GenerationStats) -> int:
+        """Start the sequence (reusing cached tokens), tell the drafters and the controller; the first token."""
+        stats.cached_tokens = self._start_sequence(prompt, cache_prompt)
+        for drafter in drafters:
+            drafter.begin(self.arena.tokens)
+        if controller is not None:
+            controller.begin()
+        logits = self.arena.extend("target", [], 1)
+        return _pick(logits[0], params, rng)
+
+    def _accept(self, tokens: list[int], out: list[int], text: TextStream,
+                max_tokens: int) -> tuple[list[int], str, str | None]:
+        """Commit ``tokens`` (the accepted draft, then the target's own token) one at a time, so that EOS, a stop
+        string, max_tokens or a full context cut exactly where they occur: the tokens committed, their text, and
+        why generation ends (None: it goes on)."""
+        new: list[int] = []
+        pieces: list[str] = []
+        finish = None
+        for token in tokens:
+            if self.target.is_eog(token):
+                finish = "stop"
+                break
+            new.append(token)
+            out.append(token)
+            pieces.append(text.push(token))
+            if text.stopped:
+                finish = "stop"
+            elif len(out) == max_tokens:
+                finish = "length"
+            if finish:
+                break
+        self.arena.commit(new)
+        if finish is None and len(self.arena.tokens) >= self.arena.n_ctx:
+            finish = "length"  # the context is full: nothing more can be decoded
+        return new, "".join(pieces), finish
+
+    def _speculate(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
+                   room: int, params: SamplingParams, rng: np.random.Generator,
+                   stats: GenerationStats) -> tuple[Draft, int, int]:
+        """One speculative step: draft (cut to the chosen γ), verify the draft and one more position in one target
+        pass, let the controller learn. Returns the draft, how many of its tokens the target accepted, and the
+        target's own next token."""
+        step_start = time.perf_counter()
+        draft = self._propose(drafters, gamma, controller, room, params, rng)
+        drafted_at = time.perf_counter()
+        logits = self.arena.extend("target", draft.tokens, len(draft) + 1)
+        if params.greedy:
+            n_accepted, next_token = verify_greedy(draft.tokens, logits)
+        else:
+            n_accepted, next_token = verify_sampled(draft.tokens, draft.probs, logits, params, rng)
+        verified_at = time.perf_counter()
+        stats.record_step(len(draft), n_accepted)
+        stats.draft_s += drafted_at - step_start
+        stats.verify_s += verified_at - drafted_at
+        if controller is not None:
+            controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
+                               drafted_at - step_start, verified_at - drafted_at, draft.passes,
+                               committed=draft.tokens[:n_accepted] + [next_token])
+        return draft, n_accepted, next_token
 
     def _start_sequence(self, prompt: list[int], cache_prompt: bool) -> int:
         """Set the arena to ``prompt``, keeping the cached tokens it starts with; return how many were kept.
