@@ -11,7 +11,7 @@ import pytest
 
 import edgespec
 from edgespec.engine import Engine
-from tests.conftest import spec_bench
+from tests.conftest import SpecBench
 from tests.tiny_gguf import ARCHITECTURES, SLIDING_WINDOW, tiny_gguf
 
 MAX_TOKENS = 32
@@ -27,7 +27,7 @@ def tiny_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     engine.close()
 
 
-def _prompts(engine: Engine) -> list[list[int]]:
+def _prompts(engine: Engine, spec_bench: SpecBench) -> list[list[int]]:
     short = engine.tokenize("List the days of the week: Monday, Tuesday, Wednesday, Monday, Tuesday,")
     articles = "\n\n".join(q["turns"][0] for q in spec_bench(["summarization"], per_category=2))
     long = engine.tokenize(articles)[:900]
@@ -36,9 +36,10 @@ def _prompts(engine: Engine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("mode, gamma", [("ngram", 3), ("ngram", "auto"), ("draft", 2), ("draft", "auto")])
-def test_greedy_speculation_equals_target_only(tiny_pair: Engine, mode: str, gamma: object) -> None:
+def test_greedy_speculation_equals_target_only(tiny_pair: Engine, mode: str, gamma: object,
+                                               spec_bench: SpecBench) -> None:
     drafted = 0
-    for prompt in _prompts(tiny_pair):
+    for prompt in _prompts(tiny_pair, spec_bench):
         expected = tiny_pair.generate(prompt, max_tokens=MAX_TOKENS, mode="none")
         assert len(expected.tokens) == MAX_TOKENS or expected.finish_reason == "stop"
         out = tiny_pair.generate(prompt, max_tokens=MAX_TOKENS, mode=mode, gamma=gamma)
@@ -48,9 +49,9 @@ def test_greedy_speculation_equals_target_only(tiny_pair: Engine, mode: str, gam
         assert drafted > 0, "nothing was verified speculatively: the test would prove nothing"
 
 
-def test_target_decodes_a_whole_context(tiny_pair: Engine) -> None:
+def test_target_decodes_a_whole_context(tiny_pair: Engine, spec_bench: SpecBench) -> None:
     """Each architecture's graph runs past its sliding window and fills most of the context."""
-    out = tiny_pair.generate(_prompts(tiny_pair)[1], max_tokens=200, mode="none")
+    out = tiny_pair.generate(_prompts(tiny_pair, spec_bench)[1], max_tokens=200, mode="none")
     assert out.stats.generated_tokens > 0 and out.stats.prompt_tokens == 900
 
 

@@ -20,7 +20,7 @@ from edgespec.export.onnx_reference import OnnxReference
 import edgespec
 from edgespec.cli import main
 from edgespec.engine import Engine
-from tests.conftest import spec_bench
+from tests.conftest import SpecBench
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -113,16 +113,16 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     yield model, folder / "onnx"
 
 
-def _ids(n: int) -> list[int]:
+def _ids(n: int, spec_bench: SpecBench) -> list[int]:
     from tokenizers import Tokenizer
 
     article = spec_bench(["summarization"])[0]["turns"][0]
     return Tokenizer.from_file(str(hf_folder("smollm2-135m") / "tokenizer.json")).encode(article).ids[:n]
 
 
-def test_fp32_logits_match_transformers(tiny: tuple[object, Path]) -> None:
+def test_fp32_logits_match_transformers(tiny: tuple[object, Path], spec_bench: SpecBench) -> None:
     model, onnx_dir = tiny
-    ids = _ids(300)
+    ids = _ids(300, spec_bench)
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0].numpy()  # type: ignore[operator]
     got = OnnxReference(onnx_dir).logits(ids)
@@ -138,9 +138,9 @@ def engine(tiny: tuple[object, Path]) -> Iterator[Engine]:
 
 
 @pytest.mark.parametrize("mode", ["ngram", "layerskip", "hybrid"])
-def test_greedy_speculation_equals_target_only(engine: Engine, mode: str) -> None:
+def test_greedy_speculation_equals_target_only(engine: Engine, mode: str, spec_bench: SpecBench) -> None:
     drafted = 0
-    for prompt in (engine.tokenize("Monday, Tuesday, Wednesday, Monday, Tuesday,"), _ids(600)):
+    for prompt in (engine.tokenize("Monday, Tuesday, Wednesday, Monday, Tuesday,"), _ids(600, spec_bench)):
         expected = engine.generate(prompt, max_tokens=32, mode="none").tokens
         for gamma in (3, "auto"):
             out = engine.generate(prompt, max_tokens=32, mode=mode, gamma=gamma)

@@ -29,6 +29,8 @@ from edgespec.export.onnx_export import export_onnx  # noqa: E402
 from edgespec.export.onnx_graphs import GraphBuilder, block_linear  # noqa: E402
 from edgespec.export.onnx_reference import OnnxReference  # noqa: E402
 
+from tests.conftest import SpecBench  # noqa: E402
+
 QT = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -253,9 +255,9 @@ def test_smollm2_q4_1_carried_passes_the_gate(smol_carried: tuple[Path, dict, st
 
 
 @pytest.mark.parametrize("mode", ["ngram", "layerskip"])
-def test_smollm2_carried_speculates_losslessly(smol_carried: tuple[Path, dict, str], mode: str) -> None:
+def test_smollm2_carried_speculates_losslessly(smol_carried: tuple[Path, dict, str], mode: str,
+                                               spec_bench: SpecBench) -> None:
     import edgespec
-    from tests.conftest import spec_bench
 
     folder = smol_carried[0]
     engine = edgespec.load(folder, n_ctx=2048, n_threads=1, mode=mode, layer_skip=[12, 14, 16, 18],
