@@ -41,7 +41,7 @@ class NgramDrafter:
         shared = common_prefix(self._seen, context)
         # Position j's entries read tokens before j only: those of j <= shared stay valid, except one
         # pointing at the new sequence's end (its continuation does not exist yet).
-        while len(self._undo) > min(shared, len(context) - 1):
+        while len(self._undo) > max(0, min(shared, len(context) - 1)):
             for n, gram, previous in reversed(self._undo.pop()):
                 if previous is None:
                     del self._index[n][gram]
