@@ -259,8 +259,12 @@ class LlamaModel:
         its batch."""
         return self.options.exact_numerics
 
-    def save_state(self) -> CacheState:
-        """A copy of sequence 0's cache entries (llama.cpp's own state format)."""
+    def save_state(self) -> CacheState | None:
+        """A copy of sequence 0's cache entries (llama.cpp's own state format); None for sliding-window models
+        (Gemma 2/3): their cache rolled back to a restored state's prefix came back empty (tests/test_arch_support.py,
+        a tiny Gemma 2), so their conversations are not kept."""
+        if lc.llama_model_n_swa(self._model) > 0:
+            return None
         size = lc.llama_state_seq_get_size(self._ctx, 0)
         data = (ctypes.c_uint8 * size)()
         if lc.llama_state_seq_get_data(self._ctx, data, size, 0) != size:
