@@ -17,6 +17,7 @@ import pytest
 
 from edgespec.hf_tokenizer import HFTokenizer, _byte_level_decoder
 from edgespec.llama_backend import ContextOptions, LlamaModel
+from edgespec.onnx_backend import session_options
 
 gguf = pytest.importorskip("gguf")
 ort = pytest.importorskip("onnxruntime")
@@ -118,7 +119,8 @@ def test_blocks_round_trip_exactly(kind: str) -> None:
     f32 = onnx.TensorProto.FLOAT
     model = g.model([onnx.helper.make_tensor_value_info("x", f32, [1, "S", k])],
                     [onnx.helper.make_tensor_value_info("y", f32, [1, "S", n])])
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), session_options(1)[0],  # the process's thread pool
+                                   providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": np.eye(k, dtype=np.float32)[None]})[0][0]  # row j: weight column j
     np.testing.assert_allclose(got, expected.T, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 

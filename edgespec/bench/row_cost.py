@@ -43,15 +43,16 @@ def _median_us(run: Callable[[], None], repeats: int) -> float:
 
 
 def _session(model: object, threads: int) -> object:
-    """A session whose threads keep spinning between calls, as the runtime's shared pool does while a forward
-    pass chains its sessions: with pools that sleep between calls, every multi-threaded kernel would pay a
-    wake-up (~20 µs here) that a single-threaded one does not, and small kernels would look dearer at 2 rows."""
+    """A session on the runtime's own options (the process-wide pool, whose threads keep spinning between calls
+    as while a forward pass chains its sessions: with pools that sleep between calls, every multi-threaded kernel
+    would pay a wake-up (~20 µs here) that a single-threaded one does not, and small kernels would look dearer at
+    2 rows). Once that pool exists no session of the process may have threads of its own."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    from ..onnx_backend import session_options
+
+    so, _ = session_options(threads)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")  # type: ignore[attr-defined]
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
 
 
