@@ -268,8 +268,8 @@ class Engine:
             if state is not None:
                 cache.put(state)
         if cache_prompt:
-            saved, shared = cache.best(prompt)
-            if saved is not None and min(shared, limit) > own:
+            saved, _ = cache.best(prompt[:limit], longer_than=own)
+            if saved is not None:
                 arena.restore(saved)
         return arena.reset(prompt, cache_prompt)
 

@@ -37,16 +37,18 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._states)
 
-    def best(self, prompt: Sequence[int]) -> tuple[ArenaState | None, int]:
-        """The saved state sharing the longest prefix with ``prompt``, and how long that prefix is."""
-        best, shared = None, 0
+    def best(self, prompt: Sequence[int], longer_than: int = 0) -> tuple[ArenaState | None, int]:
+        """The saved state sharing the longest prefix with ``prompt`` if that is more than ``longer_than``
+        tokens (it becomes the most recently used), and how long that prefix is."""
+        best, shared = None, longer_than
         for state in self._states:
             n = common_prefix(state.tokens, prompt)
             if n > shared:
                 best, shared = state, n
-        if best is not None:
-            self._states.remove(best)
-            self._states.append(best)
+        if best is None:
+            return None, 0
+        self._states.remove(best)
+        self._states.append(best)
         return best, shared
 
     def put(self, state: ArenaState) -> None:

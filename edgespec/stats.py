@@ -8,6 +8,15 @@ from .gamma import MAX_GAMMA
 from .verify import positions_tested
 
 
+def tokens_per_step(accepted: int, steps: int) -> float:
+    """τ over ``steps`` verify passes: each gives the draft tokens it accepted plus the target's own token.
+
+    Counted from the passes, not from the text: the pass that produces EOS (never emitted) or runs past
+    max_tokens still produced its tokens, and a generation cut there is not a weaker speculation.
+    """
+    return (accepted + steps) / steps if steps else 0.0
+
+
 @dataclass
 class GenerationStats:
     mode: str = "none"
@@ -54,8 +63,8 @@ class GenerationStats:
 
     @property
     def mean_accepted_per_step(self) -> float:
-        """τ: tokens produced per target pass after the first token (1.0 = no speculation)."""
-        return (self.generated_tokens - 1) / self.steps if self.steps else 0.0
+        """τ: tokens each target pass after the first token produced (1.0 = no speculation)."""
+        return tokens_per_step(self.accepted, self.steps)
 
     @property
     def gamma_mean(self) -> float:

@@ -20,6 +20,7 @@ import numpy as np
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError
 from edgespec.llama_backend import ContextOptions, LlamaModel
+from edgespec.stats import tokens_per_step
 
 # (tokens, n) → float logits of the last n positions of ``tokens``, shape n × vocabulary.
 LogitsFn = Callable[[Sequence[int], int], np.ndarray]
@@ -188,7 +189,7 @@ def speculation(target: LlamaModel, draft: LlamaModel, texts: Sequence[str], max
                 gamma: int = 4) -> tuple[float, float, bool]:
     """α and τ of ``draft`` drafting for ``target`` at a fixed γ, and whether every output was lossless."""
     engine = Engine(target, draft, mode="draft", gamma=gamma)
-    drafted = accepted = generated = steps = 0
+    drafted = accepted = steps = 0
     lossless = True
     for text in texts:
         tokens = prompt_tokens(engine, text)
@@ -197,8 +198,8 @@ def speculation(target: LlamaModel, draft: LlamaModel, texts: Sequence[str], max
         lossless &= spec.tokens == plain.tokens
         s = spec.stats
         drafted, accepted = drafted + s.drafted, accepted + s.accepted
-        generated, steps = generated + s.generated_tokens - 1, steps + s.steps
-    return accepted / drafted if drafted else 0.0, generated / steps if steps else 0.0, lossless
+        steps += s.steps
+    return accepted / drafted if drafted else 0.0, tokens_per_step(accepted, steps), lossless
 
 
 def report(artefact: Path, source: Path, n_prompts: int = 4, n_tokens: int = 32, draft_of: Path | None = None,

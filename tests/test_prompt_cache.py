@@ -14,12 +14,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from edgespec.arena import common_prefix
+from edgespec.arena import ArenaState, CacheState, common_prefix
 from edgespec.chat import Message
 from edgespec.engine import Completion, Engine
 from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.models import DEFAULT_MODEL, resolve
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
+from edgespec.prompt_cache import PromptCache
 from tests.conftest import onnx_export_dir
 
 N_BATCH = 32
@@ -248,3 +249,18 @@ def test_fast_numerics_fall_back_to_a_fresh_prefill() -> None:
         assert len(e.prompt_cache) == 0
     finally:
         e.close()
+
+
+def test_lookup_that_restores_nothing_does_not_refresh_a_state() -> None:
+    """Only a state a request restores counts as used: a near miss must not keep it from eviction."""
+    def state(tokens: tuple[int, ...]) -> ArenaState:
+        return ArenaState({"target": tokens}, {"target": CacheState(len(tokens), 1 << 20, None)})
+
+    cache = PromptCache(max_mb=2)
+    old, new = state((1, 2, 3, 4)), state((5, 6, 7))
+    cache.put(old)
+    cache.put(new)
+    assert cache.best([1, 2, 9], longer_than=2) == (None, 0)  # shares 2: no better than what the arena keeps
+    cache.put(state((8, 9)))  # over budget: the least recently used goes
+    assert cache.best([1, 2, 3, 4, 5]) == (None, 0)
+    assert cache.best([5, 6, 7, 1]) == (new, 3)
