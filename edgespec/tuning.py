@@ -151,12 +151,17 @@ def cpu_identity() -> str:
     return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:8]}]"
 
 
+# What the default race measures (bench/choose.py); a choice measured by another race is measured again.
+# 2: replies to a document and three short texts, prefill included (1: decode speed on short texts only).
+DEFAULT_RACE = 2
+
+
 def default_choice_key(source: str | os.PathLike[str], candidates: list[str], onnx: str | None, threads: int,
                        device: str) -> dict[str, object]:
     """The shipped file the candidates derive from, which candidates, the onnxruntime version (None without it),
     threads, device and CPU."""
     return {"source": file_identity(source), "candidates": candidates, "onnxruntime": onnx, "threads": threads,
-            "device": device, "cpu": cpu_identity()}
+            "device": device, "cpu": cpu_identity(), "race": DEFAULT_RACE}
 
 
 def default_choice_path(key: dict[str, object]) -> Path:

@@ -206,8 +206,9 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
     """3 turns of 16 tokens, edgespec with n-gram drafting and llama-cpp-python with its RAM prompt cache: each
     plays its own conversation, every turn is compared with a fresh engine's, the JSON has every field.
     (γ = 4 rather than the default engine's γ auto: a fresh engine per turn would time its cost curve each time.)"""
+    short = ["writing", "roleplay", "reasoning"]  # documents would make every fresh replay a long prefill
     assert main(["bench", "--chat", "--turns", "3", "--max-tokens", "16", "--threads", "1", "--configs",
-                 "ngram-g4,lcpp-cache", "--out", str(tmp_path)]) == 0
+                 "ngram-g4,lcpp-cache", "--categories", ",".join(short), "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     (path,) = tmp_path.glob("chat_bench-*.json")
     result = json.loads(path.read_text())
@@ -217,7 +218,7 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
     assert result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
     assert result["args"]["turns"] == 3 and result["args"]["max_tokens"] == 16 and result["args"]["skip"] == 0
     assert [c["name"] for c in result["configs"]] == ["ngram-g4", "lcpp-cache"]  # no baselines come along
-    script = conversation(spec_bench_file, None, 3)
+    script = conversation(spec_bench_file, short, 3)
     assert result["script"] == script
     for name in ("ngram-g4", "lcpp-cache"):
         turns, conv = result["turns"][name], result["conversations"][name]
@@ -243,15 +244,20 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
 
 
 def test_chat_script_takes_turns_between_categories(spec_bench_file: Path) -> None:
-    """Categories in the file's order, each question's first turn, --skip passes over questions."""
+    """Categories with the longest questions first (a chat opens with its documents), each question's first turn,
+    --skip passes over questions."""
     questions = load_questions(spec_bench_file)
     firsts: dict[str, list[str]] = {}
     for q in questions:
         firsts.setdefault(q["category"], []).append(q["turns"][0])
+    by_length = sorted(firsts, key=lambda c: -sum(map(len, firsts[c])) / len(firsts[c]))
+    assert by_length[:2] == ["summarization", "rag"]
+    chosen = [c for c in by_length if c in ("reasoning", "writing", "rag")]
     script = conversation(spec_bench_file, ["reasoning", "writing", "rag"], 5, skip=1)
-    assert [t["content"] for t in script] == [firsts["writing"][1], firsts["reasoning"][1], firsts["rag"][1],
-                                              firsts["writing"][2], firsts["reasoning"][2]]
-    assert [t["category"] for t in conversation(spec_bench_file, None, 14)] == [*firsts, "writing"]
+    assert [t["content"] for t in script] == [firsts[c][1] for c in chosen] + [firsts[c][2] for c in chosen[:2]]
+    script = conversation(spec_bench_file, None, 14)
+    assert [t["category"] for t in script] == [*by_length, by_length[0]]
+    assert len(script[-2]["content"]) < len(script[0]["content"]) / 4  # late turns are questions, not documents
     with pytest.raises(BenchError, match="has only 5 questions to give after skipping 0"):
         conversation(spec_bench_file, ["writing"], 6)
 

@@ -94,9 +94,9 @@ CONFIGS = {c.name: c for c in [
 DEFAULT_CONFIGS = ("default", "target", "ngram-auto", "ngram-g4", "lcpp-plain", "lcpp-pld", "hf-plain", "hf-pld",
                    "ortg-plain", "ortg-ngram", "onnx-target", "onnx-ngram", "onnx-layerskip", "onnx-hybrid")
 
-# bench --chat: edgespec's default engine and each peer in its best own configuration for a conversation
-# (onnxruntime-genai keeps one generator and appends each turn's tokens).
-DEFAULT_CHAT_CONFIGS = ("ngram-auto", "lcpp-cache", "ortg-plain")
+# bench --chat: edgespec as `edgespec generate` loads it (the measured default) and each peer in its best own
+# configuration for a conversation (onnxruntime-genai keeps one generator and appends each turn's tokens).
+DEFAULT_CHAT_CONFIGS = ("default", "lcpp-cache", "ortg-plain")
 CHAT_RUNNERS = ("edgespec", "llama-cpp-python", "onnxruntime-genai")  # runners with ``chat_turn``
 
 

@@ -52,15 +52,18 @@ def load_questions(path: str | Path, categories: list[str] | None = None, per_ca
 
 
 def conversation(path: str | Path, categories: list[str] | None, turns: int, skip: int = 0) -> list[dict]:
-    """A scripted conversation of ``turns`` user messages: the categories take turns (in the order the file
-    first names them), each giving its next question's first turn, after skipping the first ``skip`` questions
-    of each category. All 13 of Spec-Bench's categories mix short questions with long documents to summarize
-    or answer from: 10 turns with ~128-token answers reach ~2500 tokens of history. (Second turns are left out:
-    they refer to the answer to their own first turn.)"""
+    """A scripted conversation of ``turns`` user messages, a chat about documents and more: the categories take
+    turns, each giving its next question's first turn after skipping the first ``skip`` questions of each, and
+    the categories whose questions are longest on average (those carrying a text to summarize or answer from)
+    come first, as a user pastes a text and then talks about it and other things. So the history grows the way
+    a long chat's does, and a late turn is a question, not a new document whose prefill no cache can spare: 10
+    turns with ~128-token answers reach ~2500 tokens. (Second turns are left out: they refer to the answer to
+    their own first turn.)"""
     by_category: dict[str, list[dict]] = defaultdict(list)
     for q in load_questions(path, categories):
         by_category[q["category"]].append(q)
-    queues = [qs[skip:] for qs in by_category.values()]
+    order = sorted(by_category.values(), key=lambda qs: -sum(len(q["turns"][0]) for q in qs) / len(qs))
+    queues = [qs[skip:] for qs in order]
     script: list[dict] = []
     while len(script) < turns and any(queues):
         for queue in queues:

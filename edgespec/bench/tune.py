@@ -150,26 +150,33 @@ def race(entries: list[Entry], max_tokens: int, rounds: int,
          progress: Callable[[str], None] = lambda _: None) -> list[dict[tuple[str, int | str], dict]]:
     """Decode speed of each engine's candidates on its prompts (prompt i of every engine is the same text), all
     interleaved prompt by prompt so that the machine's drift hits every candidate alike, and whether each
-    candidate's output matched its engine's plain decoding (each engine's first candidate)."""
+    candidate's output matched its engine's plain decoding (each engine's first candidate). Prefill speed is the
+    engine's, not a candidate's: its first candidate prefills every prompt afresh, the others reuse that KV."""
     totals = [{c: {"decoded": 0, "decode_s": 0.0, "identical": 0, "generations": 0} for c in candidates}
               for _, candidates, _ in entries]
+    prefills = [{"tokens": 0, "seconds": 0.0} for _ in entries]
     n_prompts = max(len(prompts) for _, _, prompts in entries)
     for r in range(rounds):
         for i in range(n_prompts):
             progress(f"text {r * n_prompts + i + 1} of {rounds * n_prompts}")
-            for (engine, candidates, prompts), engine_totals in zip(entries, totals, strict=True):
+            for (engine, candidates, prompts), engine_totals, prefill in zip(entries, totals, prefills, strict=True):
                 plain: list[int] | None = None
                 for mode, gamma in candidates:
-                    out = engine.generate(prompts[i], max_tokens=max_tokens, mode=mode, gamma=gamma)
-                    plain = out.tokens if plain is None else plain
+                    out = engine.generate(prompts[i], max_tokens=max_tokens, mode=mode, gamma=gamma,
+                                          cache_prompt=plain is not None)
+                    if plain is None:
+                        plain = out.tokens
+                        prefill["tokens"] += len(prompts[i])
+                        prefill["seconds"] += out.stats.prefill_s
                     t = engine_totals[(mode, gamma)]
                     t["decoded"] += max(out.stats.generated_tokens - 1, 0)
                     t["decode_s"] += out.stats.decode_s
                     t["identical"] += out.tokens == plain
                     t["generations"] += 1
     return [{c: {"decode_tok_s": t["decoded"] / t["decode_s"] if t["decode_s"] else 0.0,
+                 "prefill_tok_s": prefill["tokens"] / prefill["seconds"] if prefill["seconds"] else 0.0,
                  "identical": t["identical"], "generations": t["generations"]} for c, t in engine_totals.items()}
-            for engine_totals in totals]
+            for engine_totals, prefill in zip(totals, prefills, strict=True)]
 
 
 def _as_dict(t: Tuning) -> dict[str, object]:
