@@ -47,8 +47,9 @@ verification of several tokens costs more than one, so the number of drafted tok
 lint: setup-dev
 	$(BIN)/ruff check .
 
+# One worker per CPU, each pinned to its own (tests/conftest.py); a file's tests stay together (module fixtures).
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadfile
 
 test-slow: lint
 	$(BIN)/pytest -q -m slow

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -15,6 +17,42 @@ from tests.live import LiveServer
 
 # A developer's `edgespec tune` must not change what the tests check (mode, γ); tests/test_tune.py turns it on.
 os.environ["EDGESPEC_TUNING"] = "off"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`: one worker per CPU), each worker gets CPUs of its own, so that every engine,
+    server and export it starts sizes its threads to them (edgespec.cpu.physical_cores reads the affinity):
+    llama.cpp's and onnxruntime's threads spin while they wait, and two workers' threads sharing cores slow both."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        if count <= len(cpus):
+            os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count::count])
+
+
+@contextlib.contextmanager
+def building() -> Iterator[None]:
+    """Workers share the edgespec cache: one builds a shared artefact (an export) while the others wait for it,
+    then find it built."""
+    from edgespec.models import cache_dir
+
+    lock = cache_dir().parent / ".tests-building.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def hf_checkpoint(model: str) -> Path:
+    """A shipped model as an HF checkpoint (converted once from its GGUF into the edgespec cache)."""
+    from edgespec.export.hf import hf_folder
+
+    with building():
+        return hf_folder(model)
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 SpecBench = Callable[..., list[dict]]
@@ -61,8 +99,9 @@ def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options:
     suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
     out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"
     manifest = out / "edgespec-onnx.json"
-    if not manifest.is_file() or json.loads(manifest.read_text())["source"].get("graphs") != GRAPHS_REVISION:
-        export_onnx(model, out, quant=quant, progress=False, **options)  # type: ignore[arg-type]
+    with building():
+        if not manifest.is_file() or json.loads(manifest.read_text())["source"].get("graphs") != GRAPHS_REVISION:
+            export_onnx(model, out, quant=quant, progress=False, **options)  # type: ignore[arg-type]
     return out
 
 

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.hf import hf_folder
 from edgespec.export.onnx_export import TOKENIZER_FILES
 from edgespec.export.onnx_reference import OnnxReference
 
 import edgespec
 from edgespec.cli import main
 from edgespec.engine import Engine
-from tests.conftest import SpecBench
+from tests.conftest import SpecBench, hf_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -86,7 +85,7 @@ BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3, "phi3": _phi3, 
 
 @pytest.fixture(scope="module")
 def tokenizer_folder() -> Path:
-    return hf_folder("smollm2-135m")  # converted once from the shipped GGUF, cached in the edgespec cache
+    return hf_checkpoint("smollm2-135m")  # converted once from the shipped GGUF, cached in the edgespec cache
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
@@ -117,7 +116,7 @@ def _ids(n: int, spec_bench: SpecBench) -> list[int]:
     from tokenizers import Tokenizer
 
     article = spec_bench(["summarization"])[0]["turns"][0]
-    return Tokenizer.from_file(str(hf_folder("smollm2-135m") / "tokenizer.json")).encode(article).ids[:n]
+    return Tokenizer.from_file(str(hf_checkpoint("smollm2-135m") / "tokenizer.json")).encode(article).ids[:n]
 
 
 def test_fp32_logits_match_transformers(tiny: tuple[object, Path], spec_bench: SpecBench) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.hf import UnsupportedArchitectureError, hf_folder
+from edgespec.export.hf import UnsupportedArchitectureError
 from edgespec.export.onnx_cmd import summary
 from edgespec.export.onnx_export import export_onnx
 from edgespec.export.onnx_quality import compare, export_logits, source_logits
@@ -21,7 +21,7 @@ from edgespec.export.onnx_reference import OnnxReference
 from edgespec.cli import main
 from edgespec.errors import ModelLoadError
 from edgespec.export import MissingExtraError
-from tests.conftest import onnx_export_dir
+from tests.conftest import hf_checkpoint, onnx_export_dir
 
 pytest.importorskip("onnxruntime")
 CONTEXT = 1536  # enough for the 1000-token prefill below, small enough to keep the exports quick
@@ -30,7 +30,7 @@ PROMPTS = 6  # the quality report's prompt set, so transformers runs once per se
 
 @pytest.fixture(scope="session")
 def smol_hf() -> Path:
-    return hf_folder("smollm2-135m")  # converted once, cached in the edgespec cache
+    return hf_checkpoint("smollm2-135m")  # converted once, cached in the edgespec cache
 
 
 @pytest.fixture(scope="session")
@@ -199,12 +199,12 @@ def test_gemma3_int8_is_batch_invariant() -> None:
     the graphs' key padding, 0.73 apart before) and past the sliding window, on 2 threads."""
     runner = OnnxReference(onnx_export_dir("gemma3-270m", "int8"), threads=2)
     assert runner.manifest["quant_options"]["attention_min_total"] == 65
-    _assert_batch_invariant(runner, _long_ids(hf_folder("gemma3-270m"), 1008), (60, 1000))
+    _assert_batch_invariant(runner, _long_ids(hf_checkpoint("gemma3-270m"), 1008), (60, 1000))
 
 
 @pytest.mark.slow
 def test_gemma3_fp32_matches_transformers_past_the_sliding_window(tmp_path: Path) -> None:
-    hf = hf_folder("gemma3-270m")
+    hf = hf_checkpoint("gemma3-270m")
     folder = tmp_path / "gemma"
     m = export_onnx(hf, folder, "fp32", 1024, progress=False)
     assert m["architecture"] == "gemma3" and m["sliding_window"] == 512
