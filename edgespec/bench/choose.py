@@ -8,8 +8,8 @@ with plain decoding and with n-gram lookup, γ auto, on four built-in texts (a d
 summarization-like, code; not Spec-Bench), all interleaved prompt by prompt (``tune.race``). The winner is the
 candidate whose output equals its own plain decoding and that answers quickest: the seconds to read the four
 prompts and write a reply to each at its measured prefill and decode rates. (Judged on decode speed alone, the
-default was the GGUF, by 10%, on an AMD EPYC where its prefill is half the ONNX export's: a chat turn that
-brings a document then waited three times as long for its first token.)
+default on an AMD EPYC was the GGUF, 1.23× the ONNX export's decode but half its prefill: a chat turn that
+brings a document then waited three times as long for its first token, README "The default model".)
 The choice is stored keyed by the shipped file, candidates, threads, device and CPU.
 """
 
@@ -67,7 +67,7 @@ RACED_MODES: list[tuple[str, int | str]] = [("none", 0), ("ngram", "auto")]  # p
 
 @dataclass(frozen=True)
 class Budget:
-    """How much text the race reads and writes: about a minute and a half on 2 cores by default."""
+    """How much text the race reads and writes: about a minute on 2 cores by default (64 s measured)."""
 
     prompts: int = 4
     max_tokens: int = 96
@@ -209,8 +209,8 @@ def table(choice: DefaultChoice) -> list[str]:
         mark = "*" if (r["target"], r["mode"]) == (choice.target, choice.mode) else " "
         mode = f"{r['mode']}" + (" γ auto" if r["gamma"] == "auto" else "")
         lines.append(f"{mark} {Path(str(r['target'])).name + ' (' + str(r['backend']) + ')':<30} {mode:<12} "
-                     f"{r.get('prefill_tok_s', '-'):>9} {r['decode_tok_s']:>8} {r['vs_own_target']:>10.2f}× "
-                     f"{r.get('reply_s', '-'):>9}  {r['identical']}")
+                     f"{r['prefill_tok_s']:>9} {r['decode_tok_s']:>8} {r['vs_own_target']:>10.2f}× "
+                     f"{r['reply_s']:>9}  {r['identical']}")
     lines += [f"  skipped {name}: {why}" for name, why in choice.skipped.items()]
     gamma = f", γ {choice.gamma}" if choice.mode != "none" else ""
     lines.append(f"edgespec: default = {Path(choice.target).name} ({choice.backend}), mode {choice.mode}{gamma}: "

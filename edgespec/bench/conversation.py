@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
+from ..arena import common_prefix
 from .configs import select
 from .questions import conversation
 from .run import RunArgs, machine, open_setup, start_workers
@@ -33,15 +34,6 @@ class ChatArgs(RunArgs):
     max_tokens: int = 128
     turns: int = 10
     skip: int = 0  # questions skipped at the start of each category
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _turn_record(result: dict, prompt: list[int], held: list[int]) -> dict:
