@@ -1,7 +1,7 @@
 """edgespec: lossless speculative decoding for quantized local LLMs.
 
     import edgespec
-    engine = edgespec.load()    # SmolLM2-135M-Instruct as measured fastest on this machine (first use: ~1 min)
+    engine = edgespec.load()    # SmolLM2-135M-Instruct as measured fastest on this machine (first use: ~2 min)
     out = engine.generate("The capital of France is", max_tokens=32)
     print(out.text, out.stats.decode_tokens_per_s, out.stats.acceptance_rate)
 """

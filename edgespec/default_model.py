@@ -37,7 +37,7 @@ def choice_key(threads: int, device: str) -> dict[str, object] | None:
 
 
 def default_choice(threads: int, device: str) -> DefaultChoice:
-    """The stored choice for this machine, measured now (about a minute, with progress on stderr) if there is
+    """The stored choice for this machine, measured now (1.5–2 min, with progress on stderr) if there is
     none; ``FIXED`` when tuning is off."""
     key = choice_key(threads, device) if tuning_enabled() else None
     if key is None:
