@@ -2,7 +2,7 @@
 
 An exported directory (docs/onnx-format.md, written by ``edgespec export onnx``) holds ``embed.onnx``, one
 ``layer_NN.onnx`` per decoder layer and ``head.onnx``. One ``OnnxModel`` opens a session for the embedding,
-the head and each *segment* of layers (the layers between skipped ones, merged into one graph at load time:
+the head and each *segment* of layers (consecutive layers merged into one graph at load time, capped in size:
 edgespec/onnx_segments.py), and allocates the whole KV cache once: a single float32 buffer (layers × K/V ×
 kv_heads × context × head_dim). Each layer's ``past_key``/``present_key`` (and value) is bound through IO
 binding to the SAME slice of that buffer, so GroupQueryAttention writes the new positions in place: nothing
@@ -11,6 +11,8 @@ is concatenated or reallocated per token, and rolling back is moving the committ
 Because each layer's weights live in exactly one session, a layer-skip draft (``LayerSkipView``) is the
 same sessions chained without the skipped segments, writing into the same buffer: one copy of the weights
 and of the KV memory serves target and draft (see ``KVArena`` for how the draft's entries are kept apart).
+The segments split at the skip set only once the draft first runs: a target that never self-drafts (the
+n-gram default) runs fewer, bigger sessions.
 """
 
 from __future__ import annotations
@@ -246,22 +248,30 @@ class OnnxModel:
         self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
         self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
-        self._stages = self._open_stages(files[1:-1], session)
-        self._stage_of = {stage.layers[0]: stage for stage in self._stages}
+        self._layer_files = files[1:-1]
+        self._session: Callable[[str, Path], Any] = session
+        # Segments split at the skip set only when the layer-skip draft first runs (``_plan``): the target's
+        # logits are the same bit for bit under any split (tests/test_onnx_backend.py), and one session call
+        # costs ~40 µs beyond its compute (SmolLM2 INT8, 2 threads: 13 sessions 14.8 ms per token at 100
+        # tokens of context, 4 sessions 12.5 ms).
+        self._split_at: list[int] = []
+        self._open_stages()
         self._all_layers = tuple(range(self.n_layer))  # plans are keyed by tuples: no new one per token
-        self._plans: dict[tuple[int, ...], list[_Stage]] = {}
         self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
         self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._embed_io = self._embed.io_binding()
         self._head_io = self._head.io_binding()
         self._end = 0
 
-    def _open_stages(self, layer_files: list[Path], session: Callable[[str, Path], Any]) -> list[_Stage]:
-        """One session per segment of layers (edgespec/onnx_segments.py), each bound to its slices of the KV."""
+    def _open_stages(self) -> None:
+        """One session per segment of layers (edgespec/onnx_segments.py), each bound to its slices of the KV;
+        the segments end where the run of layers skipped by ``_split_at`` starts or ends."""
+        self._stages, self._plans = [], {}  # the old sessions go first: their weights are freed before the new load
+        layer_files, session = self._layer_files, self._session
         fuse = self.options.fuse_layers and _can_fuse()
         stages = []
         with tempfile.TemporaryDirectory(prefix="edgespec-segments-") as scratch:
-            for layers in segments.plan(self.n_layer, self.skip, [f.stat().st_size for f in layer_files], fuse):
+            for layers in segments.plan(self.n_layer, self._split_at, [f.stat().st_size for f in layer_files], fuse):
                 if len(layers) == 1:
                     sess = session(str(layer_files[layers[0]]), layer_files[layers[0]])
                 else:
@@ -276,7 +286,8 @@ class OnnxModel:
                 _check_stage(stage, layer_files, self.kv.shape[2:])
                 self._bind_stage(stage)
                 stages.append(stage)
-        return stages
+        self._stages = stages
+        self._stage_of = {stage.layers[0]: stage for stage in stages}
 
     def _bind_stage(self, stage: _Stage) -> None:
         shape = list(self.kv.shape[2:])
@@ -290,16 +301,29 @@ class OnnxModel:
         stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
 
     def _plan(self, layers: Sequence[int]) -> list[_Stage]:
-        """The sessions that run exactly ``layers`` (a layer set must not split a segment)."""
+        """The sessions that run exactly ``layers``. The layer-skip draft's set splits the segments at its
+        boundaries the first time it runs (a second load of the layer graphs, ~1.5 s for SmolLM2); any other
+        set must not split a segment."""
         key = tuple(layers)
         stages = self._plans.get(key)
         if stages is None:
-            stages = [self._stage_of[i] for i in key if i in self._stage_of]
-            if [i for stage in stages for i in stage.layers] != list(key):
+            stages = self._stages_running(key)
+            if stages is None and key == self._draft_layers() and not self._split_at:
+                self._split_at = self.skip
+                self._open_stages()
+                stages = self._stages_running(key)
+            if stages is None:
                 raise EdgespecError(f"internal: layers {list(key)} split a fused segment; load the model with "
                                     "fuse_layers=False to run arbitrary layer subsets")
             self._plans[key] = stages
         return stages
+
+    def _stages_running(self, layers: tuple[int, ...]) -> list[_Stage] | None:
+        stages = [self._stage_of[i] for i in layers if i in self._stage_of]
+        return stages if [i for stage in stages for i in stage.layers] == list(layers) else None
+
+    def _draft_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layer) if i not in set(self.skip))
 
     # -- lifetime / metadata ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -4,9 +4,9 @@ The exported format keeps one graph per layer so that a layer-skip draft can lea
 copy of the weights. Chaining 30 sessions per forward pass costs, though: each call re-binds and re-enters
 onnxruntime, and the hidden state crosses a session boundary per layer (SmolLM2 INT8, 2 threads: 10.3 ms
 per token over 30 layer sessions, 9.4 ms over 5 sessions of the same graphs, same logits). So when the
-model loads, the layer graphs are merged into segments: runs of layers that the target and the draft either
-both run or the target alone runs — the runs between skipped layers — capped in size. Every layer's
-weights are still in exactly one session; the target chains all segments, the draft the ones it keeps.
+model loads, the layer graphs are merged into segments: runs of consecutive layers, capped in size. Once a
+layer-skip draft runs, the segments are planned again, split where a run of skipped layers starts or ends,
+so that the draft chains the ones it keeps. Every layer's weights are in exactly one session.
 
 A segment graph is the layer graphs joined hidden_out → hidden, with every name prefixed by its layer,
 ``seqlens_k``/``total_sequence_length`` shared, and each layer's KV as ``past_key.{i}``/``present_key.{i}``
