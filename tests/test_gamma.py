@@ -170,3 +170,42 @@ def test_a_curve_calibrated_too_flat_learns_its_steepness_at_every_k() -> None:
     assert curve.scale == pytest.approx(SCALE, rel=0.05)
     assert curve.shape[3] == pytest.approx(2.0, rel=0.05)
     assert curve.shape[9] == pytest.approx(5.0, rel=0.1)  # calibrated: 1.8
+
+
+def test_a_curve_that_went_flat_turns_steep_again_while_every_step_drafts() -> None:
+    """Verify times of one k alone cannot tell a dearer pass from a steeper curve: had the scale followed them
+    too, a curve learned flat (a long context, where onnxruntime's padded single-token pass costs nearly what a
+    batch does) would explain every later, steeper verify by a higher scale, and stay flat. The scale follows
+    single-token passes only, so verifies at k = 9 correct the steepness."""
+    curve = _curve(1.0)
+    for _ in range(100):  # flat: a batch of 9 at 1.4× one token
+        curve.observe(9, SCALE * 1.4)
+    assert curve.shape[9] == pytest.approx(1.4, rel=0.05)
+    for _ in range(100):  # steep again (a short context), and no plain step in between
+        curve.observe(9, SCALE * 9.0)
+    assert curve.shape[9] == pytest.approx(9.0, rel=0.05) and curve.scale == SCALE
+
+
+def test_drafting_stops_when_verifying_turns_dear_after_a_flat_stretch() -> None:
+    """The controller's own choices must not hide the change: after a stretch where verifying was nearly free
+    (so it drafted every step), mediocre drafts on a steep curve are declined again, and the steep stretch runs
+    at least as fast as plain decoding."""
+    controller = GammaController(_curve(0.05))
+    truth = {"flat": _curve(0.05), "steep": _curve(1.0)}
+
+    def step(i: int, phase: str) -> tuple[int, int, float]:
+        right = _mediocre(i)
+        draft = (11, 12, 13, 14)
+        k = controller.choose("ngram", 3, len(draft), True, draft)
+        accepted = min(k, right)
+        seconds = truth[phase].seconds(k + 1)
+        controller.observe("ngram" if k else None, 3, k, accepted, 0.0, seconds,
+                           committed=[*draft[:right], 999][:accepted + 1])
+        return k, accepted + 1, seconds
+
+    flat = [step(i, "flat") for i in range(200)]
+    steep = [step(i, "steep") for i in range(200)]
+    assert min(k for k, _, _ in flat[50:]) >= 1
+    assert sum(1 for k, _, _ in steep[20:] if k) <= 18  # an occasional token after a copied streak, no more
+    tokens, seconds = (sum(column) for column in list(zip(*steep[20:], strict=True))[1:])
+    assert tokens / seconds >= 0.98 / SCALE  # plain decoding: 1 / SCALE
