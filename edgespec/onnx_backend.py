@@ -328,7 +328,7 @@ class OnnxModel:
     # -- lifetime / metadata ----------------------------------------------------------------------------
     def close(self) -> None:
         """Release the sessions (the view shares them, so it is closed too)."""
-        self._stages, self._plans = [], {}
+        self._stages, self._plans, self._stage_of = [], {}, {}
 
     @property
     def segments(self) -> list[tuple[int, ...]]:
