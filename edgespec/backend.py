@@ -39,6 +39,11 @@ class SelfDraft(SharedCache, Protocol):
     # target pass); None when nothing was measured. The γ controller starts from it.
     calibrated: tuple[float, float] | None
 
+    def prepare(self) -> None:
+        """Make ready to draft, at the start of a request that drafts with it: one-time work belongs here, not in
+        a draft pass, whose time the γ controller takes for the draft's cost."""
+        ...
+
 
 @runtime_checkable
 class Backend(OwnedCache, Protocol):

@@ -79,7 +79,7 @@ class Engine:
             self.drafters["draft"] = DraftModelDrafter(self.arena, "draft")
         if self_draft is not None:
             self.drafters["layerskip"] = DraftModelDrafter(self.arena, "layerskip", "layerskip",
-                                                           LAYERSKIP_MIN_CONFIDENCE)
+                                                           LAYERSKIP_MIN_CONFIDENCE, self_draft.prepare)
         # A mode is the drafters asked in turn each step; the first draft the γ controller keeps is verified.
         # Hybrid: prompt lookup (free) where the text repeats, else the layer-skip self-draft (a pass per
         # token), each gated by the controller under its own name, and plain decoding when neither pays.

@@ -250,10 +250,10 @@ class OnnxModel:
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
         self._layer_files = files[1:-1]
         self._session: Callable[[str, Path], Any] = session
-        # Segments split at the skip set only when the layer-skip draft first runs (``_plan``): the target's
-        # logits are the same bit for bit under any split (tests/test_onnx_backend.py), and one session call
-        # costs ~40 µs beyond its compute (SmolLM2 INT8, 2 threads: 13 sessions 14.8 ms per token at 100
-        # tokens of context, 4 sessions 12.5 ms).
+        # Segments split at the skip set only when the layer-skip draft is first readied (``_plan``): the target's
+        # logits are the same bit for bit under any split (tests/test_onnx_backend.py), and each session call
+        # costs beyond its compute (SmolLM2 INT8, 2 threads, 100 tokens of context, three alternating runs:
+        # 13 sessions 15.1–15.7 ms per token, 4 sessions 14.1–14.3 ms; README "ONNX backend").
         self._split_at: list[int] = []
         self._open_stages()
         self._all_layers = tuple(range(self.n_layer))  # plans are keyed by tuples: no new one per token
@@ -301,14 +301,14 @@ class OnnxModel:
         stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
 
     def _plan(self, layers: Sequence[int]) -> list[_Stage]:
-        """The sessions that run exactly ``layers``. The layer-skip draft's set splits the segments at its
-        boundaries the first time it runs (a second load of the layer graphs, ~1.5 s for SmolLM2); any other
-        set must not split a segment."""
+        """The sessions that run exactly ``layers``. A set the loaded segments cannot run splits them at the
+        skip set, once (a second load of the layer graphs, ~1.5 s for SmolLM2): then the layer-skip draft's set
+        runs; any other set must not split a segment."""
         key = tuple(layers)
         stages = self._plans.get(key)
         if stages is None:
             stages = self._stages_running(key)
-            if stages is None and key == self._draft_layers() and not self._split_at:
+            if stages is None and not self._split_at:
                 self._split_at = self.skip
                 self._open_stages()
                 stages = self._stages_running(key)
@@ -321,9 +321,6 @@ class OnnxModel:
     def _stages_running(self, layers: tuple[int, ...]) -> list[_Stage] | None:
         stages = [self._stage_of[i] for i in layers if i in self._stage_of]
         return stages if [i for stage in stages for i in stage.layers] == list(layers) else None
-
-    def _draft_layers(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.n_layer) if i not in set(self.skip))
 
     # -- lifetime / metadata ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -511,6 +508,10 @@ class LayerSkipView:
     def adopt(self, end: int) -> None:
         """Take the owner's first ``end`` positions as this view's own (they are in the shared memory)."""
         self._end = end
+
+    def prepare(self) -> None:
+        """Split the owner's fused segments at the skip set if they are not yet (once, ~1.5 s)."""
+        self.model._plan(self.layers)
 
     def cache_end(self) -> int:
         return self._end

@@ -5,7 +5,7 @@ copy of the weights. Chaining 30 sessions per forward pass costs, though: each c
 onnxruntime, and the hidden state crosses a session boundary per layer (SmolLM2 INT8, 2 threads: 10.3 ms
 per token over 30 layer sessions, 9.4 ms over 5 sessions of the same graphs, same logits). So when the
 model loads, the layer graphs are merged into segments: runs of consecutive layers, capped in size. Once a
-layer-skip draft runs, the segments are planned again, split where a run of skipped layers starts or ends,
+layer-skip draft is readied, the segments are planned again, split where a run of skipped layers starts or ends,
 so that the draft chains the ones it keeps. Every layer's weights are in exactly one session.
 
 A segment graph is the layer graphs joined hidden_out → hidden, with every name prefixed by its layer,

@@ -203,3 +203,6 @@ class FakeSkipView(_Pass):
 
     def adopt(self, end: int) -> None:
         self.end = end
+
+    def prepare(self) -> None:
+        """Nothing to load: the fake view runs over the owner's memory as it is."""

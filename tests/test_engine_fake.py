@@ -148,6 +148,31 @@ def test_a_calibrated_self_draft_that_cannot_pay_is_declined_from_the_start(cloc
     assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 30] and out.stats.drafted == 0
 
 
+def test_a_self_draft_is_readied_before_the_request_not_charged_as_draft_cost(
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-time work of a self-draft (the ONNX backend reloads its layers split at the skip set, ~1.5 s) happens
+    in ``prepare``, before the request's first token: charged to a draft pass, it made the controller take a
+    layer-skip token for 112 target passes and never draft with it again."""
+    model = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, self_draft=scripted(SEQUENCE),
+                      pass_cost=lambda n: 0.01)
+    view = model.self_draft()
+    assert view is not None
+    readied: list[float] = []
+
+    def slow_prepare() -> None:
+        readied.append(clock.now)
+        clock.now += 1.5
+
+    monkeypatch.setattr(view, "prepare", slow_prepare)
+    engine = Engine(model, mode="layerskip", gamma="auto")
+    assert engine.generate(PROMPT, max_tokens=30, mode="ngram").tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 30]
+    assert readied == []  # a request that does not self-draft readies nothing
+    out = engine.generate(PROMPT, max_tokens=30)
+    assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 30] and len(readied) == 1
+    assert out.stats.prefill_s >= 1.5 and out.stats.draft_s < 1.0  # in the time to first token
+    assert out.stats.drafted > 0
+
+
 # -- sampling: the engine's output follows the target's distribution, whatever drafts ---------------------
 SUPPORT = encode("abcdef")
 RUNS = 3000

@@ -3,7 +3,7 @@ own cache, or the target itself with layers skipped (a view over the target's KV
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -22,14 +22,19 @@ class DraftModelDrafter:
 
     costs_per_token = True
 
-    def __init__(self, arena: KVArena, cache: str = "draft", name: str = "draft", min_confidence: float = 0.0) -> None:
+    def __init__(self, arena: KVArena, cache: str = "draft", name: str = "draft", min_confidence: float = 0.0,
+                 prepare: Callable[[], None] | None = None) -> None:
         self.arena = arena
         self.cache = cache
         self.name = name
         self.min_confidence = min_confidence
+        self._prepare = prepare  # a self-draft's SelfDraft.prepare
 
     def begin(self, context: Sequence[int]) -> None:
-        """Nothing to do: the arena feeds the draft cache whatever committed tokens it lacks."""
+        """Ready a self-draft (its one-time work counts in the request's time to first token, not as the cost of a
+        draft token); the arena feeds the draft cache whatever committed tokens it lacks."""
+        if self._prepare is not None:
+            self._prepare()
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
