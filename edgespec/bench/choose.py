@@ -61,7 +61,8 @@ DOCUMENT = (
     "save energy; the mayor promised a study of the costs and of the views of the police. The meeting closed at "
     "a quarter to ten."
 )
-RACE_PROMPTS = (DOCUMENT, CALIBRATION_PROMPTS[4], CALIBRATION_PROMPTS[3], CALIBRATION_PROMPTS[1])  # chat, summary, code
+# the document, then chat, summary, code
+RACE_PROMPTS = (DOCUMENT, CALIBRATION_PROMPTS[4], CALIBRATION_PROMPTS[3], CALIBRATION_PROMPTS[1])
 RACED_MODES: list[tuple[str, int | str]] = [("none", 0), ("ngram", "auto")]  # plain first: the identity reference
 
 
@@ -85,7 +86,6 @@ def onnx_export_path(family: ModelFamily) -> Path:
 def _current(export: Path) -> bool:
     """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix)."""
     from edgespec.export.onnx_graphs import GRAPHS_REVISION
-
 
     try:
         return read_manifest(export)["source"].get("graphs") == GRAPHS_REVISION
