@@ -266,7 +266,7 @@ class OnnxModel:
     def _open_stages(self) -> None:
         """One session per segment of layers (edgespec/onnx_segments.py), each bound to its slices of the KV;
         the segments end where the run of layers skipped by ``_split_at`` starts or ends."""
-        self._stages, self._plans = [], {}  # the old sessions go first: their weights are freed before the new load
+        self.close()  # the old sessions go first: their weights are freed before the new load
         layer_files, session = self._layer_files, self._session
         fuse = self.options.fuse_layers and _can_fuse()
         stages = []
