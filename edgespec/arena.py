@@ -151,11 +151,22 @@ class KVArena:
     def extend(self, name: str, speculative: Sequence[int], n_logits: int) -> np.ndarray:
         """Feed cache ``name`` the committed tokens it lacks, then ``speculative``; return the logits of
         the last ``n_logits`` positions fed (n_logits × vocab, a view valid until the next decode)."""
-        held = self.held[name]
-        cache = self.caches[name]
-        feed = self.tokens[len(held):] + list(speculative)
+        feed = self.tokens[len(self.held[name]):] + list(speculative)
         if not feed:  # callers always have a token to feed: the target's last (bonus) token is never held
             raise EdgespecError(f"internal: nothing to feed cache {name!r}")
+        return self._feed(name, feed, n_logits)
+
+    def catch_up(self, name: str) -> None:
+        """Feed cache ``name`` the committed tokens it lacks but the last (the next ``extend`` feeds that one for
+        its logits): a draft model's prefill of the prompt, done when a request starts rather than inside its
+        first draft pass. A view holds what its owner holds and is never fed committed tokens."""
+        feed = self.tokens[len(self.held[name]):-1]
+        if feed and name not in self.views:
+            self._feed(name, feed, 1)
+
+    def _feed(self, name: str, feed: list[int], n_logits: int) -> np.ndarray:
+        held = self.held[name]
+        cache = self.caches[name]
         if len(held) + len(feed) > cache.n_ctx:
             raise ContextOverflowError(
                 f"the {name} context is full ({cache.n_ctx} tokens); load the model with a larger n_ctx")

@@ -173,6 +173,20 @@ def test_a_self_draft_is_readied_before_the_request_not_charged_as_draft_cost(
     assert out.stats.drafted > 0
 
 
+def test_a_draft_model_prefills_its_cache_before_the_first_token_not_in_its_first_draft(clock: FakeClock) -> None:
+    """The draft model's prompt prefill is paid once, in the time to first token: charged to its first draft pass
+    it looked to the γ controller like a draft token costing as much as a prefill."""
+    target = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01 * n)
+    draft = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.001 * n)
+    out = Engine(target, draft, mode="draft", gamma=4).generate(PROMPT, max_tokens=30)
+    assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 30]
+    # The prompt (but its last token) in one pass, then one token a pass: two after a fully accepted draft, whose
+    # bonus token the draft cache lacks.
+    assert draft.passes[0] == len(PROMPT) - 1 and max(draft.passes[1:]) <= 2
+    assert out.stats.draft_s == pytest.approx(0.001 * sum(draft.passes[1:]))
+    assert out.stats.prefill_s == pytest.approx(0.01 * len(PROMPT) + 0.001 * (len(PROMPT) - 1))
+
+
 # -- sampling: the engine's output follows the target's distribution, whatever drafts ---------------------
 SUPPORT = encode("abcdef")
 RUNS = 3000

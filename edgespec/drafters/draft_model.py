@@ -31,10 +31,12 @@ class DraftModelDrafter:
         self._prepare = prepare  # a self-draft's SelfDraft.prepare
 
     def begin(self, context: Sequence[int]) -> None:
-        """Ready a self-draft (its one-time work counts in the request's time to first token, not as the cost of a
-        draft token); the arena feeds the draft cache whatever committed tokens it lacks."""
+        """Ready a self-draft and prefill a draft model's cache with the prompt: work the request's time to first
+        token pays once, which charged to the first draft pass would make the γ controller think a draft token
+        costs what a prefill does."""
         if self._prepare is not None:
             self._prepare()
+        self.arena.catch_up(self.cache)
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
