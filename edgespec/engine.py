@@ -157,8 +157,10 @@ class Engine:
         bad = [t for t in tokens if not 0 <= t < self.target.n_vocab]
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
-        controller = self._get_controller() if gamma == "auto" else None
-        return self._run(tokens, params, max_tokens, stop, self.modes[mode], gamma, controller, mode, cache_prompt)
+        drafters = self.modes[mode]
+        # Plain decoding (mode none) has nothing to choose: no controller, so no cost calibration either.
+        controller = self._get_controller() if gamma == "auto" and drafters else None
+        return self._run(tokens, params, max_tokens, stop, drafters, gamma, controller, mode, cache_prompt)
 
     # -- the loop -------------------------------------------------------------------------------------
     def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],

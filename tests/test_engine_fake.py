@@ -49,6 +49,14 @@ def test_ngram_greedy_equals_target_only_for_every_gamma(clock: FakeClock, gamma
         assert out.stats.accepted > 0  # the repeated sentence was drafted and kept
 
 
+def test_plain_decoding_times_no_cost_curve(clock: FakeClock) -> None:
+    """γ auto with nothing to draft (mode none) has nothing to choose: the first request pays no calibration."""
+    model = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock)
+    out = Engine(model, mode="none", gamma="auto").generate(PROMPT, max_tokens=10)
+    assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 10]
+    assert model.passes == [len(PROMPT)] + [1] * 9  # the prompt, then one token a pass: no timed batches
+
+
 def test_all_drafts_rejected(clock: FakeClock) -> None:
     target = FakeModel(scripted(SEQUENCE), clock=clock)
     engine = Engine(target, FakeModel(wrong(SEQUENCE), clock=clock), mode="draft", gamma=4)
