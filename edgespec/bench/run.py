@@ -78,9 +78,9 @@ def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
     workers: dict[str, Worker] = {}
     try:
         start_workers(configs, args, setup, workers, log)
+        curves = _measure_curves(workers, {})
         records = _play(questions, configs, workers, chat, args, log)
-        _fastest_curves({name: w.info for name, w in workers.items()},
-                        {name: w.verify_curve() for name, w in workers.items()})
+        _fastest_curves(workers, _measure_curves(workers, curves))
     finally:
         for w in workers.values():
             w.close()
@@ -110,7 +110,7 @@ def start_workers(configs: list[Config], args: RunArgs, setup: Setup, workers: d
     """Into ``workers`` (the caller closes them, also those started before a failure), one at a time: each
     engine times its verify passes as it starts (its γ controller's cost curve); timed beside 12 other loading
     workers on 2 cores, that curve was garbage (k = 2 at 2.2× k = 1, k = 14 at 83×) and the controller
-    concluded that no draft could ever pay."""
+    concluded that no draft could ever pay. Each waits idle for requests once loaded."""
     for c in configs:
         log(f"starting {c.name} ({c.description})")
         workers[c.name] = Worker(c, c.resolved_options(args.run_options), setup)
@@ -150,17 +150,23 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
     return records
 
 
-def _fastest_curves(infos: dict[str, dict], end_curves: dict[str, dict[str, float] | None]) -> None:
-    """Each worker measured its verify-cost curve at its start and again at the end; the machine's load
-    drifts in between. A bound takes, per model file, the fastest pass any of them saw for each k."""
-    fastest: dict[str, dict[str, float]] = {}
-    for name, info in infos.items():
-        curves = [c for c in (info.get("verify_curve"), end_curves[name]) if c]
-        info["verify_curve_samples"] = curves
-        for curve in curves:
-            best = fastest.setdefault(str(info.get("model_file")), dict(curve))
-            for k, v in curve.items():
-                best[k] = min(best[k], v)
-    for info in infos.values():
-        if info["verify_curve_samples"]:
-            info["verify_curve"] = fastest[str(info.get("model_file"))]
+def _measure_curves(workers: dict[str, Worker], curves: dict[str, list[dict[str, float]]]
+                    ) -> dict[str, list[dict[str, float]]]:
+    """Time the verify-cost curve once per model file, into ``curves`` (model file → the curves measured): the
+    bound is the model's on this machine, whichever configuration runs it, so one worker per file measures it
+    (the first whose engine exposes its passes). Done at the start and at the end of a run: the load drifts."""
+    measured: set[str] = set()
+    for worker in workers.values():
+        model = str(worker.info.get("model_file"))
+        if model not in measured and (curve := worker.verify_curve()):
+            curves.setdefault(model, []).append(curve)
+            measured.add(model)
+    return curves
+
+
+def _fastest_curves(workers: dict[str, Worker], curves: dict[str, list[dict[str, float]]]) -> None:
+    """Each configuration's bound takes, for each k, the fastest pass seen on its model file."""
+    for worker in workers.values():
+        samples = curves.get(str(worker.info.get("model_file")), [])
+        worker.info["verify_curve_samples"] = samples
+        worker.info["verify_curve"] = {k: min(c[k] for c in samples) for k in samples[0]} if samples else None

@@ -106,7 +106,7 @@ def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connec
     try:
         module = importlib.import_module(RUNNERS[config.runner])
         runner: Runner = module.open_runner(options, setup)
-        conn.send({"ready": True, **runner.info(), "verify_curve": runner.verify_curve()})
+        conn.send({"ready": True, **runner.info()})
     except Exception as e:  # reported to the parent, which names the configuration
         conn.send(_error(e))
         return
@@ -140,7 +140,7 @@ class Worker:
         self.info: dict = {}
 
     def wait_ready(self) -> None:
-        """Wait until this worker has loaded its model and measured its costs."""
+        """Wait until this worker has loaded its model."""
         self.info = self._receive()
 
     def _receive(self) -> dict:
@@ -165,7 +165,7 @@ class Worker:
         return self._receive()
 
     def verify_curve(self) -> dict[str, float] | None:
-        """Measure the verify-cost curve again (the machine's load drifts; bounds take the fastest seen)."""
+        """Have the worker's engine time its verify passes (None: the runner does not expose them)."""
         self._conn.send("verify_curve")
         return self._receive()["verify_curve"]
 
