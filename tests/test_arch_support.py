@@ -20,8 +20,8 @@ MAX_TOKENS = 32
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def tiny_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     folder = tmp_path_factory.mktemp(request.param)
-    target = tiny_gguf(folder / "target.gguf", request.param, seed=0)
-    draft = tiny_gguf(folder / "draft.gguf", request.param, seed=1)
+    target = tiny_gguf(folder / "target.gguf", request.param, seed=0, smollm2_vocabulary=False)
+    draft = tiny_gguf(folder / "draft.gguf", request.param, seed=1, smollm2_vocabulary=False)
     engine = edgespec.load(target, draft=draft, n_ctx=2048, n_threads=1)
     yield engine
     engine.close()
@@ -59,7 +59,7 @@ def test_architecture_names_are_listed(tmp_path: Path) -> None:
     from edgespec import discovery
 
     for arch in ARCHITECTURES:
-        info = discovery.describe(tiny_gguf(tmp_path / f"{arch}.gguf", arch))
+        info = discovery.describe(tiny_gguf(tmp_path / f"{arch}.gguf", arch, smollm2_vocabulary=False))
         assert info.architecture == ("llama" if arch == "llama3" else arch) and info.llamacpp
         # the exporter's path from a GGUF is tested on these (tests/test_export_gguf_archs.py)
         assert info.onnx == (arch in ("llama", "qwen2", "phi3"))  # llama3's rope_freqs: refused

@@ -26,7 +26,7 @@ CONTEXT = 512
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
 def test_gguf_export_matches_llama_cpp(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))  # the GGUF's HF conversion is cached there
-    gguf = tiny_gguf(tmp_path / f"{arch}.gguf", arch)
+    gguf = tiny_gguf(tmp_path / f"{arch}.gguf", arch, smollm2_vocabulary=False)
     assert arch in FROM_GGUF  # so `edgespec models` calls it exportable
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["export", "onnx", str(gguf), "--quant", "fp32", "--out", str(tmp_path / "onnx"),
@@ -46,7 +46,7 @@ def test_llama3_gguf_rope_factors_are_refused(tmp_path: Path, monkeypatch: pytes
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """transformers' GGUF loader drops rope_freqs: the export would compute another model, so it is refused."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    gguf = tiny_gguf(tmp_path / "llama3.gguf", "llama3")
+    gguf = tiny_gguf(tmp_path / "llama3.gguf", "llama3", smollm2_vocabulary=False)
     assert main(["export", "onnx", str(gguf), "--quant", "fp32", "--out", str(tmp_path / "onnx"),
                  "--no-quality"]) == 2
     assert "rope_freqs" in capsys.readouterr().err and not (tmp_path / "onnx").exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.hf_tokenizer import HFTokenizer, _byte_level_decoder
+from edgespec.hf_tokenizer import HFTokenizer
 from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.onnx_backend import session_options
 
@@ -31,26 +31,17 @@ from edgespec.export.onnx_graphs import GraphBuilder, block_linear  # noqa: E402
 from edgespec.export.onnx_reference import OnnxReference  # noqa: E402
 
 from tests.conftest import SpecBench  # noqa: E402
+from tests.tiny_gguf import TEMPLATE, add_small_tokenizer  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
 HEAD_DIM = HIDDEN // HEADS
-MERGES = ["Ġ t", "h e", "Ġt he", "i n", "o n", "Ġ a"]
-SPECIALS = ["<|im_start|>", "<|im_end|>"]
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT = "the thin one on the table, in 2024: naïve café 東京 {x: [1, 22]} the end"
-
-
-def _vocabulary() -> list[str]:
-    by_byte = {b: c for c, b in _byte_level_decoder().items()}
-    return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + SPECIALS
 
 
 def write_tiny_gguf(path: Path, qtype: int, seed: int = 0, pre: str = "gpt-2") -> Path:
     """A 2-layer llama GGUF whose every matrix is quantized to ``qtype`` by gguf.quants (tied embeddings)."""
     rng = np.random.default_rng(seed)
-    tokens = _vocabulary()
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
     w.add_context_length(512)
@@ -61,15 +52,7 @@ def write_tiny_gguf(path: Path, qtype: int, seed: int = 0, pre: str = "gpt-2") -
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(len(tokens) - 2)
-    w.add_eos_token_id(len(tokens) - 1)
-    w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE)
+    n_vocab = add_small_tokenizer(w, pre)
 
     def matrix(name: str, rows: int, cols: int, scale: float = 1.0) -> None:
         values = (scale * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
@@ -78,7 +61,7 @@ def write_tiny_gguf(path: Path, qtype: int, seed: int = 0, pre: str = "gpt-2") -
     def norm(name: str) -> None:
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
 
-    matrix("token_embd.weight", len(tokens), HIDDEN, scale=8.0)
+    matrix("token_embd.weight", n_vocab, HIDDEN, scale=8.0)
     norm("output_norm.weight")
     for i in range(LAYERS):
         norm(f"blk.{i}.attn_norm.weight")

@@ -1,6 +1,8 @@
-"""Tiny random GGUFs of the edge architectures, written with ``gguf``'s writer: 2 layers, hidden size 64,
-SmolLM2's tokenizer (so they load in llama.cpp, share SmolLM2's vocabulary and draft for each other). Each
-architecture gets the tensors and keys llama.cpp's loader (0c1e57098, src/models/*.cpp) reads for it."""
+"""Tiny random GGUFs of the edge architectures, written with ``gguf``'s writer: 2 layers, hidden size 64, and
+either SmolLM2's tokenizer (so they share SmolLM2's vocabulary and can draft for it) or a small byte-level BPE
+one (264 tokens: readers parse it in milliseconds, where SmolLM2's ~100k strings take ``gguf``'s pure-Python
+reader ~8 s a read, and transformers' GGUF loader reads a file four times). Each architecture gets the tensors
+and keys llama.cpp's loader (0c1e57098, src/models/*.cpp) reads for it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgespec.hf_tokenizer import _byte_level_decoder
 from edgespec.models import resolve
 
 gguf = pytest.importorskip("gguf")
@@ -30,6 +33,34 @@ ARCHITECTURES = {
 }
 
 
+# The small vocabulary: the 256 byte tokens, a few merges, and the two chat-template specials (BOS and EOS).
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "o n", "Ġ a"]
+SPECIALS = ["<|im_start|>", "<|im_end|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def small_vocabulary() -> list[str]:
+    by_byte = {b: c for c, b in _byte_level_decoder().items()}
+    return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + SPECIALS
+
+
+def add_small_tokenizer(writer: gguf.GGUFWriter, pre: str = "gpt-2") -> int:
+    """Write the small vocabulary's tokenizer keys; return the vocabulary size."""
+    tokens = small_vocabulary()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - len(SPECIALS)) + [3] * len(SPECIALS))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(len(tokens) - 2)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_pad_token_id(len(tokens) - 1)  # else transformers' Phi-3 config pads with token 32000
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TEMPLATE)
+    return len(tokens)
+
+
 @functools.cache
 def _tokenizer() -> dict[str, tuple[object, object, object]]:
     """The shipped SmolLM2's tokenizer.* keys as (value, type, sub-type): read once (gguf parses ~100k strings
@@ -40,17 +71,21 @@ def _tokenizer() -> dict[str, tuple[object, object, object]]:
             for name, field in reader.fields.items() if name.startswith("tokenizer.")}
 
 
-def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int | None = None) -> Path:
-    """Write a tiny random model of ``arch`` (a key of ARCHITECTURES) to ``dst``; ``rename_token`` changes one
-    token's text (same vocabulary size, another vocabulary)."""
+def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int | None = None,
+              smollm2_vocabulary: bool = True) -> Path:
+    """Write a tiny random model of ``arch`` (a key of ARCHITECTURES) to ``dst``, with SmolLM2's vocabulary or
+    the small one; ``rename_token`` changes one of SmolLM2's tokens' text (same size, another vocabulary)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(dst, "llama" if arch == "llama3" else arch)
-    for name, (value, vtype, sub_type) in _tokenizer().items():
-        if name == "tokenizer.ggml.tokens" and rename_token is not None:
-            value = list(value)
-            value[rename_token] = "edgespec-renamed"
-        writer.add_key_value(name, value, vtype, sub_type=sub_type)
-    n_vocab = len(_tokenizer()["tokenizer.ggml.tokens"][0])
+    if smollm2_vocabulary:
+        for name, (value, vtype, sub_type) in _tokenizer().items():
+            if name == "tokenizer.ggml.tokens" and rename_token is not None:
+                value = list(value)
+                value[rename_token] = "edgespec-renamed"
+            writer.add_key_value(name, value, vtype, sub_type=sub_type)
+        n_vocab = len(_tokenizer()["tokenizer.ggml.tokens"][0])
+    else:
+        n_vocab = add_small_tokenizer(writer)
     writer.add_context_length(2048)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(N_LAYERS)
