@@ -28,7 +28,7 @@ from .exactness import check as check_exactness
 from .models import DEFAULT_MODEL
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .tuning import Tuning, find_tuning
+from .tuning import StoredCurve, Tuning, find_tuning
 
 __version__ = "0.1.0"
 # The concrete backends load their runtimes (llama.cpp, onnxruntime) on import: only on first use.
@@ -90,7 +90,10 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
         if tuned is not None:
             mode = mode or tuned.mode
             gamma = tuned.gamma if gamma is None else gamma
-        return Engine(target_model, draft_model, mode=mode, gamma="auto" if gamma is None else gamma, tuning=tuned)
+        stored = (StoredCurve.find(target_model.path, target_model.n_threads, device) if tuning and exact_numerics
+                  else None)
+        return Engine(target_model, draft_model, mode=mode, gamma="auto" if gamma is None else gamma, tuning=tuned,
+                      stored_curve=stored)
     except BaseException:
         target_model.close()
         if draft_model is not None:

@@ -24,7 +24,7 @@ from .prompt_cache import PromptCache
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
-from .tuning import Tuning
+from .tuning import StoredCurve, Tuning
 from .verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("edgespec.engine")
@@ -61,9 +61,11 @@ class Engine:
     """A target model plus its drafters, sharing one KV arena. Create it with ``edgespec.load``."""
 
     def __init__(self, target: Backend, draft: Backend | None = None, mode: str | None = None,
-                 gamma: int | str = "auto", tuning: Tuning | None = None) -> None:
+                 gamma: int | str = "auto", tuning: Tuning | None = None, stored_curve: StoredCurve | None = None
+                 ) -> None:
         self.target = target
         self.tuning = tuning  # from `edgespec tune`: replaces the start-up calibration and seeds the controller
+        self.stored_curve = stored_curve  # untuned: an earlier process's calibration, or where to keep this one's
         self.draft_model = draft
         caches: dict[str, Cache] = {"target": target}
         if draft is not None:
@@ -311,7 +313,11 @@ class Engine:
         """Costs measured now; acceptance learned as it goes, except the layer-skip draft's, whose
         calibration (when it is the calibrated set) says how often it agrees and what a draft token costs:
         a self-draft that cannot pay is then declined from the first step instead of after a costly start."""
-        curve = self.calibrate()
+        curve = self.stored_curve.read() if self.stored_curve is not None else None
+        if curve is None:
+            curve = self.calibrate()
+            if self.stored_curve is not None:
+                self.stored_curve.write(curve)
         view = cast("SelfDraft | None", self.arena.caches.get("layerskip"))  # the target's self_draft()
         estimate = view.calibrated if view is not None else None
         if estimate is None:

@@ -120,6 +120,36 @@ def find_tuning(target: str | os.PathLike[str], draft: str | os.PathLike[str] | 
     return Tuning.read(path) if path.exists() else None
 
 
+@dataclass(frozen=True)
+class StoredCurve:
+    """The verify-cost curve an untuned engine calibrated on its first request, kept for the next process on the
+    same model file, thread count and device: calibrating costs ~3 s of the first reply's time (17 batch sizes,
+    3 rounds), and the γ controller follows the scale and steepness online from the first step anyway."""
+
+    path: Path
+
+    @classmethod
+    def find(cls, target: str | os.PathLike[str], threads: int, device: str) -> StoredCurve | None:
+        """Where this model's curve is kept; None with tunings off (the tests: every engine measures its own)."""
+        if not tuning_enabled():
+            return None
+        key = tuning_key(target, None, threads, device)
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return cls(tuning_dir() / "curves" / f"{Path(str(key['target']['path'])).stem}-{digest}.json")  # type: ignore[index]
+
+    def read(self) -> CostCurve | None:
+        """The stored curve; None when there is none or it cannot be read (then it is measured again)."""
+        try:
+            d = json.loads(self.path.read_text())
+            return CostCurve(shape=np.array(d["shape"], dtype=float), scale=float(d["scale"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, curve: CostCurve) -> None:
+        write_text(self.path, json.dumps({"format": FORMAT, "shape": [0.0, *curve.shape[1:].tolist()],
+                                          "scale": curve.scale}))
+
+
 @dataclass
 class DefaultChoice:
     """What the first ``edgespec.load()`` without a model measured on this machine and chose: the model

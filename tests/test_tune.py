@@ -11,6 +11,7 @@ import pytest
 
 import edgespec
 from edgespec.cli import main
+from edgespec.gamma import MAX_GAMMA
 from edgespec.tuning import file_identity, tuning_dir
 from tests.conftest import onnx_export_dir
 
@@ -56,6 +57,37 @@ def test_tune_writes_what_the_engine_reads(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("EDGESPEC_TUNING", "off")
     assert main(["tune", "--show", "--threads", "1"]) == 2
     assert "EDGESPEC_TUNING is off" in capsys.readouterr().err
+
+
+def test_an_untuned_engine_keeps_its_calibration_for_the_next_process(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a tuning, the first γ-auto request calibrates the verify-cost curve (~3 s of its reply) and keeps it;
+    the next engine on the same file, threads and device starts from it. Tunings off: each measures its own."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("EDGESPEC_TUNING", "on")
+    prompt = "Repeat twice: the quick brown fox jumps."
+    first = edgespec.load("smollm2-135m", n_threads=1, n_ctx=512)
+    try:
+        assert first.tuning is None and first.stored_curve is not None
+        first.generate(prompt, max_tokens=4)
+    finally:
+        first.close()
+    stored = first.stored_curve.read()
+    assert stored is not None and stored.scale > 0 and len(stored.shape) == MAX_GAMMA + 2
+
+    second = edgespec.load("smollm2-135m", n_threads=1, n_ctx=512)
+    try:
+        monkeypatch.setattr(second, "calibrate", lambda *a, **k: pytest.fail("the stored curve was not used"))
+        curve = second._get_controller().curve
+        assert np.array_equal(curve.shape, stored.shape) and curve.scale == stored.scale
+        out = second.generate(prompt, max_tokens=12)
+        assert out.tokens == second.generate(prompt, max_tokens=12, mode="none").tokens
+    finally:
+        second.close()
+    monkeypatch.setenv("EDGESPEC_TUNING", "off")
+    untuned = edgespec.load("smollm2-135m", n_threads=1, n_ctx=512)
+    assert untuned.stored_curve is None
+    untuned.close()
 
 
 def test_a_model_directory_is_identified_by_its_files(tmp_path: Path) -> None:
