@@ -63,5 +63,8 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
     try:
         assert engine.target.path == families()["smollm2-135m"].prepare(choice.target.partition(":")[2])
         assert engine.mode == choice.mode
+        # Its γ-auto race run calibrated the verify-cost curve: the first reply after the race starts from it.
+        monkeypatch.setattr(engine, "calibrate", lambda *a, **k: pytest.fail("calibrated again after the race"))
+        assert engine.generate("Hello", max_tokens=2, mode="ngram", gamma="auto").tokens
     finally:
         engine.close()
