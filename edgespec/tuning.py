@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import EdgespecError
 from .files import write_text
-from .gamma import CostCurve
+from .gamma import MAX_GAMMA, CostCurve
 from .models import cache_dir
 
 FORMAT = 1
@@ -59,10 +59,14 @@ def tuning_dir() -> Path:
     return cache_dir().parent / "tuning"
 
 
+def _digest(key: dict[str, object]) -> str:
+    """A file name's share of a key: equal keys, equal names."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def tuning_path(key: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     name = Path(str(key["target"]["path"])).stem  # type: ignore[index]
-    return tuning_dir() / f"{name}-{digest}.json"
+    return tuning_dir() / f"{name}-{_digest(key)}.json"
 
 
 @dataclass
@@ -133,17 +137,19 @@ class StoredCurve:
         """Where this model's curve is kept; None with tunings off (the tests: every engine measures its own)."""
         if not tuning_enabled():
             return None
-        key = tuning_key(target, None, threads, device)
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        return cls(tuning_dir() / "curves" / f"{Path(str(key['target']['path'])).stem}-{digest}.json")  # type: ignore[index]
+        return cls(tuning_dir() / "curves" / tuning_path(tuning_key(target, None, threads, device)).name)
 
     def read(self) -> CostCurve | None:
-        """The stored curve; None when there is none or it cannot be read (then it is measured again)."""
+        """The stored curve; None when there is none, or it cannot be read or was written for another γ range
+        (then it is measured again)."""
         try:
             d = json.loads(self.path.read_text())
-            return CostCurve(shape=np.array(d["shape"], dtype=float), scale=float(d["scale"]))
+            shape, scale = np.array(d["shape"], dtype=float), float(d["scale"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        if d.get("format") != FORMAT or shape.shape != (MAX_GAMMA + 2,) or not scale > 0:
+            return None
+        return CostCurve(shape=shape, scale=scale)
 
     def write(self, curve: CostCurve) -> None:
         write_text(self.path, json.dumps({"format": FORMAT, "shape": [0.0, *curve.shape[1:].tolist()],
@@ -195,8 +201,7 @@ def default_choice_key(source: str | os.PathLike[str], candidates: list[str], on
 
 
 def default_choice_path(key: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return tuning_dir() / f"default-{digest}.json"
+    return tuning_dir() / f"default-{_digest(key)}.json"
 
 
 def find_default_choice(key: dict[str, object]) -> DefaultChoice | None:

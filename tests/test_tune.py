@@ -90,6 +90,24 @@ def test_an_untuned_engine_keeps_its_calibration_for_the_next_process(tmp_path: 
     untuned.close()
 
 
+def test_a_stored_curve_that_cannot_serve_is_measured_again(tmp_path: Path) -> None:
+    """Corrupt, another format, another γ range, a zero scale: read() gives None and the engine calibrates."""
+    from edgespec.gamma import CostCurve
+    from edgespec.tuning import StoredCurve
+
+    stored = StoredCurve(tmp_path / "curve.json")
+    assert stored.read() is None  # none yet
+    curve = CostCurve(shape=np.array([np.nan, *np.linspace(1.0, 5.0, MAX_GAMMA + 1)]), scale=0.01)
+    stored.write(curve)
+    back = stored.read()
+    assert back is not None and np.array_equal(back.shape[1:], curve.shape[1:]) and back.scale == curve.scale
+    good = json.loads(stored.path.read_text())
+    for bad in ("{not json", json.dumps([1, 2]), json.dumps({**good, "format": 0}),
+                json.dumps({**good, "shape": good["shape"][:5]}), json.dumps({**good, "scale": 0.0})):
+        stored.path.write_text(bad)
+        assert stored.read() is None, bad
+
+
 def test_a_model_directory_is_identified_by_its_files(tmp_path: Path) -> None:
     """An ONNX export is a directory: rewriting one graph or the manifest inside it makes its tuning stale."""
     (tmp_path / "layer_00.onnx").write_bytes(b"x" * 10)
