@@ -78,9 +78,9 @@ def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
     workers: dict[str, Worker] = {}
     try:
         start_workers(configs, args, setup, workers, log)
-        curves = _measure_curves(workers, {})
+        at_start = _measure_curves(workers)
         records = _play(questions, configs, workers, chat, args, log)
-        _fastest_curves(workers, _measure_curves(workers, curves))
+        _fastest_curves(workers, [at_start, _measure_curves(workers)])
     finally:
         for w in workers.values():
             w.close()
@@ -150,23 +150,22 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
     return records
 
 
-def _measure_curves(workers: dict[str, Worker], curves: dict[str, list[dict[str, float]]]
-                    ) -> dict[str, list[dict[str, float]]]:
-    """Time the verify-cost curve once per model file, into ``curves`` (model file → the curves measured): the
-    bound is the model's on this machine, whichever configuration runs it, so one worker per file measures it
-    (the first whose engine exposes its passes). Done at the start and at the end of a run: the load drifts."""
-    measured: set[str] = set()
+def _measure_curves(workers: dict[str, Worker]) -> dict[str, dict[str, float]]:
+    """The verify-cost curve of each model file, timed once (model file → curve): the bound is the model's on
+    this machine, whichever configuration runs it, so the first worker on a file whose engine exposes its passes
+    times it. Done at the start and at the end of a run: the machine's load drifts in between."""
+    curves: dict[str, dict[str, float]] = {}
     for worker in workers.values():
         model = str(worker.info.get("model_file"))
-        if model not in measured and (curve := worker.verify_curve()):
-            curves.setdefault(model, []).append(curve)
-            measured.add(model)
+        if model not in curves and (curve := worker.verify_curve()):
+            curves[model] = curve
     return curves
 
 
-def _fastest_curves(workers: dict[str, Worker], curves: dict[str, list[dict[str, float]]]) -> None:
+def _fastest_curves(workers: dict[str, Worker], measured: list[dict[str, dict[str, float]]]) -> None:
     """Each configuration's bound takes, for each k, the fastest pass seen on its model file."""
     for worker in workers.values():
-        samples = curves.get(str(worker.info.get("model_file")), [])
+        model = str(worker.info.get("model_file"))
+        samples = [curves[model] for curves in measured if model in curves]
         worker.info["verify_curve_samples"] = samples
         worker.info["verify_curve"] = {k: min(c[k] for c in samples) for k in samples[0]} if samples else None
