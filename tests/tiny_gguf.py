@@ -40,14 +40,14 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def small_vocabulary() -> list[str]:
+def _small_vocabulary() -> list[str]:
     by_byte = {b: c for c, b in _byte_level_decoder().items()}
     return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + SPECIALS
 
 
 def add_small_tokenizer(writer: gguf.GGUFWriter, pre: str = "gpt-2") -> int:
     """Write the small vocabulary's tokenizer keys; return the vocabulary size."""
-    tokens = small_vocabulary()
+    tokens = _small_vocabulary()
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
