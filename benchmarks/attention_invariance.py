@@ -17,9 +17,10 @@ adds −inf; the softmax sum is a product against ones columns (a one-column pro
   summed over the blocks (each block's product reduces over 64 keys: one MLAS pass whatever the row count).
 - ``gqa``: GroupQueryAttention over a shared past/present buffer, as the graphs run it today (timing only).
 
-For every call of 2..17 rows it compares each row's output with the same row computed alone at its own position
-(fewer keys, nothing masked): the largest difference, 0.0 = bit-identical. And onnxruntime's time per call
-(inputs bound beforehand) for 1, 2 and 5 rows. Prints a table, writes attention_invariance.json and .png.
+For every call of 2..17 rows (verify batches) and of 64 (a prefill chunk) it compares each row's output with the
+same row computed alone at its own position (fewer keys, nothing masked): the largest difference, 0.0 =
+bit-identical. And onnxruntime's time per call (inputs bound beforehand) for 1, 2 and 5 rows. Prints a table,
+writes attention_invariance.json and .png.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from onnx import TensorProto, helper, numpy_helper
 KV_HEADS, GROUP, HEAD_DIM, SUM_COLUMNS, BLOCK = 3, 3, 64, 8, 64
 HEADS = KV_HEADS * GROUP
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
-ROWS_CHECKED, ROWS_TIMED = (2, 3, 5, 9, 16, 17), (1, 2, 5)
+# verify batches (2–17 rows) and a prefill chunk (64 rows); 17 and 64 rows cross a 64-position block at 700 keys
+ROWS_CHECKED, ROWS_TIMED = (2, 3, 5, 9, 16, 17, 64), (1, 2, 5)
 
 
 def _session(nodes: list, inputs: list, outputs: list, constants: dict[str, np.ndarray],
@@ -197,7 +199,7 @@ class Blocked:
         self.session.run_with_iobinding(call.io)
         return call.out.reshape(KV_HEADS, -1, GROUP, HEAD_DIM).transpose(1, 0, 2, 3).reshape(-1, HEADS * HEAD_DIM)
 
-    def fill(self, k: np.ndarray, v: np.ndarray, q: np.ndarray, end: int) -> None:
+    def fill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int) -> None:
         """Positions 0..end−1 into the cache, in calls of up to 256 rows (as a prefill)."""
         for lo in range(0, end, 256):
             self.rows(q[lo:min(end, lo + 256)], k[lo:min(end, lo + 256)], v[lo:min(end, lo + 256)], lo)
@@ -237,7 +239,7 @@ def measure(keys: int, threads: int) -> dict[str, object]:
     k = (rng.standard_normal((n, KV_HEADS * HEAD_DIM)) * 2).astype(np.float32)
     v = rng.standard_normal((n, KV_HEADS * HEAD_DIM)).astype(np.float32)
     grouped, blocked = Grouped(threads), Blocked(threads, n)
-    blocked.fill(k, v, q, keys)
+    blocked.fill(q, k, v, keys)
     prefix = (blocked.key.copy(), blocked.value.copy())
     alone = {"grouped": np.stack([grouped.rows(q[:p + 1], k[:p + 1], v[:p + 1], p)[0] for p in range(keys, n)])}
     alone["blocked"] = np.stack([blocked.rows(q[p:p + 1], k[p:p + 1], v[p:p + 1], p)[0] for p in range(keys, n)])
