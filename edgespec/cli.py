@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from . import attention_kernel
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
 from .discovery import listing
@@ -207,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--dry-run", action="store_true", help="report, but do not write the manifest")
     c.set_defaults(func=_calibrate_skip)
+    k = sub.add_parser("build-kernel", help="compile edgespec's exact attention kernel for ONNX Runtime on this "
+                                           "machine (`make setup` does; once per CPU and source)")
+    k.set_defaults(func=lambda _args: attention_kernel.main())
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)
     add_bench_commands(sub)

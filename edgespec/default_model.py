@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from . import attention_kernel
 from .models import DEFAULT_MODEL, families
 from .tuning import DefaultChoice, TuningError, default_choice_key, find_default_choice, tuning_enabled
 
@@ -18,12 +19,16 @@ FIXED = DefaultChoice(key={}, target=DEFAULT_MODEL, backend="auto", mode="ngram"
                       reason="fixed default (EDGESPEC_TUNING is off)", candidates=[], skipped={})
 
 
-def onnxruntime_version() -> str | None:
+def onnx_identity() -> str | None:
+    """What an ONNX candidate's speed depends on beyond the machine: onnxruntime's version, the graph writer's
+    revision and the attention op (edgespec's kernel once built); None without onnxruntime."""
     if importlib.util.find_spec("onnxruntime") is None:
         return None
     import onnxruntime
 
-    return str(onnxruntime.__version__)
+    from .export.onnx_graphs import GRAPHS_REVISION
+
+    return f"{onnxruntime.__version__}, graphs {GRAPHS_REVISION}, {attention_kernel.default_attention()} attention"
 
 
 def choice_key(threads: int, device: str) -> dict[str, object] | None:
@@ -33,7 +38,7 @@ def choice_key(threads: int, device: str) -> dict[str, object] | None:
     source = family.source_path()
     if source is None:
         return None
-    return default_choice_key(source, family.default_candidates(), onnxruntime_version(), threads, device)
+    return default_choice_key(source, family.default_candidates(), onnx_identity(), threads, device)
 
 
 def default_choice(threads: int, device: str) -> DefaultChoice:

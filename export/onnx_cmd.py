@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from . import gate
-from .onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, GGUF_QUANT, MANIFEST, QUANTS
+from .onnx_export import ATTENTIONS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, GGUF_QUANT, MANIFEST, QUANTS
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -30,6 +30,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="MatMulNBits compute type (4 = int8 activations: fast and batch-invariant here; "
                         "1 = float32 activations: slow for 8-bit)")
     p.add_argument("--asymmetric", action="store_true", help="asymmetric (zero-point) weight quantization")
+    p.add_argument("--attention", choices=ATTENTIONS, default=None,
+                   help="exact: edgespec's attention kernel (built by `make setup`; one row costs one row); gqa: "
+                        "onnxruntime's GroupQueryAttention, single-token calls padded to two rows (default: exact "
+                        "where the kernel is built)")
     p.add_argument("--head-bits", type=int, choices=[4, 8], default=8, help="bits of the output projection")
     p.add_argument("--no-quality", action="store_true", help="skip the quality report (and so its gate)")
     p.add_argument("--threads", type=int, default=None, help="threads of the quality report's llama.cpp source "
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from .onnx_export import export_onnx
 
     manifest = export_onnx(args.src, args.out, args.quant, args.context_length, args.block_size,
-                           args.accuracy_level, not args.asymmetric, args.head_bits)
+                           args.accuracy_level, not args.asymmetric, args.head_bits, attention=args.attention)
     if not args.no_quality:
         from .onnx_quality import quality_report
 

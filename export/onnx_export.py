@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec import attention_kernel
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.onnx_backend import MANIFEST
 
@@ -33,7 +34,10 @@ from .gguf_tokenizer import write_tokenizer
 from .ggufio import info, reader
 from .hf import hf_folder, resolve_source
 from .onnx_graphs import (
+    ATTENTIONS,
     CARRIED_ACCURACY_LEVEL,
+    EXACT_DOMAIN,
+    EXACT_OP,
     GRAPHS_REVISION,
     ModelSpec,
     attention_min_total,
@@ -110,12 +114,15 @@ def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int, symme
 
 def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None, context_length: int = 4096,
                 block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
-                symmetric: bool = True, head_bits: int = 8, progress: bool = True) -> dict:
+                symmetric: bool = True, head_bits: int = 8, progress: bool = True,
+                attention: str | None = None) -> dict:
     """Write the ONNX directory for SRC into ``out`` and return its manifest (without the quality report).
 
     ``quant``: default ``"gguf"`` for a llama-family GGUF (its own blocks carried), else ``"int8"``.
     ``head_bits``: the output projection's bits for int8/int4 (default 8: measured on SmolLM2 int4, an int8
     head raises top-1 agreement with FP32 from 0.58 to 0.65 for 15 MB).
+    ``attention``: "exact" (edgespec's kernel, no single-row padding) or "gqa"; default "exact" where the kernel
+    is built on this machine (``edgespec.attention_kernel``), else "gqa".
     """
     path = resolve_source(src)
     gguf = not path.is_dir() and info(path).architecture in GGUF_ARCHITECTURES
@@ -135,6 +142,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         raise InvalidParameterError(f"block size must be a power of two ≥ 16, not {block_size}")
     if head_bits not in (4, 8):
         raise InvalidParameterError(f"head bits must be 4 or 8, not {head_bits}")
+    attention = attention or attention_kernel.default_attention()
+    if attention not in ATTENTIONS:
+        raise InvalidParameterError(f"unknown attention {attention!r}; choose from {', '.join(ATTENTIONS)}")
     tqdm = require("tqdm").tqdm
     started = time.time()
     folder: Path | None = None
@@ -172,7 +182,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         _save(embed_graph(spec, embed if isinstance(embed, BlockWeight) else embed.astype(store)), tmp / "embed.onnx")
         bar.update()
         for i, name in enumerate(layers):
-            _save(layer_graph(spec, weights, i, context_length, dense, pad_matmuls), tmp / name)
+            _save(layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention), tmp / name)
             if bits:
                 _quantize(tmp / name, bits, block_size, accuracy_level, symmetric)
             bar.update()
@@ -182,10 +192,12 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
             _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)
         bar.update()
         bar.close()
-        manifest = _manifest(spec, chat_template, quant, context_length, layers)
+        manifest = _manifest(spec, chat_template, quant, context_length, layers, attention)
         manifest["source"].update(source)
-        manifest["quant_options"]["single_row_padding"] = "layer" if pad_matmuls else "attention"
-        manifest["quant_options"]["attention_min_total"] = attention_min_total(spec, context_length)
+        manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else
+                                                           "none" if attention == "exact" else "attention")
+        manifest["quant_options"]["attention_min_total"] = (0 if attention == "exact" else
+                                                            attention_min_total(spec, context_length))
         if quant == GGUF_QUANT:
             manifest["quant_options"].update(carried=list(CARRIED), other_bits=bits, block_size=block_size,
                                              accuracy_level=accuracy_level)
@@ -213,12 +225,14 @@ def _chat_template(folder: Path) -> str | None:
     return chat_template
 
 
-def _manifest(spec: ModelSpec, chat_template: str | None, quant: str, context_length: int, layers: list[str]) -> dict:
+def _manifest(spec: ModelSpec, chat_template: str | None, quant: str, context_length: int, layers: list[str],
+              attention: str) -> dict:
     options: dict = {"weights": {"fp32": "float32", "fp16": "float16, cast to float32 at load",
                                  GGUF_QUANT: "MatMulNBits with the GGUF's own blocks"}.get(quant, "MatMulNBits"),
                      "embedding": {"fp32": "float32", GGUF_QUANT: "the GGUF's own blocks or float16"}.get(
                          quant, "float16"),
-                     "attention": "com.microsoft.GroupQueryAttention"}
+                     "attention": (f"{EXACT_DOMAIN}.{EXACT_OP}" if attention == "exact" else
+                                   "com.microsoft.GroupQueryAttention")}
     return {"format": FORMAT, "architecture": spec.architecture, "num_layers": spec.num_layers,
             "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
             "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,

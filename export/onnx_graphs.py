@@ -23,10 +23,15 @@ from .hf import UnsupportedArchitectureError, check_architecture
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
+# edgespec's own attention op (edgespec/kernels/exact_attention.cc): GroupQueryAttention's inputs, outputs and
+# masks, exact for any number of rows, so nothing is padded around it.
+EXACT_DOMAIN, EXACT_OP = "edgespec", "ExactAttention"
+ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 5  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 6  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
-# 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD)
+# 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
+# 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,8 @@ class GraphBuilder:
     def model(self, inputs: list, outputs: list):
         h = self.onnx.helper
         graph = h.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
-        model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid(MS_DOMAIN, 1)],
+        domains = [MS_DOMAIN] + ([EXACT_DOMAIN] if any(n.domain == EXACT_DOMAIN for n in self.nodes) else [])
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), *(h.make_opsetid(d, 1) for d in domains)],
                              producer_name="edgespec")
         model.ir_version = 10
         return model
@@ -283,11 +289,13 @@ def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
 
 
 def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, context_length: int,
-                weight_dtype: type = np.float32, pad_matmuls: bool = False):
-    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer through GroupQueryAttention.
+                weight_dtype: type = np.float32, pad_matmuls: bool = False, attention: str = "gqa"):
+    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer in place.
 
-    Single-row calls are padded to two rows around the attention only, or around the whole layer when
-    ``pad_matmuls`` (MatMul kernels that are not exact for one row, see ``single_row_padding``).
+    ``attention``: "gqa" (GroupQueryAttention: single-row calls padded to two rows around it, see
+    ``single_row_padding``) or "exact" (edgespec.ExactAttention: exact for any row count, nothing padded). With
+    ``pad_matmuls`` (MatMul kernels that are not exact for one row) single-row calls are padded around the
+    whole layer either way.
     """
     onnx = require("onnx")
     f32 = onnx.TensorProto.FLOAT
@@ -295,23 +303,28 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
     w = lambda name: weights(p + name)  # noqa: E731
     g = GraphBuilder(f"layer_{index:02d}", weight_dtype)
     eps = spec.rms_norm_eps
-    pad, seq = single_row_padding(g, "hidden")
-    hidden = pad_rows(g, "hidden", pad) if pad_matmuls else "hidden"
-    # Rows appended to q/k/v: the single-row pad, and up to the least key count (``attention_min_total``).
-    attn_pad = pad
-    min_total = attention_min_total(spec, context_length)
-    if min_total:
-        total64 = g.one("Reshape", [g.one("Cast", ["total_sequence_length"], to=onnx.TensorProto.INT64), g.ints(1)])
-        attn_pad = g.one("Max", [g.one("Sub", [g.ints(min_total), total64]), pad])
-    if not pad_matmuls:
-        extra: str | None = attn_pad
-    else:  # the layer's rows already carry the single-row pad
-        extra = g.one("Sub", [attn_pad, pad]) if min_total else None
-    # The padding rows follow the call's last position: they write scratch K/V slots from index `total` on
-    # (overwritten by later calls before anything reads them) and no real row attends to them.
-    pad32 = g.one("Cast", [attn_pad], to=onnx.TensorProto.INT32)
-    seqlens = g.one("Add", ["seqlens_k", pad32])
-    total = g.one("Add", ["total_sequence_length", g.one("Squeeze", [pad32, g.ints(0)])])
+    exact = attention == "exact"
+    hidden, seqlens, total = "hidden", "seqlens_k", "total_sequence_length"
+    extra: str | None = None  # rows appended to q/k/v (and dropped after the attention) beyond the layer's
+    if pad_matmuls or not exact:
+        pad, seq = single_row_padding(g, "hidden")
+        if pad_matmuls:
+            hidden = pad_rows(g, "hidden", pad)
+        # Rows added to the attention's: the single-row pad, and up to the least key count (``attention_min_total``).
+        attn_pad = pad
+        min_total = 0 if exact else attention_min_total(spec, context_length)
+        if min_total:
+            total64 = g.one("Reshape", [g.one("Cast", [total], to=onnx.TensorProto.INT64), g.ints(1)])
+            attn_pad = g.one("Max", [g.one("Sub", [g.ints(min_total), total64]), pad])
+        if not pad_matmuls:
+            extra = attn_pad
+        elif min_total:  # the layer's rows already carry the single-row pad
+            extra = g.one("Sub", [attn_pad, pad])
+        # The padding rows follow the call's last position: they write scratch K/V slots from index `total` on
+        # (overwritten by later calls before anything reads them) and no real row attends to them.
+        pad32 = g.one("Cast", [attn_pad], to=onnx.TensorProto.INT32)
+        seqlens = g.one("Add", [seqlens, pad32])
+        total = g.one("Add", [total, g.one("Squeeze", [pad32, g.ints(0)])])
     h = rms_norm(g, hidden, _norm_weight(spec, w("input_layernorm.weight")), eps, "input_norm")
     # One projection for q, k and v (one MatMulNBits call: its activations are quantized and the thread pool
     # woken once, not three times); each output column is computed as by its own projection.
@@ -332,16 +345,19 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
     layer_type = spec.layer_types[index]
     cos, sin = rope_cache(spec, layer_type, kv_length(context_length))
     window = spec.sliding_window if layer_type == "sliding_attention" else None
-    attn = g.op("GroupQueryAttention",
-                [*qkv_inputs, "past_key", "past_value", seqlens, total,
-                 g.const("cos_cache", cos), g.const("sin_cache", sin)],
-                [g.name + "_attn", "present_key", "present_value"], domain=MS_DOMAIN,
-                num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, scale=spec.scale, do_rotary=1,
-                rotary_interleaved=0,
-                # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
-                # window − 1 differs from position 511 on.
-                local_window_size=window or -1,
-                **({"softcap": spec.attn_softcap} if spec.attn_softcap else {}))[0]  # [per-architecture] Gemma 2
+    common = dict(num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, scale=spec.scale,
+                  # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
+                  # window − 1 differs from position 511 on.
+                  local_window_size=window or -1)
+    if exact:  # the rotary embedding (non-interleaved) is part of the op
+        op, domain, attrs = EXACT_OP, EXACT_DOMAIN, {**common, "softcap": float(spec.attn_softcap)}
+    else:
+        op, domain = "GroupQueryAttention", MS_DOMAIN
+        attrs = {**common, "do_rotary": 1, "rotary_interleaved": 0,
+                 **({"softcap": spec.attn_softcap} if spec.attn_softcap else {})}  # [per-architecture] Gemma 2
+    attn = g.op(op, [*qkv_inputs, "past_key", "past_value", seqlens, total,
+                     g.const("cos_cache", cos), g.const("sin_cache", sin)],
+                [g.name + "_attn", "present_key", "present_value"], domain=domain, **attrs)[0]
     if extra:
         attn = drop_padding(g, attn, g.one("Add", [seq, pad]) if pad_matmuls else seq)
     o = linear(g, attn, w("self_attn.o_proj.weight"), "o_proj")

@@ -1,5 +1,6 @@
 """Batch invariance of one exported decoder layer with Gemma 3's attention shape (head_dim 256), built by the
-real graph writer from random weights: no model download or full export needed.
+real graph writer from random weights: no model download or full export needed; with GroupQueryAttention and
+with edgespec's exact attention kernel.
 
 MLAS reduces GroupQueryAttention's Q·Kᵀ over head_dim in one pass while a call has ≤ 64 keys and in passes
 of 128 beyond, so before the fix a row at a position < 64 came out differently alone than inside a verify
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from edgespec.export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize, pads_every_product
-from edgespec.export.onnx_graphs import ModelSpec, attention_min_total, kv_length, layer_graph
+from edgespec.export.onnx_graphs import ATTENTIONS, ModelSpec, attention_min_total, kv_length, layer_graph
 
 from edgespec.onnx_backend import session_options
 
@@ -66,12 +67,14 @@ class _Layer:
         return io.get_outputs()[0].numpy()[0]
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
-def test_gemma_shaped_layer_rows_do_not_depend_on_the_call(tmp_path: Path, quant: str) -> None:
+def test_gemma_shaped_layer_rows_do_not_depend_on_the_call(tmp_path: Path, quant: str, attention: str) -> None:
     path = tmp_path / "layer.onnx"
     bits = {"int8": 8, "int4": 4}.get(quant)
     pad = pads_every_product(bits, quant == "int4", DEFAULT_ACCURACY_LEVEL)  # as the export decides
-    onnx.save_model(layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT, pad_matmuls=pad), str(path))
+    graph = layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT, pad_matmuls=pad, attention=attention)
+    onnx.save_model(graph, str(path))
     if bits:  # the export's defaults: symmetric MatMulNBits, block 32, accuracy_level 4
         _quantize(path, bits, DEFAULT_BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL, True)
     layer = _Layer(path)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import edgespec
 
+from .. import attention_kernel
 from ..engine import Engine
 from ..errors import EdgespecError
 from ..exactness import NotExactError
@@ -84,13 +85,16 @@ def onnx_export_path(family: ModelFamily) -> Path:
 
 
 def _current(export: Path) -> bool:
-    """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix)."""
+    """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix) with the
+    attention op this machine runs best (edgespec's kernel once built, GroupQueryAttention without it)."""
     from edgespec.export.onnx_graphs import GRAPHS_REVISION
 
     try:
-        return read_manifest(export)["source"].get("graphs") == GRAPHS_REVISION
+        manifest = read_manifest(export)
     except EdgespecError:  # none there, or unreadable
         return False
+    wanted = attention_kernel.default_attention() == "exact"
+    return manifest["source"].get("graphs") == GRAPHS_REVISION and attention_kernel.uses_kernel(manifest) == wanted
 
 
 def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:

@@ -5,7 +5,8 @@ curve the γ controller plans with) is set by the kernels. This times, at the sh
 of an export: the layer graph as exported (single-row padding included), each of its weight products alone
 (MatMulNBits; MatMul in fp32 exports), the same products as MatMulInteger (uint8 activations × int8 weights:
 integer accumulation is exact for any number of rows, so it would need no padding, and MLAS has AMX kernels
-for it), and its GroupQueryAttention alone at a given context. Prints a table, writes JSON and a PNG.
+for it), and its attention op alone (GroupQueryAttention, or edgespec's ExactAttention) at a given context.
+Prints a table, writes JSON and a PNG.
 
 Measured here (Xeon with AMX, 2 threads, SmolLM2 INT8; README, "ONNX export") MatMulNBits' cost grows about
 linearly with the rows (4–8× one row's for 17: its int8 kernel is compute-bound per row), while
@@ -29,6 +30,7 @@ from ..errors import InvalidParameterError
 from ..onnx_backend import read_manifest
 
 DEFAULT_ROWS = (1, 2, 3, 4, 5, 8, 12, 17)
+ATTENTION_OPS = ("GroupQueryAttention", "ExactAttention")
 
 
 def _median_us(run: Callable[[], None], repeats: int) -> float:
@@ -157,21 +159,22 @@ def measure(folder: Path, rows: Sequence[int] = DEFAULT_ROWS, context: int = 200
             results[label][k] = _median_us(partial(own.run, None, {node.input[0]: a}), repeats)  # type: ignore[attr-defined]
             results[f"MatMulInteger {k_in}×{n_out}"][k] = _median_us(partial(integer.run, None, {"a": a8}), repeats)  # type: ignore[attr-defined]
 
-    # GroupQueryAttention alone (packed q/k/v, shared KV buffers), without the padding the layer adds.
-    gqa = next(n for n in graph.node if n.op_type == "GroupQueryAttention")
+    # The attention op alone (GroupQueryAttention or edgespec's ExactAttention; packed q/k/v, shared KV
+    # buffers), without any padding the layer adds around it.
+    op = next(n for n in graph.node if n.op_type in ATTENTION_OPS)
     packed = (heads + 2 * kv_heads) * head_dim
-    inputs = [(gqa.input[0], elem.FLOAT, [1, "rows", packed]), (gqa.input[3], elem.FLOAT, kv.shape),
-              (gqa.input[4], elem.FLOAT, kv.shape), (gqa.input[5], elem.INT32, [1]), (gqa.input[6], elem.INT32, [])]
-    attention = _session(_one_op_model(graph_model, gqa, inputs), threads)
+    inputs = [(op.input[0], elem.FLOAT, [1, "rows", packed]), (op.input[3], elem.FLOAT, kv.shape),
+              (op.input[4], elem.FLOAT, kv.shape), (op.input[5], elem.INT32, [1]), (op.input[6], elem.INT32, [])]
+    attention = _session(_one_op_model(graph_model, op, inputs), threads)
     io = attention.io_binding()  # type: ignore[attr-defined]
-    kv.bind(io, (gqa.input[3], gqa.input[4]), (gqa.output[1], gqa.output[2]), gqa.input[5], gqa.input[6])
-    results["GroupQueryAttention"] = {}
+    kv.bind(io, (op.input[3], op.input[4]), (op.output[1], op.output[2]), op.input[5], op.input[6])
+    results[op.op_type] = {}
     for k in rows:
         q, out = rng.standard_normal((1, k, packed)).astype(np.float32), np.zeros((1, k, heads * head_dim), np.float32)
-        io.bind_input(gqa.input[0], "cpu", 0, np.float32, [1, k, packed], q.ctypes.data)
-        io.bind_output(gqa.output[0], "cpu", 0, np.float32, [1, k, heads * head_dim], out.ctypes.data)
+        io.bind_input(op.input[0], "cpu", 0, np.float32, [1, k, packed], q.ctypes.data)
+        io.bind_output(op.output[0], "cpu", 0, np.float32, [1, k, heads * head_dim], out.ctypes.data)
         kv.at(context, k)
-        results["GroupQueryAttention"][k] = _median_us(partial(attention.run_with_iobinding, io), repeats)  # type: ignore[attr-defined]
+        results[op.op_type][k] = _median_us(partial(attention.run_with_iobinding, io), repeats)  # type: ignore[attr-defined]
 
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(folder),
             "layer": layer_file.name, "quant_options": m.get("quant_options"), "context": context,

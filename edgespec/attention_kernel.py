@@ -1,0 +1,189 @@
+"""edgespec's exact attention kernel: an onnxruntime custom op (``edgespec.ExactAttention``), built on this machine.
+
+Why: onnxruntime's GroupQueryAttention rounds a lone new token differently from the same position among
+several, so graphs using it pad single-token calls to two rows (README, "Exact numerics"). The kernel
+(``kernels/exact_attention.cc``) computes every row in an order fixed by its own position: one new token costs
+one row, a verify batch reads each key once, and a row's result is the same bits in any call.
+
+Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s) with the
+system's C++ compiler for this CPU, into the Python environment (``<sys.prefix>/share/edgespec/kernels``).
+onnxruntime's wheels carry no C headers: the build reads them from Debian's ``libonnxruntime-dev`` package
+(85 KB, fetched once, checked against its SHA-256; the C API is versioned and stable, so these headers serve
+newer runtimes), or from ``$ORT_INCLUDE_DIR``. Without a compiler or the headers nothing breaks: exports then
+use GroupQueryAttention.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import lzma
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from .errors import EdgespecError, ModelLoadError
+
+SOURCE = Path(__file__).with_name("kernels") / "exact_attention.cc"
+OP_DOMAIN, OP_TYPE = "edgespec", "ExactAttention"
+# Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
+HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
+HEADERS_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
+HEADER = "onnxruntime_cxx_api.h"
+# The kernel's exactness rests on IEEE operations in the order its source writes them: no -ffast-math, and no
+# FMA contraction (which the compiler may apply differently to the same sum in two places).
+FLAGS = ["-O3", "-std=gnu++17", "-ffp-contract=off", "-shared", "-fPIC", "-Wno-psabi"]
+
+
+class KernelBuildError(EdgespecError):
+    """The kernel could not be built here (no compiler, no headers, a compile error)."""
+
+
+def kernels_dir() -> Path:
+    """Part of the Python environment, like llama.cpp's library: not of ``$EDGESPEC_HOME``, whose models and
+    exports another environment may share."""
+    return Path(sys.prefix) / "share" / "edgespec" / "kernels"
+
+
+def _cpu_flags() -> list[str]:
+    """Code for this CPU (as llama.cpp's build), so the library is named after the CPU too."""
+    return ["-mcpu=native"] if platform.machine().lower() in ("arm64", "aarch64") else ["-march=native"]
+
+
+def _cpu_name() -> str:
+    """The CPU's model and instruction-set flags (Linux), or what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n", 1)[0]  # the first processor's block
+        return " ".join(line for line in first.splitlines() if line.startswith(("model name", "flags")))
+    except OSError:
+        return platform.processor()
+
+
+def library_path() -> Path:
+    """Where this source, built with these flags for this CPU, lives (a changed source builds anew)."""
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + _cpu_flags()).encode() + _cpu_name().encode())
+    suffix = ".dylib" if sys.platform == "darwin" else ".so"
+    return kernels_dir() / f"exact_attention-{tag.hexdigest()[:12]}{suffix}"
+
+
+def library() -> Path | None:
+    """The built kernel for this machine, or None."""
+    path = library_path()
+    return path if path.is_file() else None
+
+
+def default_attention() -> str:
+    """The attention op exports use by default: "exact" where the kernel is built here, else "gqa"."""
+    return "exact" if library() else "gqa"
+
+
+def register(session_options: object) -> bool:
+    """Make ``edgespec.ExactAttention`` known to sessions made with these options; False when it is not built."""
+    path = library()
+    if path is None:
+        return False
+    session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
+    return True
+
+
+def uses_kernel(manifest: dict) -> bool:
+    return manifest.get("quant_options", {}).get("attention") == f"{OP_DOMAIN}.{OP_TYPE}"
+
+
+def require_for(manifest: dict, where: Path, device_type: str) -> None:
+    """A clear error, before onnxruntime's, when an export uses the kernel and it cannot run here."""
+    if not uses_kernel(manifest):
+        return
+    if device_type != "cpu":  # a CPU op between GPU ops would copy the KV arena every call
+        raise ModelLoadError(f"{where} uses edgespec's exact attention kernel, which runs on the CPU only: export "
+                             "with `--attention gqa` for a GPU")
+    if library() is None:
+        raise ModelLoadError(f"{where} uses edgespec's exact attention kernel, which is not built on this machine: "
+                             "run `make setup` (or `edgespec build-kernel`), or export again with "
+                             "`--attention gqa`")
+
+
+def _headers(say) -> Path:
+    """A folder holding onnxruntime's C/C++ API headers: $ORT_INCLUDE_DIR, or Debian's, fetched once."""
+    given = os.environ.get("ORT_INCLUDE_DIR")
+    if given:
+        if not (Path(given) / HEADER).is_file():
+            raise KernelBuildError(f"ORT_INCLUDE_DIR={given} has no {HEADER}")
+        return Path(given)
+    folder = kernels_dir() / "include"
+    if (folder / HEADER).is_file():
+        return folder
+    say(f"fetching onnxruntime's C API headers from {HEADERS_URL}")
+    try:
+        with urllib.request.urlopen(HEADERS_URL, timeout=60) as response:
+            deb = response.read()
+    except OSError as e:
+        raise KernelBuildError(f"could not fetch {HEADERS_URL}: {e} (or set ORT_INCLUDE_DIR)") from e
+    if hashlib.sha256(deb).hexdigest() != HEADERS_SHA256:
+        raise KernelBuildError(f"{HEADERS_URL}: unexpected contents (SHA-256 differs)")
+    staging = folder.with_name(f"include.tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(_ar_member(deb, "data.tar.xz")))) as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            if member.isfile() and "include" in name.parts and name.suffix == ".h":
+                extracted = tar.extractfile(member)
+                assert extracted is not None  # a regular file
+                (staging / name.name).write_bytes(extracted.read())
+    if not (staging / HEADER).is_file():
+        raise KernelBuildError(f"{HEADERS_URL} holds no {HEADER}")
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.replace(folder)
+    return folder
+
+
+def _ar_member(archive: bytes, name: str) -> bytes:
+    """One member of an ar archive (a .deb): 8-byte magic, then 60-byte headers each followed by the data."""
+    offset = 8
+    while offset + 60 <= len(archive):
+        header = archive[offset:offset + 60]
+        size = int(header[48:58].decode().strip())
+        if header[:16].decode().strip().rstrip("/") == name:
+            return archive[offset + 60:offset + 60 + size]
+        offset += 60 + size + size % 2
+    raise KernelBuildError(f"the package has no {name}")
+
+
+def build(say=print) -> Path:
+    """Compile the kernel for this machine (once per source and CPU) and return the library's path."""
+    target = library_path()
+    if target.is_file():
+        return target
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        raise KernelBuildError("no C++ compiler found (set CXX)")
+    include = _headers(say)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    command = [compiler, *FLAGS, *_cpu_flags(), f"-I{include}", str(SOURCE), "-o", str(staging)]
+    say(f"building {target.name}: {' '.join(command[1:-3])}")
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        staging.unlink(missing_ok=True)
+        raise KernelBuildError(f"compiling {SOURCE.name} failed:\n{done.stderr.strip()[-2000:]}")
+    staging.replace(target)
+    return target
+
+
+def main() -> int:
+    """``edgespec build-kernel``: 0 when the kernel is there (built now or before), 1 with the reason when not."""
+    try:
+        path = build()
+    except KernelBuildError as e:
+        print(f"edgespec: exact attention kernel not built ({e}); exports will use GroupQueryAttention",
+              file=sys.stderr)
+        return 1
+    print(f"edgespec: exact attention kernel: {path}")
+    return 0

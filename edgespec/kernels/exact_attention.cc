@@ -1,0 +1,317 @@
+// edgespec.ExactAttention: GroupQueryAttention's contract (packed or separate q|k|v, rotary embedding, the KV
+// buffer written in place, causal mask, sliding window, soft-capping) computed so that a row's result never
+// depends on the other rows of the call, the thread count or the call's length.
+//
+// Why: onnxruntime's GroupQueryAttention takes another GEMM path for one new token than for several, so a lone
+// token rounds differently from the same position in a verify batch, and the graphs had to pad single-token
+// calls to two rows (README, "Exact numerics"). Here every (row, head) is computed by one thread with one fixed
+// order of operations: each score is a dot product with a fixed lane/tree order, the softmax and the weighted
+// sum of values run over the keys in ascending order. No padding, and a verify batch reads the keys once.
+//
+// Inputs (GroupQueryAttention's order): query [1, S, (H + 2·KV)·D] packed, or query [1, S, H·D] with key and
+// value [1, S, KV·D]; past_key, past_value [1, KV, L, D]; seqlens_k int32 [1] (total − 1); total_sequence_length
+// int32 []; cos_cache, sin_cache [≥ total, D/2]. Outputs: [1, S, H·D]; present_key, present_value (the past
+// buffers: bound to the same memory they are updated in place, otherwise copied first).
+// Attributes: num_heads, kv_num_heads, scale (0: 1/√D), local_window_size (−1: none), softcap (0: none).
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Vectors of 8 floats through the compiler's vector extension (AVX2/AVX-512 as ymm, SSE or NEON as pairs).
+// Every sum runs in an order written out below, never one the compiler or the call's shape chooses: a value's bits
+// depend only on its operands. Built with -ffp-contract=off (edgespec/attention_kernel.py): with contraction the
+// compiler may fuse x·y + z·w as fma(x, y, z·w) in one function and fma(z, w, x·y) in another, and the same key
+// got other bits in a verify batch than alone (measured: 3388 of 16000 scores).
+typedef float Vec __attribute__((vector_size(32)));
+typedef int32_t Ints __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 8;  // D must be a multiple
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+inline Vec splat(float x) { return Vec{} + x; }
+
+// Pairwise sums of neighbouring lanes of a and of b: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7].
+inline Vec pair_sums(Vec a, Vec b) {
+  return __builtin_shuffle(a, b, Ints{0, 2, 8, 10, 4, 6, 12, 14}) + __builtin_shuffle(a, b, Ints{1, 3, 9, 11, 5, 7, 13, 15});
+}
+
+// A vector's lanes summed as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) …
+inline float fold(Vec v) {
+  const Vec t = pair_sums(pair_sums(v, v), v);  // lane 0: (l0 + l1) + (l2 + l3); lane 4: (l4 + l5) + (l6 + l7)
+  return t[0] + t[4];
+}
+
+// … and eight vectors' lanes summed by the same tree at once: lane s of the result is fold(v[s]).
+inline Vec fold8(const Vec* v) {
+  const Vec low = pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3]));  // halves: keys 0-3, lanes 0-3 | 4-7
+  const Vec high = pair_sums(pair_sums(v[4], v[5]), pair_sums(v[6], v[7]));
+  return __builtin_shuffle(low, high, Ints{0, 1, 2, 3, 8, 9, 10, 11}) +
+         __builtin_shuffle(low, high, Ints{4, 5, 6, 7, 12, 13, 14, 15});
+}
+
+// q·k: lane l sums q[d]·k[d] over d ≡ l (mod 8) in ascending d, then the lanes fold.
+inline Vec products(const float* q, const float* k, int64_t dim) {
+  Vec acc = load(q) * load(k);
+  for (int64_t d = kLanes; d < dim; d += kLanes) acc += load(q + d) * load(k + d);
+  return acc;
+}
+
+// scores[j] = q·keys[j] for j < n; eight keys at a time, their sums interleaved (independent chains) and
+// folded together, each key's sum still in the order ``products`` takes.
+inline void dot_keys(const float* q, const float* keys, int64_t dim, int64_t n, float scale, float* scores) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const float* k = keys + j * dim;
+    Vec acc[kLanes];
+    const Vec q0 = load(q);
+    for (int64_t s = 0; s < kLanes; ++s) acc[s] = q0 * load(k + s * dim);
+    for (int64_t d = kLanes; d < dim; d += kLanes) {
+      const Vec qd = load(q + d);
+      for (int64_t s = 0; s < kLanes; ++s) acc[s] += qd * load(k + s * dim + d);
+    }
+    store(scores + j, fold8(acc) * scale);
+  }
+  for (; j < n; ++j) scores[j] = fold(products(q, keys + j * dim, dim)) * scale;
+}
+
+// e^x for x ≤ 0 (scores minus their maximum; −∞ gives 0): x = n·ln 2 + r, |r| ≤ ln 2 / 2, e^r by a degree-6
+// polynomial (relative error ~2e-7, as libm's expf), 2^n through the exponent bits. Own code rather than libm:
+// a vectorized and a scalar expf may round differently, and which one a key got would depend on the call.
+inline Vec exp_nonpositive(Vec x) {
+  const Vec clamped = x < -87.0f ? splat(-87.0f) : x;  // e^-87 ≈ 1.6e-38: below it the result is 0
+  const Vec t = clamped * 1.44269504088896341f;
+  const Ints n = __builtin_convertvector(t - 0.5f, Ints);  // round half down; t ≤ 0, conversion truncates
+  const Vec nf = __builtin_convertvector(n, Vec);
+  const Vec r = (clamped - nf * 0.693359375f) - nf * -2.12194440e-4f;  // ln 2 in two parts, the first exact
+  Vec p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * r) * r + r + 1.0f;
+  const Ints bits = (n + 127) << 23;
+  Vec two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.0f ? Vec{} : p * two_n;
+}
+
+// Non-interleaved rotary embedding (a head's first and second halves rotate together) at one position.
+inline void rotate(const float* x, const float* cos, const float* sin, int64_t dim, float* out) {
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    out[d] = x[d] * cos[d] - x[d + half] * sin[d];
+    out[d + half] = x[d + half] * cos[d] + x[d] * sin[d];
+  }
+}
+
+struct Call {
+  const float* queries;  // [S, H, D], rotated
+  const float* keys;     // [KV, L, D]
+  const float* values;   // [KV, L, D]
+  float* out;            // [S, H·D]
+  int64_t rows, heads, kv_heads, dim, length, first;  // first: the position of row 0
+  float scale, softcap;
+  int64_t window;        // > 0: a row at p sees keys p − window + 1 … p
+};
+
+// A task: one KV head and up to kBlock of the query vectors that read it ((row, query head) pairs, row-major).
+constexpr int64_t kBlock = 4;
+constexpr int64_t kMaxDim = 256;
+constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
+
+// acc[0 … 8W) += Σ_{j0 ≤ j ≤ j1} p[j] · values[j·dim + …], keys in ascending order; W independent sums in
+// registers (a compile-time width: a runtime one leaves them in memory).
+template <int W>
+inline void add_weighted(const float* p, const float* values, int64_t dim, int64_t j0, int64_t j1, float* acc) {
+  Vec a[W];
+  for (int s = 0; s < W; ++s) a[s] = load(acc + s * kLanes);
+  for (int64_t j = j0; j <= j1; ++j) {
+    const Vec w = splat(p[j]);
+    for (int s = 0; s < W; ++s) a[s] += w * load(values + j * dim + s * kLanes);
+  }
+  for (int s = 0; s < W; ++s) store(acc + s * kLanes, a[s]);
+}
+
+// Query vectors v0 … v0 + count − 1 of one KV head. Each (row at position p, head) attends to keys lo(p) … p: its
+// scores, their softmax and the weighted sum of values are each computed in an order fixed by its own position,
+// so the result is the same bits alone or in any call; the vectors of a task only share the reads.
+void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores, int64_t span) {
+  const int64_t group = c.heads / c.kv_heads;
+  const float* keys = c.keys + kv * c.length * c.dim;
+  const float* values = c.values + kv * c.length * c.dim;
+  int64_t lo[kBlock], hi[kBlock];  // keys lo … hi (inclusive)
+  const float* queries[kBlock];
+  float* outs[kBlock];
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = (v0 + i) / group, head = kv * group + (v0 + i) % group;
+    hi[i] = c.first + row;
+    lo[i] = c.window > 0 ? std::max<int64_t>(0, hi[i] - c.window + 1) : 0;
+    queries[i] = c.queries + (row * c.heads + head) * c.dim;
+    outs[i] = c.out + (row * c.heads + head) * c.dim;
+  }
+  const int64_t first_key = *std::min_element(lo, lo + count), last_key = *std::max_element(hi, hi + count);
+  // Scores, a tile of keys at a time for every vector (scores[i·span + j − lo_i]).
+  for (int64_t t = first_key; t <= last_key; t += kTile) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
+      if (j0 <= j1) dot_keys(queries[i], keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, scores + i * span + j0 - lo[i]);
+    }
+  }
+  float inverse[kBlock];
+  for (int64_t i = 0; i < count; ++i) {
+    float* row = scores + i * span;
+    const int64_t n = hi[i] + 1 - lo[i], padded = (n + kLanes - 1) / kLanes * kLanes;
+    if (c.softcap > 0.0f)
+      for (int64_t j = 0; j < n; ++j) row[j] = c.softcap * std::tanh(row[j] / c.softcap);
+    for (int64_t j = n; j < padded; ++j) row[j] = -INFINITY;  // e^−∞ = 0: the last vector adds nothing
+    Vec top = load(row);  // the maximum: any order gives the same
+    for (int64_t j = kLanes; j < padded; j += kLanes) top = top > load(row + j) ? top : load(row + j);
+    const float highest = std::max({top[0], top[1], top[2], top[3], top[4], top[5], top[6], top[7]});
+    Vec sum{};
+    for (int64_t j = 0; j < padded; j += kLanes) {
+      const Vec e = exp_nonpositive(load(row + j) - highest);
+      store(row + j, e);
+      sum += e;
+    }
+    inverse[i] = 1.0f / fold(sum);
+  }
+  // Σ_j p_j·v_j, keys in ascending order: per tile of keys, up to 64 dimensions at a time.
+  alignas(64) float acc[kBlock][kMaxDim] = {};
+  for (int64_t t = first_key; t <= last_key; t += kTile) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
+      const float* p = scores + i * span - lo[i];
+      if (j0 > j1) continue;
+      int64_t d = 0;
+      for (; d + 8 * kLanes <= c.dim; d += 8 * kLanes) add_weighted<8>(p, values + d, c.dim, j0, j1, acc[i] + d);
+      for (; d + 4 * kLanes <= c.dim; d += 4 * kLanes) add_weighted<4>(p, values + d, c.dim, j0, j1, acc[i] + d);
+      for (; d < c.dim; d += 2 * kLanes) add_weighted<2>(p, values + d, c.dim, j0, j1, acc[i] + d);
+    }
+  }
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t d = 0; d < c.dim; d += kLanes) store(outs[i] + d, load(acc[i] + d) * inverse[i]);
+}
+
+void attend_task(void* data, size_t task) {
+  const Call& c = *static_cast<const Call*>(data);
+  const int64_t vectors = c.rows * (c.heads / c.kv_heads), blocks = (vectors + kBlock - 1) / kBlock;
+  const int64_t kv = static_cast<int64_t>(task) / blocks, v0 = static_cast<int64_t>(task) % blocks * kBlock;
+  const int64_t span = (c.first + c.rows + kLanes) / kLanes * kLanes;
+  std::vector<float> scores(static_cast<size_t>(kBlock * span));
+  attend(c, kv, v0, std::min(kBlock, vectors - v0), scores.data(), span);
+}
+
+struct ExactAttentionKernel {
+  int64_t heads, kv_heads, window;
+  float scale, softcap;
+
+  ExactAttentionKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    heads = ki.GetAttribute<int64_t>("num_heads");
+    kv_heads = ki.GetAttribute<int64_t>("kv_num_heads");
+    window = ki.GetAttribute<int64_t>("local_window_size");
+    scale = ki.GetAttribute<float>("scale");
+    softcap = ki.GetAttribute<float>("softcap");
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue query = ctx.GetInput(0), key_in = ctx.GetInput(1), value_in = ctx.GetInput(2);
+    const Ort::ConstValue past_key = ctx.GetInput(3), past_value = ctx.GetInput(4);
+    const Ort::ConstValue total_in = ctx.GetInput(6), cos_in = ctx.GetInput(7), sin_in = ctx.GetInput(8);
+    const std::vector<int64_t> kv_shape = past_key.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> q_shape = query.GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t rows = q_shape[1], length = kv_shape[2], dim = kv_shape[3];
+    const int64_t total = *total_in.GetTensorData<int32_t>(), first = total - rows;
+    const int64_t half = dim / 2;
+    if (dim % (2 * kLanes) != 0 || dim > kMaxDim)
+      ORT_CXX_API_THROW("head_dim must be a multiple of 16, at most 256", ORT_INVALID_ARGUMENT);
+    if (first < 0 || total > length) ORT_CXX_API_THROW("positions outside the KV buffer", ORT_INVALID_ARGUMENT);
+    if (cos_in.GetTensorTypeAndShapeInfo().GetShape()[0] < total)
+      ORT_CXX_API_THROW("rotary cache shorter than the call's positions", ORT_INVALID_ARGUMENT);
+
+    Ort::UnownedValue out = ctx.GetOutput(0, {1, rows, heads * dim});
+    Ort::UnownedValue present_key = ctx.GetOutput(1, kv_shape), present_value = ctx.GetOutput(2, kv_shape);
+    float* keys = present_key.GetTensorMutableData<float>();
+    float* values = present_value.GetTensorMutableData<float>();
+    const size_t kv_bytes = sizeof(float) * static_cast<size_t>(kv_heads * length * dim);
+    if (keys != past_key.GetTensorData<float>()) std::memcpy(keys, past_key.GetTensorData<float>(), kv_bytes);
+    if (values != past_value.GetTensorData<float>()) std::memcpy(values, past_value.GetTensorData<float>(), kv_bytes);
+
+    // Where each row's q, k and v start (packed: one [H + 2·KV, D] row per token).
+    const bool packed = !key_in;
+    const float* q_src = query.GetTensorData<float>();
+    const float* k_src = packed ? q_src + heads * dim : key_in.GetTensorData<float>();
+    const float* v_src = packed ? q_src + (heads + kv_heads) * dim : value_in.GetTensorData<float>();
+    const int64_t q_stride = packed ? (heads + 2 * kv_heads) * dim : heads * dim;
+    const int64_t kv_stride = packed ? q_stride : kv_heads * dim;
+    const float* cos = cos_in.GetTensorData<float>();
+    const float* sin = sin_in.GetTensorData<float>();
+
+    std::vector<float> queries(static_cast<size_t>(rows * heads * dim));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = first + r;
+      const float *c = cos + pos * half, *s = sin + pos * half;
+      for (int64_t h = 0; h < heads; ++h)
+        rotate(q_src + r * q_stride + h * dim, c, s, dim, queries.data() + (r * heads + h) * dim);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        rotate(k_src + r * kv_stride + h * dim, c, s, dim, keys + (h * length + pos) * dim);
+        std::memcpy(values + (h * length + pos) * dim, v_src + r * kv_stride + h * dim, sizeof(float) * dim);
+      }
+    }
+    Call call{queries.data(), keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim, length,
+              first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap, window};
+    const int64_t blocks = (rows * (heads / kv_heads) + kBlock - 1) / kBlock;
+    ctx.ParallelFor(attend_task, static_cast<size_t>(kv_heads * blocks), 0, &call);  // 0: as many batches as threads
+  }
+};
+
+struct ExactAttentionOp : Ort::CustomOpBase<ExactAttentionOp, ExactAttentionKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
+    return new ExactAttentionKernel(api, info);
+  }
+  const char* GetName() const { return "ExactAttention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 9; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == 5 || index == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index == 1 || index == 2 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                                    : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
+  static ExactAttentionOp op;
+  try {
+    Ort::CustomOpDomain domain{"edgespec"};
+    domain.Add(&op);
+    Ort::UnownedSessionOptions(options).Add(domain);
+    domain.release();  // leaked on purpose: onnxruntime keeps the pointer, it must outlive every session
+  } catch (const Ort::Exception& e) {
+    return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), e.what());
+  }
+  return nullptr;
+}

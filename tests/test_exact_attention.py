@@ -1,0 +1,160 @@
+"""edgespec's attention kernel (edgespec/kernels/exact_attention.cc) as onnxruntime runs it: built on this machine
+by `make setup`, every row of a call bit-identical to the same row computed alone, and the attention itself right
+(a float64 NumPy reference) for SmolLM2's shape, Gemma's (head_dim 256, sliding window, q/k/v apart), Gemma 2's
+soft-capping and Phi-3's head_dim 96."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
+
+from edgespec import attention_kernel
+from edgespec.errors import ModelLoadError
+from edgespec.onnx_backend import session_options
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+helper, F, I32 = onnx.helper, onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+
+
+@dataclass(frozen=True)
+class Shape:
+    heads: int
+    kv_heads: int
+    dim: int
+    packed: bool = True
+    window: int = -1
+    softcap: float = 0.0
+
+
+SHAPES = {"smollm2": Shape(9, 3, 64), "gemma3": Shape(4, 1, 256, packed=False, window=16),
+          "softcap": Shape(4, 2, 128, softcap=20.0),
+          # one query head per KV head and a window past the kernel's 64-key tiles: a row's keys are split into
+          # other groups in a call than alone (head_dim 96: the 64- and 32-wide value sums)
+          "window": Shape(2, 2, 96, window=70)}
+POSITIONS = 90
+LENGTH = POSITIONS + 1
+
+
+def _rope(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    freqs = np.arange(LENGTH)[:, None] / (10000.0 ** (np.arange(0, dim, 2) / dim))[None]
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+class _Op:
+    """The op alone in a session, over one KV buffer updated in place (as the exported layers bind it)."""
+
+    def __init__(self, s: Shape) -> None:
+        self.s = s
+        kv = [1, s.kv_heads, LENGTH, s.dim]
+        names = ["q", "k", "v"] if not s.packed else ["q", "", ""]
+        node = helper.make_node(EXACT_OP, [*names, "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+                                ["out", "present_key", "present_value"], domain=EXACT_DOMAIN, num_heads=s.heads,
+                                kv_num_heads=s.kv_heads, scale=s.dim ** -0.5, local_window_size=s.window,
+                                softcap=s.softcap)
+        width = (s.heads + 2 * s.kv_heads) * s.dim if s.packed else s.heads * s.dim
+        inputs = [helper.make_tensor_value_info("q", F, [1, "S", width])]
+        if not s.packed:
+            inputs += [helper.make_tensor_value_info(n, F, [1, "S", s.kv_heads * s.dim]) for n in "kv"]
+        inputs += [helper.make_tensor_value_info(n, F, kv) for n in ("past_key", "past_value")]
+        inputs += [helper.make_tensor_value_info("seqlens_k", I32, [1]),
+                   helper.make_tensor_value_info("total", I32, [])]
+        outputs = [helper.make_tensor_value_info("out", F, [1, "S", s.heads * s.dim])]
+        outputs += [helper.make_tensor_value_info(n, F, kv) for n in ("present_key", "present_value")]
+        cos, sin = _rope(s.dim)
+        constants = [onnx.numpy_helper.from_array(cos, "cos"), onnx.numpy_helper.from_array(sin, "sin")]
+        graph = helper.make_graph([node], "attention", inputs, outputs, constants)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                        helper.make_opsetid(EXACT_DOMAIN, 1)])
+        model.ir_version = 10
+        so, _ = session_options(1, make_shared=False)
+        self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.kv = [np.zeros(kv, np.float32) for _ in range(2)]
+
+    def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+        total = start + len(q)
+        io = self.session.io_binding()
+        if self.s.packed:
+            io.bind_cpu_input("q", np.ascontiguousarray(np.concatenate([q, k, v], axis=1)[None]))
+        else:
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                io.bind_cpu_input(name, np.ascontiguousarray(x[None]))
+        io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
+        io.bind_cpu_input("total", np.array(total, np.int32))
+        io.bind_output("out")
+        for name, buffer in zip(("key", "value"), self.kv, strict=True):
+            past, present = f"past_{name}", f"present_{name}"
+            io.bind_input(past, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+            io.bind_output(present, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()[0].numpy()[0]
+
+
+def _reference(s: Shape, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Rotary embedding, causal (and windowed) softmax attention in float64, every position."""
+    cos, sin = (x.astype(np.float64) for x in _rope(s.dim))
+    n, half = len(q), s.dim // 2
+
+    def rotate(x: np.ndarray, heads: int) -> np.ndarray:
+        x = x.reshape(n, heads, s.dim).astype(np.float64)
+        c, si = cos[:n, None], sin[:n, None]
+        return np.concatenate([x[..., :half] * c - x[..., half:] * si, x[..., half:] * c + x[..., :half] * si], -1)
+
+    qr, kr, vv = rotate(q, s.heads), rotate(k, s.kv_heads), v.reshape(n, s.kv_heads, s.dim).astype(np.float64)
+    out = np.zeros((n, s.heads, s.dim))
+    for h in range(s.heads):
+        kv = h // (s.heads // s.kv_heads)
+        scores = qr[:, h] @ kr[:, kv].T * s.dim ** -0.5
+        if s.softcap:
+            scores = s.softcap * np.tanh(scores / s.softcap)
+        p, j = np.arange(n)[:, None], np.arange(n)[None]
+        seen = (j <= p) & ((j > p - s.window) if s.window > 0 else True)
+        scores = np.where(seen, scores, -np.inf)
+        weights = np.exp(scores - scores.max(1, keepdims=True))
+        out[:, h] = (weights / weights.sum(1, keepdims=True)) @ vv[:, kv]
+    return out.reshape(n, -1)
+
+
+def test_the_kernel_is_built_here() -> None:
+    assert attention_kernel.library() is not None, "`make setup` builds it (python -m edgespec.attention_kernel)"
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_rows_are_bit_identical_in_any_call_and_right(name: str) -> None:
+    s = SHAPES[name]
+    rng = np.random.default_rng(0)
+    q = (2 * rng.standard_normal((POSITIONS, s.heads * s.dim))).astype(np.float32)
+    k = (2 * rng.standard_normal((POSITIONS, s.kv_heads * s.dim))).astype(np.float32)
+    v = rng.standard_normal((POSITIONS, s.kv_heads * s.dim)).astype(np.float32)
+    op = _Op(s)
+    alone = np.stack([op.run(q[p:p + 1], k[p:p + 1], v[p:p + 1], p)[0] for p in range(POSITIONS)])
+    np.testing.assert_allclose(alone, _reference(s, q, k, v), rtol=0, atol=2e-5 * np.abs(v).max())
+    for rows in (2, 3, 5, 9, 17, 64):
+        for start in (0, 7, POSITIONS - rows):
+            got = op.run(q[start:start + rows], k[start:start + rows], v[start:start + rows], start)
+            bad = [start + r for r in range(rows) if not np.array_equal(got[r], alone[start + r])]
+            assert not bad, f"{rows} rows from {start}: positions {bad} differ from the same rows alone"
+
+
+def test_an_export_needing_the_kernel_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = {"quant_options": {"attention": f"{EXACT_DOMAIN}.{EXACT_OP}"}}
+    with pytest.raises(ModelLoadError, match="runs on the CPU only"):
+        attention_kernel.require_for(manifest, tmp_path, "cuda")
+    monkeypatch.setattr(attention_kernel, "kernels_dir", lambda: tmp_path)  # an environment where it was never built
+    with pytest.raises(ModelLoadError, match="make setup"):
+        attention_kernel.require_for(manifest, tmp_path, "cpu")
+    attention_kernel.require_for({"quant_options": {"attention": "com.microsoft.GroupQueryAttention"}}, tmp_path, "cpu")
+
+
+def test_headers_are_read_from_the_debian_package_format() -> None:
+    """A .deb is an ar archive: the build takes data.tar.xz out of it with no dpkg."""
+    members = [("debian-binary", b"2.0\n"), ("data.tar.xz", b"odd")]
+    headers = [f"{n:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(d):<10}`\n".encode() for n, d in members]
+    archive = b"!<arch>\n" + b"".join(h + d + b"\n" * (len(d) % 2) for h, (_, d) in zip(headers, members, strict=True))
+    assert attention_kernel._ar_member(archive, "data.tar.xz") == b"odd"
+    with pytest.raises(attention_kernel.KernelBuildError, match=r"no control\.tar\.xz"):
+        attention_kernel._ar_member(archive, "control.tar.xz")
