@@ -29,7 +29,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 	touch $@
 
 # What the tests and the bench need beyond that: torch + transformers (export-hf), the server's clients.
-setup-dev: $(VENV)/.dev-done
+setup-dev: setup $(VENV)/.dev-done
 
 $(VENV)/.dev-done: $(VENV)/.setup-done
 	# CPU-only torch for the export-hf extra where this machine has it (a local +cpu build sorts above PyPI's).

@@ -1,21 +1,26 @@
-"""Batch-invariant attention without GroupQueryAttention's single-row padding: two designs, probed.
+"""Batch-invariant attention without GroupQueryAttention's single-row padding: three designs beside it.
 
     python benchmarks/attention_invariance.py [--keys 40,700,2000] [--threads 2] [--out DIR]
 
-Why: the ONNX graphs pad every single-token call to two rows (docs/onnx-format.md), because onnxruntime's
-GroupQueryAttention rounds one query row differently from the same row among others (its P·V product takes MLAS's
-GEMV path when M = 1); at 2000 tokens of context that padding costs ~10 ms of a ~35 ms step (README, #14).
+Why: with GroupQueryAttention the ONNX graphs pad every single-token call to two rows (docs/onnx-format.md),
+because it rounds one query row differently from the same row among others (its P·V product takes MLAS's GEMV
+path when M = 1); at 2000 tokens of context that padding cost ~10 ms of a ~35 ms step (README, #14).
 
-Both designs build one layer's attention (SmolLM2's shapes: 3 KV heads, 3 query heads each, head size 64) from
-plain MatMuls with a KV head's query heads stacked as the GEMM's rows, so M = 3 · rows is never 1; causal masking
-adds −inf; the softmax sum is a product against ones columns (a one-column product rounds differently).
+One layer's attention, SmolLM2's shapes (3 KV heads, 3 query heads each, head size 64). Two designs from plain
+MatMuls, a KV head's query heads stacked as the GEMM's rows (M = 3 · rows is never 1), causal masking by −inf,
+the softmax sum as a product against ones columns (a one-column product rounds differently):
 
 - ``grouped``: the keys are inputs of the call's full length (the cache would be copied each call to make them).
 - ``blocked``: the cache itself, in blocks of 64 positions — K transposed [blocks, kv, dim, 64] and V with 8 ones
   columns [blocks, kv, 64, dim + 8] — passed without a copy and written in place by the graph (ScatterND whose
   output is bound to its input's memory); scores over every block of the call at once, masked, P·V per block and
   summed over the blocks (each block's product reduces over 64 keys: one MLAS pass whatever the row count).
-- ``gqa``: GroupQueryAttention over a shared past/present buffer, as the graphs run it today (timing only).
+
+and the two ops the exports use, over a shared past/present buffer written in place:
+
+- ``kernel``: edgespec.ExactAttention (edgespec/kernels/exact_attention.cc, built by ``make setup``): every row in
+  an order fixed by its own position; the exports' op where it is built.
+- ``gqa``: GroupQueryAttention (timing only; the graphs pad a lone token to its 2 rows).
 
 For every call of 2..17 rows (verify batches) and of 64 (a prefill chunk) it compares each row's output with the
 same row computed alone at its own position (fewer keys, nothing masked): the largest difference, 0.0 =
@@ -33,7 +38,10 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
 from onnx import TensorProto, helper, numpy_helper
+
+from edgespec import attention_kernel
 
 KV_HEADS, GROUP, HEAD_DIM, SUM_COLUMNS, BLOCK = 3, 3, 64, 8, 64
 HEADS = KV_HEADS * GROUP
@@ -52,6 +60,7 @@ def _session(nodes: list, inputs: list, outputs: list, constants: dict[str, np.n
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.enable_cpu_mem_arena = False  # as edgespec's sessions
+    attention_kernel.register(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -205,14 +214,20 @@ class Blocked:
             self.rows(q[lo:min(end, lo + 256)], k[lo:min(end, lo + 256)], v[lo:min(end, lo + 256)], lo)
 
 
-def gqa_session(threads: int, max_positions: int) -> ort.InferenceSession:
+def cache_session(threads: int, max_positions: int, op: str) -> ort.InferenceSession:
+    """GroupQueryAttention ("gqa") or edgespec's kernel ("kernel") over a shared past/present buffer, as the
+    exported layers run them (rotary as the identity: cos 1, sin 0)."""
     kv = [1, KV_HEADS, max_positions, HEAD_DIM]
     cos = np.ones((max_positions, HEAD_DIM // 2), np.float32)
     sin = np.zeros((max_positions, HEAD_DIM // 2), np.float32)
-    node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total",
-                                                    "cos", "sin"], ["out", "present_key", "present_value"],
-                            domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS, scale=HEAD_DIM ** -0.5,
-                            do_rotary=1)
+    names = ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total", "cos", "sin"]
+    attrs = {"num_heads": HEADS, "kv_num_heads": KV_HEADS, "scale": HEAD_DIM ** -0.5}
+    if op == "gqa":
+        node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
+                                domain="com.microsoft", do_rotary=1, **attrs)
+    else:
+        node = helper.make_node(EXACT_OP, names, ["out", "present_key", "present_value"], domain=EXACT_DOMAIN,
+                                local_window_size=-1, softcap=0.0, **attrs)
     inputs = [_value("qkv", F, [1, "S", (HEADS + 2 * KV_HEADS) * HEAD_DIM]), _value("past_key", F, kv),
               _value("past_value", F, kv), _value("seqlens_k", TensorProto.INT32, [1]),
               _value("total", TensorProto.INT32, [])]
@@ -221,15 +236,38 @@ def gqa_session(threads: int, max_positions: int) -> ort.InferenceSession:
     return _session([node], inputs, outputs, {"cos": cos, "sin": sin}, threads)
 
 
-def gqa_time(session: ort.InferenceSession, cache: np.ndarray, keys: int, rows: int) -> float:
-    qkv = np.random.default_rng(rows).standard_normal((1, rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM)).astype(np.float32)
-    call = _bind(session, {"qkv": qkv, "seqlens_k": np.array([keys + rows - 1], np.int32),
-                           "total": np.array(keys + rows, np.int32)}, (1, rows, HEADS * HEAD_DIM))
-    io = call.io
+def cache_call(session: ort.InferenceSession, cache: np.ndarray, qkv: np.ndarray, start: int) -> Call:
+    """The call writing rows start.. of ``qkv`` [rows, (H + 2·KV)·D] into ``cache`` [2, 1, KV, L, D] in place."""
+    rows = len(qkv)
+    call = _bind(session, {"qkv": qkv[None], "seqlens_k": np.array([start + rows - 1], np.int32),
+                           "total": np.array(start + rows, np.int32)}, (1, rows, HEADS * HEAD_DIM))
     for past, present, buffer in (("past_key", "present_key", cache[0]), ("past_value", "present_value", cache[1])):
-        io.bind_input(past, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
-        io.bind_output(present, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
-    return _run_time(session, io)
+        call.io.bind_input(past, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+        call.io.bind_output(present, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+    return call
+
+
+class Kernel:
+    """edgespec.ExactAttention, the op the exports use where it is built: rows written into the cache in place."""
+
+    def __init__(self, threads: int, max_positions: int) -> None:
+        self.session = cache_session(threads, max_positions, "kernel")
+        self.cache = np.zeros((2, 1, KV_HEADS, max_positions, HEAD_DIM), np.float32)
+
+    def rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+        call = cache_call(self.session, self.cache, np.concatenate([q, k, v], axis=1), start)
+        self.session.run_with_iobinding(call.io)
+        return call.out[0]
+
+    def fill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int) -> None:
+        for lo in range(0, end, 256):
+            self.rows(q[lo:min(end, lo + 256)], k[lo:min(end, lo + 256)], v[lo:min(end, lo + 256)], lo)
+
+
+def cache_time(session: ort.InferenceSession, cache: np.ndarray, keys: int, rows: int) -> float:
+    qkv = np.random.default_rng(rows).standard_normal((rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM)).astype(np.float32)
+    call = cache_call(session, cache, qkv, keys)  # kept: the binding points into its arrays
+    return _run_time(session, call.io)
 
 
 def measure(keys: int, threads: int) -> dict[str, object]:
@@ -238,21 +276,25 @@ def measure(keys: int, threads: int) -> dict[str, object]:
     q = (rng.standard_normal((n, HEADS * HEAD_DIM)) * 2).astype(np.float32)
     k = (rng.standard_normal((n, KV_HEADS * HEAD_DIM)) * 2).astype(np.float32)
     v = rng.standard_normal((n, KV_HEADS * HEAD_DIM)).astype(np.float32)
-    grouped, blocked = Grouped(threads), Blocked(threads, n)
+    grouped, blocked, kernel = Grouped(threads), Blocked(threads, n), Kernel(threads, n + 1)
     blocked.fill(q, k, v, keys)
-    prefix = (blocked.key.copy(), blocked.value.copy())
+    kernel.fill(q, k, v, keys)
+    prefix = {"blocked": (blocked.key.copy(), blocked.value.copy()), "kernel": kernel.cache.copy()}
     alone = {"grouped": np.stack([grouped.rows(q[:p + 1], k[:p + 1], v[:p + 1], p)[0] for p in range(keys, n)])}
-    alone["blocked"] = np.stack([blocked.rows(q[p:p + 1], k[p:p + 1], v[p:p + 1], p)[0] for p in range(keys, n)])
-    worst = {"grouped": 0.0, "blocked": 0.0}
+    for design, cached in (("blocked", blocked), ("kernel", kernel)):
+        alone[design] = np.stack([cached.rows(q[p:p + 1], k[p:p + 1], v[p:p + 1], p)[0] for p in range(keys, n)])
+    worst = dict.fromkeys(alone, 0.0)
     for rows in ROWS_CHECKED:
         end = keys + rows
         together = {"grouped": grouped.rows(q[:end], k[:end], v[:end], keys)}
-        blocked.key[:], blocked.value[:] = prefix
-        together["blocked"] = blocked.rows(q[keys:end], k[keys:end], v[keys:end], keys)
+        blocked.key[:], blocked.value[:] = prefix["blocked"]
+        kernel.cache[:] = prefix["kernel"]
+        for design, cached in (("blocked", blocked), ("kernel", kernel)):
+            together[design] = cached.rows(q[keys:end], k[keys:end], v[keys:end], keys)
         for design, out in together.items():
             worst[design] = max(worst[design], float(np.abs(out - alone[design][:rows]).max()))
-    micros: dict[str, dict[int, float]] = {"grouped": {}, "blocked": {}, "gqa": {}}
-    gqa = gqa_session(threads, n + 1)
+    micros: dict[str, dict[int, float]] = {"grouped": {}, "blocked": {}, "kernel": {}, "gqa": {}}
+    gqa = cache_session(threads, n + 1, "gqa")
     gqa_cache = rng.standard_normal((2, 1, KV_HEADS, n + 1, HEAD_DIM)).astype(np.float32)
     for rows in ROWS_TIMED:
         end = keys + rows
@@ -260,7 +302,8 @@ def measure(keys: int, threads: int) -> dict[str, object]:
         micros["grouped"][rows] = _run_time(grouped.session, call.io)
         call = blocked.binding(q[keys:end], k[keys:end], v[keys:end], keys)
         micros["blocked"][rows] = _run_time(blocked.session, call.io)
-        micros["gqa"][rows] = gqa_time(gqa, gqa_cache, keys, rows)
+        micros["kernel"][rows] = cache_time(kernel.session, gqa_cache, keys, rows)
+        micros["gqa"][rows] = cache_time(gqa, gqa_cache, keys, rows)
     return {"keys": keys, "max_difference": worst, "us_per_call": micros}
 
 
@@ -272,7 +315,8 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     keys = [r["keys"] for r in results]
-    for design, color in (("gqa", "tab:gray"), ("grouped", "tab:blue"), ("blocked", "tab:orange")):
+    for design, color in (("gqa", "tab:gray"), ("grouped", "tab:blue"), ("blocked", "tab:orange"),
+                          ("kernel", "tab:green")):
         for rows, style in ((1, "-"), (2, ":"), (5, "--")):
             ax.plot(keys, [r["us_per_call"][design][rows] for r in results], style, color=color, marker="o",
                     label=f"{design}, {rows} row{'s' if rows > 1 else ''}")

@@ -8,7 +8,8 @@ tokens one at a time and then the same tokens in one batch, after a short and af
 context, and compares the logits. The verdict is cached per build and device in ``$EDGESPEC_HOME/exactness``:
 llama.cpp's library files, version and system info (CPU features), the CPU, device, threads, the model's
 quantization type and the numerics settings; for ONNX the onnxruntime version, execution providers, device,
-threads and the export's quantization and graph revision.
+threads, the export's quantization and graph revision, and the attention kernel's build (named after its source,
+flags and CPU) when the export uses it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import attention_kernel
 from .errors import EdgespecError
 from .models import cache_dir
 from .tuning import cpu_identity
@@ -118,9 +120,11 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
         import onnxruntime as ort
 
         m = model.manifest
+        kernel = attention_kernel.library() if attention_kernel.uses_kernel(m) else None
         key.update(backend="onnx", onnxruntime=ort.__version__, providers=model.providers,
                    quant=m.get("quant"), graphs=(m.get("source") or {}).get("graphs"),
-                   quant_options=m.get("quant_options"))
+                   quant_options=m.get("quant_options"),
+                   attention_kernel=kernel.name if kernel else None)  # named after its source, flags and CPU
         return key
     import llama_cpp as lc
 

@@ -1,5 +1,7 @@
 """The quality gate every re-quantized export passes: top-1 agreement with its source ≥ 0.99 and mean
 KL(source ‖ export) ≤ 0.01 on the fixed prompts, or the export is refused (``--force`` keeps it anyway).
+The top-1 agreement it is given counts picks within the source's own near-ties as agreeing
+(``quality.source_ties``: a flip the source's own two numerics make is rounding, not quality).
 
 Measured on SmolLM2-135M: Q4_0 re-quantized from the shipped Q4_1 agrees on 0.844 of top-1 tokens and writes
 nonsense on the demo prompt, while Q8_0 and the carried Q4_1 write correct text — a model that fails the gate

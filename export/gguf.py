@@ -35,7 +35,7 @@ def export_gguf(source: Source, quant: str, out: Path, n_prompts: int = 4, n_tok
     made = Made("llama_model_quantize", quant)
     if report is not None and force is not None:
         try:
-            made.extra["quality_gate"] = gate.check(f"{out} ({quant})", report.top1_agreement, report.kl_mean, force)
+            made.extra["quality_gate"] = gate.check(f"{out} ({quant})", report.top1_decided, report.kl_mean, force)
         except gate.QualityGateError:
             out.unlink(missing_ok=True)
             raise

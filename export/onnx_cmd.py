@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import gate
 from .onnx_export import ATTENTIONS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, GGUF_QUANT, MANIFEST, QUANTS
+from .quality import tie_note
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         q = manifest["quality"] = quality_report(args.out, threads=args.threads)
         try:
-            q["gate"] = gate.check(f"{args.out} ({manifest['quant']})", q["top1_agreement"], q["kl"], args.force)
+            q["gate"] = gate.check(f"{args.out} ({manifest['quant']})", q["top1_decided"], q["kl"], args.force)
         except gate.QualityGateError:
             shutil.rmtree(args.out, ignore_errors=True)
             raise
@@ -80,6 +81,7 @@ def summary(out: Path, manifest: dict) -> str:
             f"{size:.0f} MB, {manifest['source']['export_seconds']:.0f} s")
     q = manifest.get("quality") or {}
     if q:
-        line += (f" · top-1 {q['top1_agreement']:.3f} · KL {q['kl']:.4f} vs source ({q['positions']} positions)"
+        line += (f" · top-1 {q['top1_agreement']:.3f} ({tie_note(q['top1_decided'], q['source_tie'])})"
+                 f" · KL {q['kl']:.4f} vs source ({q['positions']} positions)"
                  f" · {q['decode_tok_s']:.0f} tok/s decode (1 thread) · {q['gate']}")
     return line

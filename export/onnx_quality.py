@@ -20,7 +20,7 @@ import numpy as np
 
 from . import require
 from .onnx_reference import OnnxReference
-from .quality import Sample, agreement, calibration, llama_logits, open_model, prompts
+from .quality import Sample, agreement, calibration, llama_logits, open_model, prompts, source_ties
 
 
 @cache
@@ -55,14 +55,16 @@ def _source_logits(hf_folder: str, count: int, max_tokens: int) -> tuple[np.ndar
 
 @cache
 def gguf_samples(gguf: str, n_prompts: int, n_tokens: int,
-                 threads: int | None = None) -> tuple[tuple[Sample, ...], tuple[np.ndarray, ...]]:
-    """The fixed text for a GGUF source (llama.cpp's greedy continuations) and llama.cpp's logits on it."""
+                 threads: int | None = None) -> tuple[tuple[Sample, ...], tuple[np.ndarray, ...], float]:
+    """The fixed text for a GGUF source (llama.cpp's greedy continuations), llama.cpp's logits on it, and the
+    source's own near-tie noise on it (``quality.source_ties``)."""
     model = open_model(Path(gguf), threads)
     try:
         samples = tuple(calibration(model, n_prompts, n_tokens))
-        return samples, tuple(llama_logits(model)(s.tokens[:-1], len(s.scored)) for s in samples)
+        logits = tuple(llama_logits(model)(s.tokens[:-1], len(s.scored)) for s in samples)
     finally:
         model.close()
+    return samples, logits, source_ties(Path(gguf), samples, threads)
 
 
 @cache
@@ -81,10 +83,12 @@ def hf_samples(hf_folder: str, n_prompts: int, n_tokens: int) -> tuple[tuple[Sam
     return tuple(samples), tuple(logits)
 
 
-def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict[str, float]:
-    """Top-1 agreement and mean KL(reference ‖ candidate) over all positions, as the manifest records them."""
-    a = agreement(zip(reference, candidate, strict=True))
-    return {"top1_agreement": round(a.top1, 4), "kl": round(a.kl, 6), "positions": a.positions}
+def compare(reference: list[np.ndarray], candidate: list[np.ndarray], tie: float = 0.0) -> dict[str, float]:
+    """Top-1 agreement (raw, and beyond the source's own ties ≤ ``tie`` nats: the gate's) and mean
+    KL(reference ‖ candidate) over all positions, as the manifest records them."""
+    a = agreement(zip(reference, candidate, strict=True), tie)
+    return {"top1_agreement": round(a.top1, 4), "top1_decided": round(a.top1_decided, 4),
+            "source_tie": round(a.tie, 4), "kl": round(a.kl, 6), "positions": a.positions}
 
 
 def export_logits(folder: Path, hf_folder: str, count: int = 6, max_tokens: int = 128) -> list[np.ndarray]:
@@ -110,14 +114,14 @@ def quality_report(folder: Path, n_prompts: int = 4, n_tokens: int = 32, progres
     source = json.loads((folder / "edgespec-onnx.json").read_text())["source"]
     with require("tqdm").tqdm(total=3, desc="quality", unit="step", disable=not progress) as bar:
         if "gguf" in source:
-            samples, reference = gguf_samples(source["gguf"], n_prompts, n_tokens, threads)
+            samples, reference, tie = gguf_samples(source["gguf"], n_prompts, n_tokens, threads)
             against = "llama.cpp on " + source["gguf"]
-        else:
-            samples, reference = hf_samples(source["hf_folder"], n_prompts, n_tokens)
+        else:  # transformers FP32 has one numerics: no ties measured
+            (samples, reference), tie = hf_samples(source["hf_folder"], n_prompts, n_tokens), 0.0
             against = "transformers FP32 on " + source["hf_folder"]
         bar.update()
         runner = OnnxReference(folder)
-        report = compare(list(reference), [runner.logits(s.tokens[:-1])[-len(s.scored):] for s in samples])
+        report = compare(list(reference), [runner.logits(s.tokens[:-1])[-len(s.scored):] for s in samples], tie)
         bar.update()
         report.update(against=against, prompts=n_prompts,
                       size_bytes=sum(f.stat().st_size for f in folder.glob("*.onnx")),

@@ -117,14 +117,18 @@ def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]
     try:
         onnx = OnnxModel(out, OnnxOptions(n_ctx=quality.EVAL_CTX, n_threads=threads))
         try:  # the quality report's fixed prompts and teacher-forced scoring, llama.cpp's shipped file as reference
-            a = quality.compare(quality.llama_logits(src), quality.llama_logits(onnx), quality.calibration(src))
+            samples = quality.calibration(src)
+            tie = quality.source_ties(source, samples, threads)
+            a = quality.compare(quality.llama_logits(src), quality.llama_logits(onnx), samples, tie)
         finally:
             onnx.close()
     finally:
         src.close()
-    line = f"top-1 {a.top1:.3f}, KL {a.kl:.4f} against the shipped weights"
-    if a.top1 < DEFAULT_MIN_TOP1 or a.kl > DEFAULT_MAX_KL:
+    line = (f"top-1 {a.top1:.3f} ({quality.tie_note(a.top1_decided, a.tie)}), KL {a.kl:.4f} against the "
+            "shipped weights")
+    if a.top1_decided < DEFAULT_MIN_TOP1 or a.kl > DEFAULT_MAX_KL:
         return None, f"below the quality bar (top-1 ≥ {DEFAULT_MIN_TOP1}, KL ≤ {DEFAULT_MAX_KL}): {line}"
+    say(f"    {line}")
     return str(out), line
 
 

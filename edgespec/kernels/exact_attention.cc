@@ -20,6 +20,9 @@
 
 #include <algorithm>
 #include <cmath>
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -30,7 +33,7 @@ namespace {
 // Every sum runs in an order written out below, never one the compiler or the call's shape chooses: a value's bits
 // depend only on its operands. Built with -ffp-contract=off (edgespec/attention_kernel.py): with contraction the
 // compiler may fuse x·y + z·w as fma(x, y, z·w) in one function and fma(z, w, x·y) in another, and the same key
-// got other bits in a verify batch than alone (measured: 3388 of 16000 scores).
+// got other bits in a verify batch than alone (measured: 3388 of 16000 scores). FMAs are written out (``fmadd``).
 typedef float Vec __attribute__((vector_size(32)));
 typedef int32_t Ints __attribute__((vector_size(32)));
 constexpr int64_t kLanes = 8;  // D must be a multiple
@@ -44,6 +47,17 @@ inline Vec load(const float* p) {
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 inline Vec splat(float x) { return Vec{} + x; }
+
+// a·b + c: one fused multiply-add where the build targets it (x86 FMA), written out, so every place that sums a
+// value does it the same way; elsewhere a product and a sum.
+inline Vec fmadd(Vec a, Vec b, Vec c) {
+#if defined(__FMA__)
+  return reinterpret_cast<Vec>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                               reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
 
 // Pairwise sums of neighbouring lanes of a and of b: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7].
 inline Vec pair_sums(Vec a, Vec b) {
@@ -67,7 +81,7 @@ inline Vec fold8(const Vec* v) {
 // q·k: lane l sums q[d]·k[d] over d ≡ l (mod 8) in ascending d, then the lanes fold.
 inline Vec products(const float* q, const float* k, int64_t dim) {
   Vec acc = load(q) * load(k);
-  for (int64_t d = kLanes; d < dim; d += kLanes) acc += load(q + d) * load(k + d);
+  for (int64_t d = kLanes; d < dim; d += kLanes) acc = fmadd(load(q + d), load(k + d), acc);
   return acc;
 }
 
@@ -82,7 +96,7 @@ inline void dot_keys(const float* q, const float* keys, int64_t dim, int64_t n, 
     for (int64_t s = 0; s < kLanes; ++s) acc[s] = q0 * load(k + s * dim);
     for (int64_t d = kLanes; d < dim; d += kLanes) {
       const Vec qd = load(q + d);
-      for (int64_t s = 0; s < kLanes; ++s) acc[s] += qd * load(k + s * dim + d);
+      for (int64_t s = 0; s < kLanes; ++s) acc[s] = fmadd(qd, load(k + s * dim + d), acc[s]);
     }
     store(scores + j, fold8(acc) * scale);
   }
@@ -130,8 +144,11 @@ struct Call {
   int64_t window;        // > 0: a row at p sees keys p − window + 1 … p
 };
 
-// A task: one KV head and up to kBlock of the query vectors that read it ((row, query head) pairs, row-major).
-constexpr int64_t kBlock = 4;
+// A task: one KV head and a block of the query vectors that read it ((row, query head) pairs, row-major): at
+// least kMinBlock, at most kMaxBlock, else about kTasksPerHead blocks per KV head, so a long prefill chunk reads
+// each key a few times per layer, not once per four vectors, and a short call still gives every thread work.
+// The block changes which vectors share the reads, never a vector's arithmetic.
+constexpr int64_t kMinBlock = 4, kMaxBlock = 32, kTasksPerHead = 4;
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
 
@@ -143,7 +160,7 @@ inline void add_weighted(const float* p, const float* values, int64_t dim, int64
   for (int s = 0; s < W; ++s) a[s] = load(acc + s * kLanes);
   for (int64_t j = j0; j <= j1; ++j) {
     const Vec w = splat(p[j]);
-    for (int s = 0; s < W; ++s) a[s] += w * load(values + j * dim + s * kLanes);
+    for (int s = 0; s < W; ++s) a[s] = fmadd(w, load(values + j * dim + s * kLanes), a[s]);
   }
   for (int s = 0; s < W; ++s) store(acc + s * kLanes, a[s]);
 }
@@ -155,9 +172,9 @@ void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores,
   const int64_t group = c.heads / c.kv_heads;
   const float* keys = c.keys + kv * c.length * c.dim;
   const float* values = c.values + kv * c.length * c.dim;
-  int64_t lo[kBlock], hi[kBlock];  // keys lo … hi (inclusive)
-  const float* queries[kBlock];
-  float* outs[kBlock];
+  int64_t lo[kMaxBlock], hi[kMaxBlock];  // keys lo … hi (inclusive)
+  const float* queries[kMaxBlock];
+  float* outs[kMaxBlock];
   for (int64_t i = 0; i < count; ++i) {
     const int64_t row = (v0 + i) / group, head = kv * group + (v0 + i) % group;
     hi[i] = c.first + row;
@@ -173,7 +190,7 @@ void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores,
       if (j0 <= j1) dot_keys(queries[i], keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, scores + i * span + j0 - lo[i]);
     }
   }
-  float inverse[kBlock];
+  float inverse[kMaxBlock];
   for (int64_t i = 0; i < count; ++i) {
     float* row = scores + i * span;
     const int64_t n = hi[i] + 1 - lo[i], padded = (n + kLanes - 1) / kLanes * kLanes;
@@ -192,7 +209,7 @@ void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores,
     inverse[i] = 1.0f / fold(sum);
   }
   // Σ_j p_j·v_j, keys in ascending order: per tile of keys, up to 64 dimensions at a time.
-  alignas(64) float acc[kBlock][kMaxDim] = {};
+  alignas(64) float acc[kMaxBlock][kMaxDim] = {};
   for (int64_t t = first_key; t <= last_key; t += kTile) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
@@ -208,13 +225,19 @@ void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores,
     for (int64_t d = 0; d < c.dim; d += kLanes) store(outs[i] + d, load(acc[i] + d) * inverse[i]);
 }
 
+// Query vectors per task for a call of ``vectors`` per KV head.
+int64_t block_size(int64_t vectors) {
+  return std::clamp((vectors + kTasksPerHead - 1) / kTasksPerHead, kMinBlock, kMaxBlock);
+}
+
 void attend_task(void* data, size_t task) {
   const Call& c = *static_cast<const Call*>(data);
-  const int64_t vectors = c.rows * (c.heads / c.kv_heads), blocks = (vectors + kBlock - 1) / kBlock;
-  const int64_t kv = static_cast<int64_t>(task) / blocks, v0 = static_cast<int64_t>(task) % blocks * kBlock;
+  const int64_t vectors = c.rows * (c.heads / c.kv_heads), block = block_size(vectors);
+  const int64_t blocks = (vectors + block - 1) / block;
+  const int64_t kv = static_cast<int64_t>(task) / blocks, v0 = static_cast<int64_t>(task) % blocks * block;
   const int64_t span = (c.first + c.rows + kLanes) / kLanes * kLanes;
-  std::vector<float> scores(static_cast<size_t>(kBlock * span));
-  attend(c, kv, v0, std::min(kBlock, vectors - v0), scores.data(), span);
+  std::vector<float> scores(static_cast<size_t>(block * span));
+  attend(c, kv, v0, std::min(block, vectors - v0), scores.data(), span);
 }
 
 struct ExactAttentionKernel {
@@ -277,7 +300,7 @@ struct ExactAttentionKernel {
     }
     Call call{queries.data(), keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim, length,
               first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap, window};
-    const int64_t blocks = (rows * (heads / kv_heads) + kBlock - 1) / kBlock;
+    const int64_t vectors = rows * (heads / kv_heads), blocks = (vectors + block_size(vectors) - 1) / block_size(vectors);
     ctx.ParallelFor(attend_task, static_cast<size_t>(kv_heads * blocks), 0, &call);  // 0: as many batches as threads
   }
 };
