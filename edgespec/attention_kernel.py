@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from .errors import EdgespecError, ModelLoadError
+from .tuning import cpu_identity
 
 SOURCE = Path(__file__).with_name("kernels") / "exact_attention.cc"
 OP_DOMAIN, OP_TYPE = "edgespec", "ExactAttention"
@@ -55,19 +56,9 @@ def _cpu_flags() -> list[str]:
     return ["-mcpu=native"] if platform.machine().lower() in ("arm64", "aarch64") else ["-march=native"]
 
 
-def _cpu_name() -> str:
-    """The CPU's model and instruction-set flags (Linux), or what the platform says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            first = f.read().split("\n\n", 1)[0]  # the first processor's block
-        return " ".join(line for line in first.splitlines() if line.startswith(("model name", "flags")))
-    except OSError:
-        return platform.processor()
-
-
 def library_path() -> Path:
     """Where this source, built with these flags for this CPU, lives (a changed source builds anew)."""
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + _cpu_flags()).encode() + _cpu_name().encode())
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + _cpu_flags()).encode() + cpu_identity().encode())
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
     return kernels_dir() / f"exact_attention-{tag.hexdigest()[:12]}{suffix}"
 
@@ -83,13 +74,11 @@ def default_attention() -> str:
     return "exact" if library() else "gqa"
 
 
-def register(session_options: object) -> bool:
-    """Make ``edgespec.ExactAttention`` known to sessions made with these options; False when it is not built."""
+def register(session_options: object) -> None:
+    """Make ``edgespec.ExactAttention`` known to sessions made with these options, where it is built."""
     path = library()
-    if path is None:
-        return False
-    session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
-    return True
+    if path is not None:
+        session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
 
 
 def uses_kernel(manifest: dict) -> bool:
@@ -174,6 +163,9 @@ def build(say=print) -> Path:
         staging.unlink(missing_ok=True)
         raise KernelBuildError(f"compiling {SOURCE.name} failed:\n{done.stderr.strip()[-2000:]}")
     staging.replace(target)
+    for older in target.parent.glob("exact_attention-*"):  # earlier builds (another source, flags or CPU)
+        if older != target:
+            older.unlink(missing_ok=True)
     return target
 
 
