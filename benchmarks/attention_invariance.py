@@ -42,6 +42,7 @@ from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
 from onnx import TensorProto, helper, numpy_helper
 
 from edgespec import attention_kernel
+from edgespec.bench.plots import line_chart
 
 KV_HEADS, GROUP, HEAD_DIM, SUM_COLUMNS, BLOCK = 3, 3, 64, 8, 64
 HEADS = KV_HEADS * GROUP
@@ -208,10 +209,12 @@ class Blocked:
         self.session.run_with_iobinding(call.io)
         return call.out.reshape(KV_HEADS, -1, GROUP, HEAD_DIM).transpose(1, 0, 2, 3).reshape(-1, HEADS * HEAD_DIM)
 
-    def fill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int) -> None:
-        """Positions 0..end−1 into the cache, in calls of up to 256 rows (as a prefill)."""
-        for lo in range(0, end, 256):
-            self.rows(q[lo:min(end, lo + 256)], k[lo:min(end, lo + 256)], v[lo:min(end, lo + 256)], lo)
+
+
+def fill(cached: Blocked | Kernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int) -> None:
+    """Positions 0..end−1 into a design's cache, in calls of up to 256 rows (as a prefill)."""
+    for lo in range(0, end, 256):
+        cached.rows(q[lo:min(end, lo + 256)], k[lo:min(end, lo + 256)], v[lo:min(end, lo + 256)], lo)
 
 
 def cache_session(threads: int, max_positions: int, op: str) -> ort.InferenceSession:
@@ -259,9 +262,6 @@ class Kernel:
         self.session.run_with_iobinding(call.io)
         return call.out[0]
 
-    def fill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int) -> None:
-        for lo in range(0, end, 256):
-            self.rows(q[lo:min(end, lo + 256)], k[lo:min(end, lo + 256)], v[lo:min(end, lo + 256)], lo)
 
 
 def cache_time(session: ort.InferenceSession, cache: np.ndarray, keys: int, rows: int) -> float:
@@ -277,8 +277,8 @@ def measure(keys: int, threads: int) -> dict[str, object]:
     k = (rng.standard_normal((n, KV_HEADS * HEAD_DIM)) * 2).astype(np.float32)
     v = rng.standard_normal((n, KV_HEADS * HEAD_DIM)).astype(np.float32)
     grouped, blocked, kernel = Grouped(threads), Blocked(threads, n), Kernel(threads, n + 1)
-    blocked.fill(q, k, v, keys)
-    kernel.fill(q, k, v, keys)
+    fill(blocked, q, k, v, keys)
+    fill(kernel, q, k, v, keys)
     prefix = {"blocked": (blocked.key.copy(), blocked.value.copy()), "kernel": kernel.cache.copy()}
     alone = {"grouped": np.stack([grouped.rows(q[:p + 1], k[:p + 1], v[:p + 1], p)[0] for p in range(keys, n)])}
     for design, cached in (("blocked", blocked), ("kernel", kernel)):
@@ -308,24 +308,14 @@ def measure(keys: int, threads: int) -> dict[str, object]:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
     keys = [r["keys"] for r in results]
-    for design, color in (("gqa", "tab:gray"), ("grouped", "tab:blue"), ("blocked", "tab:orange"),
-                          ("kernel", "tab:green")):
-        for rows, style in ((1, "-"), (2, ":"), (5, "--")):
-            ax.plot(keys, [r["us_per_call"][design][rows] for r in results], style, color=color, marker="o",
-                    label=f"{design}, {rows} row{'s' if rows > 1 else ''}")
-    ax.set_xlabel("keys (context length)")
-    ax.set_ylabel("µs per call, one layer")
-    ax.set_title("attention per call (inputs bound beforehand)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    lines = [(f"{design}, {rows} row{'s' if rows > 1 else ''}", [r["us_per_call"][design][rows] for r in results],
+              color, style)
+             for design, color in (("gqa", "tab:gray"), ("grouped", "tab:blue"), ("blocked", "tab:orange"),
+                                   ("kernel", "tab:green"))
+             for rows, style in ((1, "-"), (2, ":"), (5, "--"))]
+    line_chart(path, keys, lines, "keys (context length)", "µs per call, one layer",
+               "attention per call (inputs bound beforehand)")
 
 
 def main() -> None:

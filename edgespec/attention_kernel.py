@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import urllib.request
+from functools import cache
 from pathlib import Path
 
 from .errors import EdgespecError, ModelLoadError
@@ -56,11 +57,17 @@ def _cpu_flags() -> list[str]:
     return ["-mcpu=native"] if platform.machine().lower() in ("arm64", "aarch64") else ["-march=native"]
 
 
+@cache
+def _build_tag() -> str:
+    """This source, these flags, this CPU (read once per process: every session and load asks)."""
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + _cpu_flags()).encode() + cpu_identity().encode())
+    return tag.hexdigest()[:12]
+
+
 def library_path() -> Path:
     """Where this source, built with these flags for this CPU, lives (a changed source builds anew)."""
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + _cpu_flags()).encode() + cpu_identity().encode())
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    return kernels_dir() / f"exact_attention-{tag.hexdigest()[:12]}{suffix}"
+    return kernels_dir() / f"exact_attention-{_build_tag()}{suffix}"
 
 
 def library() -> Path | None:

@@ -196,7 +196,7 @@ def default_choice_key(source: str | os.PathLike[str], candidates: list[str], on
                        device: str) -> dict[str, object]:
     """The shipped file the candidates derive from, which candidates, the ONNX candidate's runtime and graphs
     (``default_model.onnx_identity``; None without onnxruntime), threads, device and CPU."""
-    return {"source": file_identity(source), "candidates": candidates, "onnxruntime": onnx, "threads": threads,
+    return {"source": file_identity(source), "candidates": candidates, "onnx": onnx, "threads": threads,
             "device": device, "cpu": cpu_identity(), "race": DEFAULT_RACE}
 
 

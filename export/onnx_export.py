@@ -196,8 +196,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         manifest["source"].update(source)
         manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else
                                                            "none" if attention == "exact" else "attention")
-        manifest["quant_options"]["attention_min_total"] = (0 if attention == "exact" else
-                                                            attention_min_total(spec, context_length))
+        manifest["quant_options"]["attention_min_total"] = attention_min_total(spec, context_length, attention)
         if quant == GGUF_QUANT:
             manifest["quant_options"].update(carried=list(CARRIED), other_bits=bits, block_size=block_size,
                                              accuracy_level=accuracy_level)

@@ -255,9 +255,10 @@ def kv_length(context_length: int) -> int:
 SGEMM_WIDE_PASS_KEYS = 64
 
 
-def attention_min_total(spec: ModelSpec, context_length: int) -> int:
-    """The least key count GroupQueryAttention is called with (0: any): calls that end earlier are padded."""
-    if spec.head_dim <= 128:  # one pass at every N: nothing to pad
+def attention_min_total(spec: ModelSpec, context_length: int, attention: str = "gqa") -> int:
+    """The least key count the attention is called with (0: any): calls that end earlier are padded. Only
+    GroupQueryAttention needs it; edgespec's kernel is exact at every key count."""
+    if attention == "exact" or spec.head_dim <= 128:  # one pass at every N: nothing to pad
         return 0
     return min(SGEMM_WIDE_PASS_KEYS + 1, kv_length(context_length))
 
@@ -312,7 +313,7 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
             hidden = pad_rows(g, "hidden", pad)
         # Rows added to the attention's: the single-row pad, and up to the least key count (``attention_min_total``).
         attn_pad = pad
-        min_total = 0 if exact else attention_min_total(spec, context_length)
+        min_total = attention_min_total(spec, context_length, attention)
         if min_total:
             total64 = g.one("Reshape", [g.one("Cast", [total], to=onnx.TensorProto.INT64), g.ints(1)])
             attn_pad = g.one("Max", [g.one("Sub", [g.ints(min_total), total64]), pad])

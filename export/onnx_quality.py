@@ -20,7 +20,7 @@ import numpy as np
 
 from . import require
 from .onnx_reference import OnnxReference
-from .quality import Sample, agreement, calibration, llama_logits, open_model, prompts, source_ties
+from .quality import Sample, agreement, calibration, llama_logits, open_model, prompts, scored_logits, source_ties
 
 
 @cache
@@ -61,10 +61,10 @@ def gguf_samples(gguf: str, n_prompts: int, n_tokens: int,
     model = open_model(Path(gguf), threads)
     try:
         samples = tuple(calibration(model, n_prompts, n_tokens))
-        logits = tuple(llama_logits(model)(s.tokens[:-1], len(s.scored)) for s in samples)
+        logits = tuple(scored_logits(llama_logits(model), samples))
     finally:
         model.close()
-    return samples, logits, source_ties(Path(gguf), samples, threads)
+    return samples, logits, source_ties(Path(gguf), samples, logits, threads)
 
 
 @cache

@@ -50,6 +50,7 @@ class Agreement:
     # nats of the source's top-1 count as agreeing in ``top1_decided`` (= ``top1`` when tie is 0).
     tie: float = 0.0
     top1_decided: float = 0.0
+    largest_flip: float = 0.0  # nats: the widest gap, in the source's log-probabilities, of a position it lost
 
 
 @dataclass
@@ -140,49 +141,48 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def agreement(pairs: Iterable[tuple[np.ndarray, np.ndarray]], tie: float = 0.0) -> Agreement:
     """Top-1 agreement and mean KL(reference ‖ candidate) over the rows of (reference, candidate) logit pairs;
     ``top1_decided`` also counts a candidate's pick whose reference log-probability is within ``tie`` of the top."""
-    agree, decided, kl, n = 0, 0, 0.0, 0
+    agree, decided, kl, n, largest = 0, 0, 0.0, 0, 0.0
     for ref, cand in pairs:
         top, pick = ref.argmax(-1), cand.argmax(-1)
-        agree += int((top == pick).sum())
         lp, lq = _log_softmax(ref), _log_softmax(cand)
         rows = np.arange(len(top))
-        decided += int((lp[rows, top] - lp[rows, pick] <= tie).sum())
+        gap = lp[rows, top] - lp[rows, pick]  # 0 where the two agree
+        agree += int((top == pick).sum())
+        decided += int((gap <= tie).sum())
+        largest = max(largest, float(gap.max(initial=0.0)))
         kl += float((np.exp(lp) * (lp - lq)).sum())
         n += ref.shape[0]
     if not n:
         return Agreement(0.0, 0.0, 0, tie, 0.0)
     # Rounding can make the KL of identical distributions a hair negative.
-    return Agreement(agree / n, max(kl / n, 0.0), n, tie, decided / n)
+    return Agreement(agree / n, max(kl / n, 0.0), n, tie, decided / n, largest)
 
 
-def compare(reference: LogitsFn, candidate: LogitsFn, samples: Sequence[Sample], tie: float = 0.0) -> Agreement:
-    """Top-1 agreement and KL of ``candidate`` against ``reference`` at every scored position."""
-    # rows n_prompt-1 .. end-1 predict the scored tokens
-    return agreement(((reference(s.tokens[:-1], len(s.scored)), candidate(s.tokens[:-1], len(s.scored)))
-                      for s in samples), tie)
+def scored_logits(model: LogitsFn, samples: Sequence[Sample]) -> list[np.ndarray]:
+    """A model's logits at every scored position of the samples (rows n_prompt−1 … end−1 predict them)."""
+    return [model(s.tokens[:-1], len(s.scored)) for s in samples]
 
 
-def source_ties(source: Path, samples: Sequence[Sample], n_threads: int | None = None) -> float:
+def compare(reference: Sequence[np.ndarray], candidate: LogitsFn, samples: Sequence[Sample],
+            tie: float = 0.0) -> Agreement:
+    """Top-1 agreement and KL of ``candidate`` against the reference's ``scored_logits`` on ``samples``."""
+    return agreement(zip(reference, scored_logits(candidate, samples), strict=True), tie)
+
+
+def source_ties(source: Path, samples: Sequence[Sample], reference: Sequence[np.ndarray],
+                n_threads: int | None = None) -> float:
     """How far apart two tokens can be in the source's log-probabilities and still swap places under its own
-    numerics: the largest gap between its top-1 (exact numerics, the reference) and the token llama.cpp's stock
-    configuration of the same file (F16 KV cache, flash attention) picks instead; 0 where they always agree.
+    numerics: the widest gap at which llama.cpp's stock configuration of the same file (F16 KV cache, flash
+    attention) picks another top-1 than its exact one (``reference``: the exact one's ``scored_logits``).
 
     Why: a top-1 flip between near-ties is rounding, not quality. Measured on SmolLM2's shipped Q4_1 (12 fixed
     prompts, 373 positions): its stock configuration agrees with its exact one on 0.976 of top-1 tokens (flips at
     gaps up to 0.27 nats, KL 0.003), so a raw 0.99 bar would refuse the shipped file as llama.cpp runs it."""
-    exact, stock = open_model(source, n_threads), open_model(source, n_threads, exact_numerics=False)
+    stock = open_model(source, n_threads, exact_numerics=False)
     try:
-        pairs = [(llama_logits(exact)(s.tokens[:-1], len(s.scored)), llama_logits(stock)(s.tokens[:-1], len(s.scored)))
-                 for s in samples]
+        return compare(reference, llama_logits(stock), samples).largest_flip
     finally:
         stock.close()
-        exact.close()
-    gaps = [0.0]
-    for ref, other in pairs:
-        lp, top, pick = _log_softmax(ref), ref.argmax(-1), other.argmax(-1)
-        flipped = np.flatnonzero(top != pick)
-        gaps += [float(lp[i, top[i]] - lp[i, pick[i]]) for i in flipped]
-    return max(gaps)
 
 
 def greedy_agreement(candidate: LogitsFn, samples: Sequence[Sample]) -> float:
@@ -253,7 +253,8 @@ def report(artefact: Path, source: Path, n_prompts: int = 4, n_tokens: int = 32,
         progress("calibration: the source's greedy continuations")
         samples = calibration(src, n_prompts, n_tokens)
         progress("agreement with the source")
-        agreement = compare(llama_logits(src), llama_logits(art), samples, source_ties(source, samples, n_threads))
+        reference = scored_logits(llama_logits(src), samples)
+        agreement = compare(reference, llama_logits(art), samples, source_ties(source, samples, reference, n_threads))
         progress("decode speed")
         result = QualityReport(len(samples), agreement.positions, agreement.top1, agreement.kl,
                                artefact.stat().st_size, decode_speed(art, max(32, n_tokens)),

@@ -140,6 +140,15 @@ def test_rows_are_bit_identical_in_any_call_and_right(name: str) -> None:
             assert not bad, f"{rows} rows from {start}: positions {bad} differ from the same rows alone"
 
 
+def test_a_graph_off_the_contract_is_a_clear_error() -> None:
+    """8 query heads over 3 KV heads: refused by the kernel with the reason, nothing read out of bounds."""
+    s = Shape(8, 3, 64)
+    q = np.zeros((1, s.heads * s.dim), np.float32)
+    kv = np.zeros((1, s.kv_heads * s.dim), np.float32)
+    with pytest.raises(Exception, match="ExactAttention: num_heads must be a multiple of kv_num_heads"):
+        _Op(s).run(q, kv, kv, 0)
+
+
 def test_an_export_needing_the_kernel_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     manifest = {"quant_options": {"attention": f"{EXACT_DOMAIN}.{EXACT_OP}"}}
     with pytest.raises(ModelLoadError, match="runs on the CPU only"):

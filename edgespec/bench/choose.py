@@ -118,8 +118,9 @@ def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]
         onnx = OnnxModel(out, OnnxOptions(n_ctx=quality.EVAL_CTX, n_threads=threads))
         try:  # the quality report's fixed prompts and teacher-forced scoring, llama.cpp's shipped file as reference
             samples = quality.calibration(src)
-            tie = quality.source_ties(source, samples, threads)
-            a = quality.compare(quality.llama_logits(src), quality.llama_logits(onnx), samples, tie)
+            reference = quality.scored_logits(quality.llama_logits(src), samples)
+            tie = quality.source_ties(source, samples, reference, threads)
+            a = quality.compare(reference, quality.llama_logits(onnx), samples, tie)
         finally:
             onnx.close()
     finally:

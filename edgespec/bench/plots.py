@@ -92,6 +92,27 @@ def plot_chat(result: dict, stem: Path) -> list[str]:
     return [_save(fig, stem, "ttft")]
 
 
+def line_chart(path: Path, x: list[float], lines: list[tuple[str, list[float], str, str]], xlabel: str,
+               ylabel: str, title: str) -> None:
+    """One PNG of lines over a shared x axis, each (label, values, colour, line style), a marker on every point
+    (the benchmarks/ scripts' plots)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, values, color, style in lines:
+        ax.plot(x, values, style, color=color, marker="o", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _save(fig: object, stem: Path, what: str) -> str:
     path = stem.with_name(f"{stem.name}-{what}.png")
     fig.tight_layout()  # type: ignore[attr-defined]

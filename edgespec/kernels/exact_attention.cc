@@ -25,6 +25,7 @@
 #endif
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -61,7 +62,8 @@ inline Vec fmadd(Vec a, Vec b, Vec c) {
 
 // Pairwise sums of neighbouring lanes of a and of b: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7].
 inline Vec pair_sums(Vec a, Vec b) {
-  return __builtin_shuffle(a, b, Ints{0, 2, 8, 10, 4, 6, 12, 14}) + __builtin_shuffle(a, b, Ints{1, 3, 9, 11, 5, 7, 13, 15});
+  return __builtin_shuffle(a, b, Ints{0, 2, 8, 10, 4, 6, 12, 14}) +
+         __builtin_shuffle(a, b, Ints{1, 3, 9, 11, 5, 7, 13, 15});
 }
 
 // A vector's lanes summed as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) …
@@ -142,6 +144,8 @@ struct Call {
   int64_t rows, heads, kv_heads, dim, length, first;  // first: the position of row 0
   float scale, softcap;
   int64_t window;        // > 0: a row at p sees keys p − window + 1 … p
+  int64_t vectors;       // query vectors per KV head: rows · (H / KV)
+  int64_t block;         // of them per task (``block_size``); a call runs KV · ceil(vectors / block) tasks
 };
 
 // A task: one KV head and a block of the query vectors that read it ((row, query head) pairs, row-major): at
@@ -187,7 +191,8 @@ void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores,
   for (int64_t t = first_key; t <= last_key; t += kTile) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
-      if (j0 <= j1) dot_keys(queries[i], keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, scores + i * span + j0 - lo[i]);
+      if (j0 <= j1)
+        dot_keys(queries[i], keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, scores + i * span + j0 - lo[i]);
     }
   }
   float inverse[kMaxBlock];
@@ -230,14 +235,14 @@ int64_t block_size(int64_t vectors) {
   return std::clamp((vectors + kTasksPerHead - 1) / kTasksPerHead, kMinBlock, kMaxBlock);
 }
 
+int64_t blocks(const Call& c) { return (c.vectors + c.block - 1) / c.block; }
+
 void attend_task(void* data, size_t task) {
   const Call& c = *static_cast<const Call*>(data);
-  const int64_t vectors = c.rows * (c.heads / c.kv_heads), block = block_size(vectors);
-  const int64_t blocks = (vectors + block - 1) / block;
-  const int64_t kv = static_cast<int64_t>(task) / blocks, v0 = static_cast<int64_t>(task) % blocks * block;
+  const int64_t kv = static_cast<int64_t>(task) / blocks(c), v0 = static_cast<int64_t>(task) % blocks(c) * c.block;
   const int64_t span = (c.first + c.rows + kLanes) / kLanes * kLanes;
-  std::vector<float> scores(static_cast<size_t>(block * span));
-  attend(c, kv, v0, std::min(block, vectors - v0), scores.data(), span);
+  std::vector<float> scores(static_cast<size_t>(c.block * span));
+  attend(c, kv, v0, std::min(c.block, c.vectors - v0), scores.data(), span);
 }
 
 struct ExactAttentionKernel {
@@ -260,14 +265,29 @@ struct ExactAttentionKernel {
     const Ort::ConstValue total_in = ctx.GetInput(6), cos_in = ctx.GetInput(7), sin_in = ctx.GetInput(8);
     const std::vector<int64_t> kv_shape = past_key.GetTensorTypeAndShapeInfo().GetShape();
     const std::vector<int64_t> q_shape = query.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> cos_shape = cos_in.GetTensorTypeAndShapeInfo().GetShape();
+    const auto fail = [](const char* why) {
+      ORT_CXX_API_THROW(std::string("ExactAttention: ") + why, ORT_INVALID_ARGUMENT);
+    };
+    // A graph that does not match the contract (a corrupt or hand-edited export) is an error, not a stray read.
+    if (kv_shape.size() != 4 || q_shape.size() != 3 || cos_shape.size() != 2 || kv_shape[0] != 1 ||
+        kv_shape[1] != kv_heads || past_value.GetTensorTypeAndShapeInfo().GetShape() != kv_shape)
+      fail("past_key/past_value must be [1, kv_num_heads, L, head_dim] alike, query [1, S, ·], caches [L, ·]");
+    if (kv_heads <= 0 || heads % kv_heads != 0) fail("num_heads must be a multiple of kv_num_heads");
     const int64_t rows = q_shape[1], length = kv_shape[2], dim = kv_shape[3];
     const int64_t total = *total_in.GetTensorData<int32_t>(), first = total - rows;
     const int64_t half = dim / 2;
-    if (dim % (2 * kLanes) != 0 || dim > kMaxDim)
-      ORT_CXX_API_THROW("head_dim must be a multiple of 16, at most 256", ORT_INVALID_ARGUMENT);
-    if (first < 0 || total > length) ORT_CXX_API_THROW("positions outside the KV buffer", ORT_INVALID_ARGUMENT);
-    if (cos_in.GetTensorTypeAndShapeInfo().GetShape()[0] < total)
-      ORT_CXX_API_THROW("rotary cache shorter than the call's positions", ORT_INVALID_ARGUMENT);
+    if (dim % (2 * kLanes) != 0 || dim > kMaxDim) fail("head_dim must be a multiple of 16, at most 256");
+    const bool packed = !key_in;  // q|k|v in one row per token
+    if (q_shape[2] != (packed ? heads + 2 * kv_heads : heads) * dim) fail("query width does not match the heads");
+    const std::vector<int64_t> kv_rows{1, rows, kv_heads * dim};
+    if (!packed && (!value_in || key_in.GetTensorTypeAndShapeInfo().GetShape() != kv_rows ||
+                    value_in.GetTensorTypeAndShapeInfo().GetShape() != kv_rows))
+      fail("key and value must both be [1, S, kv_num_heads·head_dim]");
+    if (first < 0 || total > length) fail("positions outside the KV buffer");
+    if (cos_shape[0] < total || cos_shape[1] != half ||
+        sin_in.GetTensorTypeAndShapeInfo().GetShape() != cos_shape)
+      fail("rotary caches must be [≥ positions, head_dim/2] alike");
 
     Ort::UnownedValue out = ctx.GetOutput(0, {1, rows, heads * dim});
     Ort::UnownedValue present_key = ctx.GetOutput(1, kv_shape), present_value = ctx.GetOutput(2, kv_shape);
@@ -278,7 +298,6 @@ struct ExactAttentionKernel {
     if (values != past_value.GetTensorData<float>()) std::memcpy(values, past_value.GetTensorData<float>(), kv_bytes);
 
     // Where each row's q, k and v start (packed: one [H + 2·KV, D] row per token).
-    const bool packed = !key_in;
     const float* q_src = query.GetTensorData<float>();
     const float* k_src = packed ? q_src + heads * dim : key_in.GetTensorData<float>();
     const float* v_src = packed ? q_src + (heads + kv_heads) * dim : value_in.GetTensorData<float>();
@@ -298,10 +317,12 @@ struct ExactAttentionKernel {
         std::memcpy(values + (h * length + pos) * dim, v_src + r * kv_stride + h * dim, sizeof(float) * dim);
       }
     }
-    Call call{queries.data(), keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim, length,
-              first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap, window};
-    const int64_t vectors = rows * (heads / kv_heads), blocks = (vectors + block_size(vectors) - 1) / block_size(vectors);
-    ctx.ParallelFor(attend_task, static_cast<size_t>(kv_heads * blocks), 0, &call);  // 0: as many batches as threads
+    const int64_t vectors = rows * (heads / kv_heads);
+    Call call{queries.data(), keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
+              length, first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap,
+              window, vectors, block_size(vectors)};
+    // 0 batches: as many as the pool has threads
+    ctx.ParallelFor(attend_task, static_cast<size_t>(kv_heads * blocks(call)), 0, &call);
   }
 };
 
