@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..drafters.ngram import NgramDrafter
+from ..drafters.ngram import HISTORY_TOKENS, NgramDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
 from ..sampling import SamplingParams
 from .questions import BenchError
@@ -29,6 +29,7 @@ CURVES: dict[str, dict[int, float]] = {
     "amd-q4_1": {1: 1.0, 2: 1.75, 3: 2.29, 5: 2.95, 9: 4.84},
     "amd-q8_0": {1: 1.0, 2: 1.99, 3: 2.18, 5: 3.28, 9: 5.09},
     "intel-q4_0": {1: 1.0, 2: 1.34, 3: 1.61, 4: 1.91, 5: 2.20, 7: 2.85, 9: 3.32},
+    "amd-onnx-int8": {1: 1.0, 2: 1.07, 3: 1.47, 4: 1.70, 5: 2.05, 7: 2.53, 9: 3.34},
     "onnx-int8": {1: 1.0, 2: 1.22, 3: 1.35, 4: 1.47, 5: 1.59, 7: 1.85, 9: 2.07},
     "flat": {1: 1.0, 2: 1.02, 17: 1.3},
 }
@@ -122,11 +123,10 @@ class Tally:
                 "generations": 0}
 
 
-def _replay_one(stream: Stream, controller: GammaController, shape: np.ndarray, overhead: float,
-                noise: Callable[[], float]) -> Tally:
+def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaController, shape: np.ndarray,
+                overhead: float, noise: Callable[[], float]) -> Tally:
     """Mirrors Engine._run's step: propose from the committed text, let the controller cut the draft, keep the
     draft's prefix that matches the recorded output plus the target's own token."""
-    drafter = NgramDrafter()
     drafter.begin(stream.prompt)
     controller.begin()
     out = stream.output
@@ -159,16 +159,18 @@ def _replay_one(stream: Stream, controller: GammaController, shape: np.ndarray, 
 
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
-             controller: Callable[[CostCurve], GammaController] = GammaController) -> dict[str, dict[str, float]]:
+             controller: Callable[[CostCurve], GammaController] = GammaController,
+             history: int = HISTORY_TOKENS) -> dict[str, dict[str, float]]:
     """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller plays every stream in
     order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token passes.
     ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
+    drafter = NgramDrafter(history=history)
     tallies: dict[str, Tally] = defaultdict(Tally)
     counts: dict[str, int] = defaultdict(int)
     for stream in streams:
-        tally = _replay_one(stream, ctl, shape, overhead, lambda: float(np.exp(noise * rng.standard_normal())))
+        tally = _replay_one(stream, drafter, ctl, shape, overhead, lambda: float(np.exp(noise * rng.standard_normal())))
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1
