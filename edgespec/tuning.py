@@ -189,7 +189,8 @@ def cpu_identity() -> str:
 
 # What the default race measures (bench/choose.py); a choice measured by another race is measured again.
 # 2: replies to a document and three short texts, prefill included (1: decode speed on short texts only).
-DEFAULT_RACE = 2
+# 3: the same race; choices stored by 1379a08, whose race skipped the ONNX candidate by a misread key, are redone.
+DEFAULT_RACE = 3
 
 
 def default_choice_key(source: str | os.PathLike[str], candidates: list[str], onnx: str | None, threads: int,

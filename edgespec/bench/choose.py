@@ -142,7 +142,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         f"{budget.max_tokens} tokens per candidate)")
     skipped: dict[str, str] = {}
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
-    if onnx and key.get("onnxruntime"):
+    if onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
         path, note = onnx_candidate(family, threads, say)
         if path is None:
             skipped["onnx int8"] = note
