@@ -69,6 +69,8 @@ def test_earlier_answers_propose_what_followed_a_longer_match() -> None:
     d.begin(context)
     draft = d.propose(context, 8, GREEDY, RNG)
     assert (draft.tokens, draft.key) == ([9, 10, 11], -2)  # stops where that answer ended
+    sampled = d.propose(context, 8, SamplingParams(temperature=0.8), RNG)  # a seeded sample: its own text only
+    assert (sampled.tokens, sampled.key) == ([51, 7, 8], 1)
     context = [7, 8, 5, 7, 8]  # a match as long in the sequence itself wins
     d.begin(context)
     draft = d.propose(context, 8, GREEDY, RNG)

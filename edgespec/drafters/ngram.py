@@ -34,7 +34,8 @@ class NgramDrafter:
     "In conclusion,"), text the current prompt may not contain. They are consulted only for a match longer
     than the sequence's own, and their drafts carry their own keys (negative: -n for an n-token match), so the
     γ controller learns separately how often such a draft is right. Lookup is free and the target verifies
-    every draft, so the output is unchanged whatever they propose.
+    every draft, so greedy output is unchanged whatever they propose. Sampled requests do not use them: a
+    sample depends on its drafts, and a seed (with a fixed γ) must give the same sample whatever came before.
     """
 
     name = "ngram"
@@ -118,7 +119,9 @@ class NgramDrafter:
         longest = min(self.n_max, len(context))
         n, start = next(((n, s) for n in range(longest, self.n_min - 1, -1)
                          if (s := self._index[n].get(tuple(context[-n:]))) is not None), (0, 0))
-        for m in range(longest, max(n, self.n_min - 1), -1):
+        # Greedy output does not depend on the drafts; a sample does (which draft tokens get accepted, with its
+        # random numbers): earlier answers would make a seeded request's sample depend on earlier requests.
+        for m in range(longest, max(n, self.n_min - 1) if params.greedy else longest, -1):
             at = self._answer_index.get(tuple(context[-m:]))
             if at is not None:
                 tokens = self._answer_tokens[at:at + limit]
