@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.configs import CONFIGS, DEFAULT_CONFIGS, select
+from edgespec.bench.conversation import lowest_turns, time_to
 from edgespec.bench.questions import BenchError, conversation, load_questions
 from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
 from edgespec.cli import generate_engine, main
@@ -233,7 +234,11 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
             assert 0 < r["n_tokens"] <= 16 and 0 < r["ttft_s"] < r["latency_s"] and r["fresh_ttft_s"] > 0
             assert r["prefill_tok_s"] == pytest.approx(r["new_tokens"] / r["ttft_s"]) and r["decode_tok_s"] > 0
             assert isinstance(r["same_as_fresh"], bool)
+            counts, times = zip(*r["arrivals"], strict=True)  # every arrival, timed from the request
+            assert counts[-1] == r["n_tokens"] and list(counts) == sorted(counts) and list(times) == sorted(times)
+            assert times[0] == pytest.approx(r["ttft_s"]) and times[-1] == pytest.approx(r["latency_s"])
         s = result["summary"][name]
+        assert 0 <= s["lowest_from_turn_3"] <= 1 and 0 <= s["lowest_at_equal_length_from_turn_3"] <= 1
         assert s["turns"] == 3 and s["last_context_tokens"] == turns[-1]["context_tokens"]
         assert s["mean_latency_from_turn_3_s"] == pytest.approx(turns[2]["latency_s"])
     # edgespec's contract: whatever it reused, every turn's text is what a fresh engine writes
@@ -241,6 +246,21 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
     assert all(r["extra"]["cache_save_s"] > 0 for r in result["turns"]["lcpp-cache"])
     (plot,) = result["plots"]
     assert plot.endswith("-ttft.png") and Path(plot).stat().st_size > 10_000
+
+
+def test_chat_turns_compared_whole_and_at_equal_length() -> None:
+    """A faster decoder that writes a longer answer loses on whole answers and wins at the length both reach."""
+    def turn(n: int, per_token: float) -> dict:
+        arrivals = [(i, 0.1 + i * per_token) for i in range(1, n + 1)]
+        return {"n_tokens": n, "latency_s": arrivals[-1][1], "arrivals": arrivals}
+
+    turns = {"long-fast": [turn(8, 0.01)] * 2 + [turn(128, 0.02), turn(10, 0.02)],
+             "short-slow": [turn(8, 0.01)] * 2 + [turn(33, 0.03), turn(10, 0.03)]}
+    assert time_to(turns["long-fast"][2]["arrivals"], 33) == pytest.approx(0.1 + 33 * 0.02)
+    assert lowest_turns(turns, "long-fast", equal_length=False) == 1  # the 128-token answer takes longer
+    assert lowest_turns(turns, "long-fast", equal_length=True) == 2
+    assert lowest_turns(turns, "short-slow", equal_length=False) == 1
+    assert lowest_turns(turns, "short-slow", equal_length=True) == 0
 
 
 def test_chat_script_takes_turns_between_categories(spec_bench_file: Path) -> None:

@@ -45,7 +45,27 @@ def _turn_record(result: dict, prompt: list[int], held: list[int]) -> dict:
             "prefill_tok_s": new / result["ttft_s"] if result["ttft_s"] > 0 else None,
             "decode_tok_s": decoded / result["decode_s"] if result["decode_s"] > 0 else None,
             "latency_s": result["ttft_s"] + result["decode_s"], "n_tokens": n, "tokens": result["tokens"],
-            "peak_rss_mb": result["peak_rss_mb"], "extra": result["extra"]}
+            "arrivals": result["arrivals"], "peak_rss_mb": result["peak_rss_mb"], "extra": result["extra"]}
+
+
+def time_to(arrivals: list[tuple[int, float]], n: int) -> float:
+    """Seconds from the request until the first ``n`` tokens of the answer had arrived."""
+    return next(t for received, t in arrivals if received >= n)
+
+
+def lowest_turns(turns: dict[str, list[dict]], name: str, equal_length: bool) -> int:
+    """From turn 3 on, the turns on which ``name``'s answer took less time than every other configuration's:
+    whole answers, or (``equal_length``) each pair compared at the length both answers reach — each decoder
+    writes its own answer, and a 128-token answer is not slower than a 33-token one for taking longer."""
+    won = 0
+    for i, mine in enumerate(turns[name][2:], start=2):
+        others = [records[i] for other, records in turns.items() if other != name]
+        if equal_length:
+            won += all(time_to(mine["arrivals"], m) < time_to(o["arrivals"], m)
+                       for o in others if (m := min(mine["n_tokens"], o["n_tokens"])) > 0)
+        else:
+            won += all(mine["latency_s"] < o["latency_s"] for o in others)
+    return won
 
 
 def run_chat(args: ChatArgs, log: Callable[[str], None] = print) -> dict:
@@ -109,6 +129,8 @@ def summarize_chat(turns: dict[str, list[dict]]) -> dict[str, dict[str, object]]
         out[name] = {"turns": len(records), "last_context_tokens": records[-1]["context_tokens"],
                      "last_ttft_s": records[-1]["ttft_s"],
                      "mean_latency_from_turn_3_s": sum(later) / len(later) if later else None,
+                     "lowest_from_turn_3": lowest_turns(turns, name, equal_length=False),
+                     "lowest_at_equal_length_from_turn_3": lowest_turns(turns, name, equal_length=True),
                      "same_as_fresh": sum(r["same_as_fresh"] for r in records)}
     return out
 
@@ -133,5 +155,9 @@ def chat_table(result: dict) -> str:
         lines.append(f"{name:<12} last turn: {s['last_context_tokens']} tokens of context, time to first token "
                      f"{s['last_ttft_s']:.2f} s; mean latency from turn 3 {later} s; {s['same_as_fresh']}/{s['turns']} "
                      "turns as a fresh engine writes them")
+        if len(result["turns"]) > 1:
+            lines.append(f"{'':<12} from turn 3, faster than every other configuration on {s['lowest_from_turn_3']} "
+                         f"turns; on {s['lowest_at_equal_length_from_turn_3']} compared at the length both answers "
+                         "reach")
         lines.append("")
     return "\n".join(lines)

@@ -52,6 +52,9 @@ class Result:
     verify_s: float | None = None
     model_draft_s: float = 0.0  # drafting time that is model compute (a draft model), not engine overhead
     peak_rss_mb: float = 0.0
+    # (tokens received so far, seconds since the request) at each arrival: the chat bench compares answers of
+    # different lengths at the length they share. Chat runners fill it in.
+    arrivals: list[tuple[int, float]] | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
 

@@ -46,18 +46,18 @@ class LlamaCppRunner:
 
     def generate(self, tokens: list[int], max_tokens: int) -> Result:
         start = time.perf_counter()
-        first_at = start
         out: list[int] = []
+        arrivals: list[tuple[int, float]] = []
         for token in self.llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                                        reset=True):
-            if not out:
-                first_at = time.perf_counter()
             out.append(token)
+            arrivals.append((len(out), time.perf_counter() - start))
             if token in self.setup.eog or len(out) == max_tokens:
                 break
-        end = time.perf_counter()
-        return Result(tokens=cut_at_eog(out, self.setup.eog, max_tokens), ttft_s=first_at - start,
-                      decode_s=end - first_at)
+        first_s, end_s = (arrivals[0][1], arrivals[-1][1]) if arrivals else (0.0, 0.0)
+        kept = cut_at_eog(out, self.setup.eog, max_tokens)
+        return Result(tokens=kept, ttft_s=first_s, decode_s=end_s - first_s,
+                      arrivals=[(min(n, len(kept)), t) for n, t in arrivals])
 
     def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
         """The prompt as token ids (the run's template); ``generate`` itself keeps the prefix the context
@@ -76,6 +76,7 @@ class LlamaCppRunner:
         restore_s = time.perf_counter() - start
         result = self.generate(tokens, max_tokens)
         result.ttft_s += restore_s
+        result.arrivals = [(n, t + restore_s) for n, t in result.arrivals or []]
         saved_at = time.perf_counter()
         self.cache[tokens + result.tokens] = self.llm.save_state()
         result.extra["cache_save_s"] = time.perf_counter() - saved_at  # after the answer: not in its latency

@@ -53,19 +53,23 @@ class NativeRunner:
         """Through the public chat API, as an application calls it (the template is edgespec's own, so
         ``tokens`` are not needed): whatever the engine kept of the conversation is its to reuse."""
         start = time.perf_counter()
-        arrivals: list[float] = []
-        result = _result(_timed(self.engine.stream_chat(messages, max_tokens=max_tokens), arrivals))
+        arrivals: list[tuple[int, float]] = []
+        result = _result(_timed(self.engine.stream_chat(messages, max_tokens=max_tokens), start, arrivals))
         # From the call on (rendering and tokenizing the conversation included), as a user waits for it.
-        result.ttft_s, result.decode_s = arrivals[0] - start, arrivals[-1] - arrivals[0]
+        result.ttft_s, result.decode_s = arrivals[0][1], arrivals[-1][1] - arrivals[0][1]
+        result.arrivals = arrivals
         return result
 
     def close(self) -> None:
         self.engine.close()
 
 
-def _timed(chunks: Iterator[StreamChunk], arrivals: list[float]) -> Iterator[StreamChunk]:
+def _timed(chunks: Iterator[StreamChunk], start: float, arrivals: list[tuple[int, float]]
+           ) -> Iterator[StreamChunk]:
+    received = 0
     for chunk in chunks:
-        arrivals.append(time.perf_counter())
+        received += len(chunk.tokens)
+        arrivals.append((received, time.perf_counter() - start))
         yield chunk
 
 

@@ -65,19 +65,19 @@ class OrtGenaiRunner:
 
     def _decode(self, generator: Any, start: float, max_tokens: int) -> Result:
         out: list[int] = []
-        first_at, first = start, 0
+        arrivals: list[tuple[int, float]] = []
         while not generator.is_done() and len(out) < max_tokens:
             generator.generate_next_token()
             new = [int(t) for t in generator.get_next_tokens()]
-            if not out:
-                first_at, first = time.perf_counter(), len(new)
             out.extend(new)
+            arrivals.append((len(out), time.perf_counter() - start))
             if any(t in self.setup.eog for t in new):
                 break
-        end = time.perf_counter()
+        first_s, end_s = (arrivals[0][1], arrivals[-1][1]) if arrivals else (0.0, 0.0)
         tokens = cut_at_eog(out, self.setup.eog, max_tokens)
-        return Result(tokens=tokens, ttft_s=first_at - start, decode_s=end - first_at,
-                      first_tokens=min(first, len(tokens)))
+        return Result(tokens=tokens, ttft_s=first_s, decode_s=end_s - first_s,
+                      first_tokens=min(arrivals[0][0] if arrivals else 0, len(tokens)),
+                      arrivals=[(min(n, len(tokens)), t) for n, t in arrivals])
 
     def close(self) -> None:
         del self.model
