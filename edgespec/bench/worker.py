@@ -53,7 +53,7 @@ class Result:
     model_draft_s: float = 0.0  # drafting time that is model compute (a draft model), not engine overhead
     peak_rss_mb: float = 0.0
     # (tokens received so far, seconds since the request) at each arrival: the chat bench compares answers of
-    # different lengths at the length they share. Chat runners fill it in.
+    # different lengths at the length they share. Every chat runner fills it in.
     arrivals: list[tuple[int, float]] | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -82,6 +82,16 @@ def cut_at_eog(tokens: list[int], eog: tuple[int, ...], max_tokens: int) -> list
         if t in eog:
             return tokens[:i][:max_tokens]
     return tokens[:max_tokens]
+
+
+def timed(out: list[int], arrivals: list[tuple[int, float]], eog: tuple[int, ...], max_tokens: int) -> Result:
+    """A peer's generation timed by its ``arrivals``: the answer cut at the first end-of-generation token, time to
+    first token at the first arrival, decoding from there to the last; counts capped at the answer (an
+    end-of-generation token arrives but is not output)."""
+    tokens = cut_at_eog(out, eog, max_tokens)
+    first, last = (arrivals[0][1], arrivals[-1][1]) if arrivals else (0.0, 0.0)
+    return Result(tokens=tokens, ttft_s=first, decode_s=last - first,
+                  arrivals=[(min(n, len(tokens)), t) for n, t in arrivals])
 
 
 def _peak_rss_mb() -> float:

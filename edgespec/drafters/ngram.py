@@ -90,11 +90,12 @@ class NgramDrafter:
         """Keep an answer for lookup; past ``history`` tokens the oldest answers are dropped (a rebuild)."""
         if not answer or self.history == 0:
             return
-        self._answers.append(answer[-self.history:])
-        if len(self._answer_tokens) + len(self._answers[-1]) + 1 <= self.history:
-            self._index_answer(self._answers[-1])
+        answer = answer[-self.history:]
+        self._answers.append(answer)
+        total = len(self._answer_tokens) + len(answer) + 1  # every answer with its separator
+        if total <= self.history:
+            self._index_answer(answer)
             return
-        total = sum(len(a) + 1 for a in self._answers)
         while total > self.history // 2 and len(self._answers) > 1:
             total -= len(self._answers.popleft()) + 1
         self._answer_tokens, self._answer_index = [], {}
@@ -116,14 +117,16 @@ class NgramDrafter:
         limit = min(max_tokens, self.max_draft)
         if limit <= 0:
             return Draft([])
-        longest = min(self.n_max, len(context))
-        n, start = next(((n, s) for n in range(longest, self.n_min - 1, -1)
-                         if (s := self._index[n].get(tuple(context[-n:]))) is not None), (0, 0))
         # Greedy output does not depend on the drafts; a sample does (which draft tokens get accepted, with its
         # random numbers): earlier answers would make a seeded request's sample depend on earlier requests.
-        for m in range(longest, max(n, self.n_min - 1) if params.greedy else longest, -1):
-            at = self._answer_index.get(tuple(context[-m:]))
+        answers = self._answer_index if params.greedy else {}
+        for n in range(min(self.n_max, len(context)), self.n_min - 1, -1):  # the longest match first
+            gram = tuple(context[-n:])
+            start = self._index[n].get(gram)
+            if start is not None:  # the sequence's own match wins one as long in the earlier answers
+                return Draft(list(context[start:start + limit]), key=n)
+            at = answers.get(gram)
             if at is not None:
                 tokens = self._answer_tokens[at:at + limit]
-                return Draft(tokens[:tokens.index(-1)] if -1 in tokens else tokens, key=-m)
-        return Draft(list(context[start:start + limit]), key=n) if n else Draft([])
+                return Draft(tokens[:tokens.index(-1)] if -1 in tokens else tokens, key=-n)
+        return Draft([])

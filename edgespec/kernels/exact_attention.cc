@@ -237,12 +237,20 @@ int64_t block_size(int64_t vectors) {
 
 int64_t blocks(const Call& c) { return (c.vectors + c.block - 1) / c.block; }
 
+// At least n floats of a buffer kept by the calling thread between calls, contents undefined. Every layer's
+// attention runs once per decoded token: a fresh zero-filled vector per call and task (32 KB of scores per task at
+// 2000 keys, 256 KB for a prefill block, past glibc's mmap threshold) was work the decode loop need not do.
+float* scratch(std::vector<float>& buffer, int64_t n) {
+  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
+
 void attend_task(void* data, size_t task) {
   const Call& c = *static_cast<const Call*>(data);
   const int64_t kv = static_cast<int64_t>(task) / blocks(c), v0 = static_cast<int64_t>(task) % blocks(c) * c.block;
   const int64_t span = (c.first + c.rows + kLanes) / kLanes * kLanes;
-  std::vector<float> scores(static_cast<size_t>(c.block * span));
-  attend(c, kv, v0, std::min(c.block, c.vectors - v0), scores.data(), span);
+  thread_local std::vector<float> scores;  // every score attend reads, it writes first
+  attend(c, kv, v0, std::min(c.block, c.vectors - v0), scratch(scores, c.block * span), span);
 }
 
 struct ExactAttentionKernel {
@@ -306,19 +314,21 @@ struct ExactAttentionKernel {
     const float* cos = cos_in.GetTensorData<float>();
     const float* sin = sin_in.GetTensorData<float>();
 
-    std::vector<float> queries(static_cast<size_t>(rows * heads * dim));
+    // The rotated queries; another buffer than the tasks' scores (this thread runs tasks of the ParallelFor too).
+    thread_local std::vector<float> rotated;
+    float* queries = scratch(rotated, rows * heads * dim);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = first + r;
       const float *c = cos + pos * half, *s = sin + pos * half;
       for (int64_t h = 0; h < heads; ++h)
-        rotate(q_src + r * q_stride + h * dim, c, s, dim, queries.data() + (r * heads + h) * dim);
+        rotate(q_src + r * q_stride + h * dim, c, s, dim, queries + (r * heads + h) * dim);
       for (int64_t h = 0; h < kv_heads; ++h) {
         rotate(k_src + r * kv_stride + h * dim, c, s, dim, keys + (h * length + pos) * dim);
         std::memcpy(values + (h * length + pos) * dim, v_src + r * kv_stride + h * dim, sizeof(float) * dim);
       }
     }
     const int64_t vectors = rows * (heads / kv_heads);
-    Call call{queries.data(), keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
+    Call call{queries, keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
               length, first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap,
               window, vectors, block_size(vectors)};
     // 0 batches: as many as the pool has threads

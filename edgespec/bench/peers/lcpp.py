@@ -12,7 +12,7 @@ import time
 import llama_cpp
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from ..worker import Result, Setup, cut_at_eog
+from ..worker import Result, Setup, timed
 
 
 class LlamaCppRunner:
@@ -54,10 +54,7 @@ class LlamaCppRunner:
             arrivals.append((len(out), time.perf_counter() - start))
             if token in self.setup.eog or len(out) == max_tokens:
                 break
-        first_s, end_s = (arrivals[0][1], arrivals[-1][1]) if arrivals else (0.0, 0.0)
-        kept = cut_at_eog(out, self.setup.eog, max_tokens)
-        return Result(tokens=kept, ttft_s=first_s, decode_s=end_s - first_s,
-                      arrivals=[(min(n, len(kept)), t) for n, t in arrivals])
+        return timed(out, arrivals, self.setup.eog, max_tokens)
 
     def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
         """The prompt as token ids (the run's template); ``generate`` itself keeps the prefix the context

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from ..worker import Result, Setup, cut_at_eog
+from ..worker import Result, Setup, timed
 
 
 class OrtGenaiRunner:
@@ -73,11 +73,9 @@ class OrtGenaiRunner:
             arrivals.append((len(out), time.perf_counter() - start))
             if any(t in self.setup.eog for t in new):
                 break
-        first_s, end_s = (arrivals[0][1], arrivals[-1][1]) if arrivals else (0.0, 0.0)
-        tokens = cut_at_eog(out, self.setup.eog, max_tokens)
-        return Result(tokens=tokens, ttft_s=first_s, decode_s=end_s - first_s,
-                      first_tokens=min(arrivals[0][0] if arrivals else 0, len(tokens)),
-                      arrivals=[(min(n, len(tokens)), t) for n, t in arrivals])
+        result = timed(out, arrivals, self.setup.eog, max_tokens)
+        result.first_tokens = result.arrivals[0][0] if result.arrivals else 0  # a first step may speculate
+        return result
 
     def close(self) -> None:
         del self.model

@@ -1,0 +1,168 @@
+"""n-gram lookup with and without the model's earlier answers, side by side, and the verify curve the decode loop pays.
+
+    python benchmarks/answer_lookup.py [--model PATH] [--per-category 6] [--max-tokens 128] [--threads 2] [--out DIR]
+
+Three engines on one model in one process (default: the model `edgespec generate` loads, as this machine's race
+chose it): the target alone, n-gram lookup without earlier answers (``history`` 0) and the default n-gram drafter,
+all γ auto, no tuning file. Spec-Bench's questions in file order, multi-turn ones as conversations carrying the
+target's answers; every engine answers every turn, in an order that turns around from one turn to the next, so
+the shared machine's load falls on all three; every speculative answer is checked equal to the target's. Each
+engine's target passes in the decode loop are timed by the rows they compute, so the table also shows the verify
+curve the loop pays (median seconds of a k-row pass over a 1-row one) beside a start-up calibration (best of 5
+at ~100 tokens, as the engine calibrates). Prints a table per category, writes answer_lookup.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import edgespec
+from edgespec.bench.plots import line_chart
+from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
+from edgespec.default_model import default_choice
+from edgespec.engine import Engine
+from edgespec.tuning import cpu_identity
+
+ENGINES = ("target", "ngram-no-answers", "ngram")
+CURVE_ROWS = (1, 2, 3, 4, 5, 6, 7)
+
+
+def open_engines(model: str, threads: int) -> dict[str, Engine]:
+    engines = {"target": edgespec.load(model, mode="none", n_threads=threads, tuning=False),
+               "ngram-no-answers": edgespec.load(model, mode="ngram", n_threads=threads, tuning=False),
+               "ngram": edgespec.load(model, mode="ngram", n_threads=threads, tuning=False)}
+    engines["ngram-no-answers"].drafters["ngram"].history = 0  # type: ignore[attr-defined]
+    return engines
+
+
+def time_passes(engine: Engine, passes: dict[int, list[float]]) -> None:
+    """Record every target pass of ``engine`` of up to 17 rows (decode steps, not prefill chunks) by its rows."""
+    arena = engine.arena
+    extend = arena.extend
+
+    def timed(name: str, speculative: list[int], n_logits: int) -> np.ndarray:
+        rows = len(arena.tokens) - len(arena.held[name]) + len(speculative)
+        began = time.perf_counter()
+        logits = extend(name, speculative, n_logits)
+        if name == "target" and rows <= 17:
+            passes[rows].append(time.perf_counter() - began)
+        return logits
+
+    arena.extend = timed  # type: ignore[method-assign]
+
+
+def play(engines: dict[str, Engine], questions: list[dict], max_tokens: int) -> list[dict]:
+    records = []
+    turn_index = 0
+    for q in questions:
+        messages: list[dict[str, str]] = []
+        for turn, user in enumerate(q["turns"]):
+            messages.append({"role": "user", "content": user})
+            prompt = engines["target"].chat_tokens(messages)
+            order = ENGINES if turn_index % 2 == 0 else ENGINES[::-1]
+            turn_index += 1
+            results = {}
+            for name in order:
+                results[name] = engines[name].generate(prompt, max_tokens=max_tokens)
+            target = results["target"]
+            for name, r in results.items():
+                if r.tokens != target.tokens:
+                    raise SystemExit(f"{name} wrote another answer than the target alone to question "
+                                     f"{q['question_id']} turn {turn}: a lossless contract broken")
+                records.append({"engine": name, "question_id": q["question_id"], "category": q["category"],
+                                "turn": turn, "tokens": len(r.tokens), "decode_s": r.stats.decode_s,
+                                "steps": r.stats.steps, "drafted": r.stats.drafted, "accepted": r.stats.accepted})
+            messages.append({"role": "assistant", "content": target.text})
+    return records
+
+
+def summarize(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per category and overall, per engine: decode tok/s (tokens after the first over decode time), τ, α."""
+    sums: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    for r in records:
+        for category in (r["category"], "overall"):
+            s = sums[category][r["engine"]]
+            for field in ("decode_s", "steps", "drafted", "accepted"):
+                s[field] += r[field]
+            s["decoded"] += max(r["tokens"] - 1, 0)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for category, engines in sums.items():
+        out[category] = {name: {"tok_s": s["decoded"] / s["decode_s"] if s["decode_s"] else 0.0,
+                                "tau": (s["accepted"] + s["steps"]) / s["steps"] if s["steps"] else 0.0,
+                                "alpha": s["accepted"] / s["drafted"] if s["drafted"] else 0.0}
+                         for name, s in engines.items()}
+    return out
+
+
+def loop_curve(passes: dict[int, list[float]]) -> dict[int, dict[str, float]]:
+    """Median seconds of a k-row pass relative to a 1-row one, and how many passes each median is of."""
+    one = float(np.median(passes[1]))
+    return {k: {"relative": float(np.median(passes[k])) / one, "passes": len(passes[k])}
+            for k in sorted(passes) if passes[k]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="a model path or name (default: what this machine's race chose)")
+    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
+    parser.add_argument("--per-category", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for answer_lookup.json/.png")
+    args = parser.parse_args()
+    model = args.model or default_choice(args.threads, "cpu").target
+    questions = load_questions(args.questions, per_category=args.per_category)
+    engines = open_engines(model, args.threads)
+    try:
+        curve = engines["ngram"].calibrate(rounds=5, statistic=np.min)
+        calibrated = {k: curve.seconds(k) / curve.seconds(1) for k in CURVE_ROWS}
+        passes: dict[str, dict[int, list[float]]] = {name: defaultdict(list) for name in ENGINES[1:]}
+        for name in ENGINES[1:]:
+            time_passes(engines[name], passes[name])
+        records = play(engines, questions, args.max_tokens)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    summary = summarize(records)
+    curves = {name: loop_curve(passes[name]) for name in ENGINES[1:]}
+
+    print(f"{Path(model).name}, {len(records) // len(ENGINES)} generations, all identical to the target's; "
+          f"{cpu_identity()[:60]}, {args.threads} threads")
+    print(f"{'category':<16}{'target tok/s':>13}{'no answers':>12}{'with answers':>14}{'with / without':>16}"
+          f"{'τ without / with':>18}")
+    for category in sorted(summary, key=lambda c: (c == "overall", c)):
+        s = summary[category]
+        plain, without, with_ = (s[name]["tok_s"] for name in ENGINES)
+        print(f"{category:<16}{plain:>13.1f}{without:>7.1f} {without / plain:.2f}×{with_:>8.1f} "
+              f"{with_ / plain:.2f}×{with_ / without:>15.3f}×{s['ngram-no-answers']['tau']:>10.2f} / "
+              f"{s['ngram']['tau']:.2f}")
+    print("verify curve, cost of a k-row pass / a 1-row pass (k = 1 + draft tokens):")
+    print(f"{'k':>4}{'calibration':>13}" + "".join(f"{name:>20}" for name in ENGINES[1:]))
+    for k in CURVE_ROWS:
+        cells = "".join(f"{c[k]['relative']:>11.2f} ({c[k]['passes']:>5})" if k in c else f"{'-':>20}"
+                        for c in curves.values())
+        print(f"{k:>4}{calibrated[k]:>13.2f}{cells}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "answer_lookup.json"
+    out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model),
+                               "per_category": args.per_category, "max_tokens": args.max_tokens,
+                               "summary": summary, "loop_curves": curves, "calibrated_curve": calibrated,
+                               "records": records}, indent=1))
+    ks = [k for k in CURVE_ROWS if all(k in c for c in curves.values())]
+    lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--")]
+    lines += [(f"decode loop, {name} (medians)", [curves[name][k]["relative"] for k in ks], color, "-")
+              for name, color in zip(ENGINES[1:], ("tab:blue", "tab:green"), strict=True)]
+    line_chart(args.out / "answer_lookup.png", ks, lines, "rows in the pass (1 + draft tokens)",
+               "cost relative to one row", "Verify cost: decode loop vs calibration")
+    print(f"wrote {out} and answer_lookup.png")
+
+
+if __name__ == "__main__":
+    main()
