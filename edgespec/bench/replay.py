@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..drafters.ngram import HISTORY_TOKENS, NgramDrafter
+from ..drafters.ngram import NgramDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
 from ..sampling import SamplingParams
 from .questions import BenchError
@@ -159,14 +159,13 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
 
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
-             controller: Callable[[CostCurve], GammaController] = GammaController,
-             history: int = HISTORY_TOKENS) -> dict[str, dict[str, float]]:
+             controller: Callable[[CostCurve], GammaController] = GammaController) -> dict[str, dict[str, float]]:
     """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller plays every stream in
     order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token passes.
     ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
-    drafter = NgramDrafter(history=history)
+    drafter = NgramDrafter()
     tallies: dict[str, Tally] = defaultdict(Tally)
     counts: dict[str, int] = defaultdict(int)
     for stream in streams:

@@ -19,9 +19,8 @@ class Draft:
     # One q-distribution per token when the drafter sampled them; None when it proposes deterministically
     # (lookup, or a greedy draft model): q is then one-hot on the token.
     probs: np.ndarray | None = None
-    # The context the proposal came from (n-gram: the matched length n, or −n for a match in the model's earlier
-    # answers). Acceptance is tracked per key, so the γ controller learns e.g. that 1-token matches rarely pay
-    # while 4-token matches do.
+    # The context the proposal came from (n-gram: the matched length). Acceptance is tracked per key, so the γ
+    # controller learns e.g. that 1-token matches rarely pay while 4-token matches do.
     key: int = 0
     # Forward passes the drafter spent (a model drafter that stopped early on low confidence spent one more
     # than it proposed); None: one per token. The γ controller charges them all.

@@ -1,15 +1,15 @@
-"""n-gram lookup with and without the model's earlier answers, side by side, and the verify curve the decode loop pays.
+"""The verify curve the decode loop pays, beside the start-up calibration, and n-gram lookup's speed-up side by side.
 
-    python benchmarks/answer_lookup.py [--model PATH] [--per-category 6] [--max-tokens 128] [--threads 2] [--out DIR]
+    python benchmarks/decode_loop_curve.py [--model PATH] [--per-category 6] [--max-tokens 128] [--out DIR]
 
-Three engines on one model in one process (default: the model `edgespec generate` loads, as this machine's race
-chose it): the target alone, n-gram lookup without earlier answers (``history`` 0) and the default n-gram drafter,
-all γ auto, no tuning file. Spec-Bench's questions in file order, multi-turn ones as conversations carrying the
-target's answers; every engine answers every turn, in an order that turns around from one turn to the next, so
-the shared machine's load falls on all three; every speculative answer is checked equal to the target's. Each
-engine's target passes in the decode loop are timed by the rows they compute, so the table also shows the verify
-curve the loop pays (median seconds of a k-row pass over a 1-row one) beside a start-up calibration (best of 5
-at ~100 tokens, as the engine calibrates). Prints a table per category, writes answer_lookup.json and .png.
+Two engines on one model in one process (default: the model `edgespec generate` loads, as this machine's race
+chose it): the target alone and n-gram lookup, γ auto, no tuning file. Spec-Bench's questions in file order,
+multi-turn ones as conversations carrying the target's answers; both engines answer every turn, in an order that
+turns around from one turn to the next, so the shared machine's load falls on both; every speculative answer is
+checked equal to the target's. The speculative engine's target passes in the decode loop are timed by the rows
+they compute: the verify curve the loop pays (median seconds of a k-row pass over a 1-row one) beside a start-up
+calibration (best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from.
+Prints a table per category and the curves, writes decode_loop_curve.json and .png.
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ from edgespec.default_model import default_choice
 from edgespec.engine import Engine
 from edgespec.tuning import cpu_identity
 
-ENGINES = ("target", "ngram-no-answers", "ngram")
+ENGINES = ("target", "ngram")
 CURVE_ROWS = (1, 2, 3, 4, 5, 6, 7)
 
 
 def open_engines(model: str, threads: int) -> dict[str, Engine]:
-    engines = {"target": edgespec.load(model, mode="none", n_threads=threads, tuning=False),
-               "ngram-no-answers": edgespec.load(model, mode="ngram", n_threads=threads, tuning=False),
-               "ngram": edgespec.load(model, mode="ngram", n_threads=threads, tuning=False)}
-    engines["ngram-no-answers"].drafters["ngram"].history = 0  # type: ignore[attr-defined]
-    return engines
+    return {name: edgespec.load(model, mode="none" if name == "target" else name, n_threads=threads, tuning=False)
+            for name in ENGINES}
 
 
 def time_passes(engine: Engine, passes: dict[int, list[float]]) -> None:
@@ -114,7 +111,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for answer_lookup.json/.png")
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for decode_loop_curve.json/.png")
     args = parser.parse_args()
     model = args.model or default_choice(args.threads, "cpu").target
     questions = load_questions(args.questions, per_category=args.per_category)
@@ -122,46 +119,40 @@ def main() -> None:
     try:
         curve = engines["ngram"].calibrate(rounds=5, statistic=np.min)
         calibrated = {k: curve.seconds(k) / curve.seconds(1) for k in CURVE_ROWS}
-        passes: dict[str, dict[int, list[float]]] = {name: defaultdict(list) for name in ENGINES[1:]}
-        for name in ENGINES[1:]:
-            time_passes(engines[name], passes[name])
+        passes: dict[int, list[float]] = defaultdict(list)
+        time_passes(engines["ngram"], passes)
         records = play(engines, questions, args.max_tokens)
     finally:
         for engine in engines.values():
             engine.close()
     summary = summarize(records)
-    curves = {name: loop_curve(passes[name]) for name in ENGINES[1:]}
+    loop = loop_curve(passes)
 
     print(f"{Path(model).name}, {len(records) // len(ENGINES)} generations, all identical to the target's; "
           f"{cpu_identity()[:60]}, {args.threads} threads")
-    print(f"{'category':<16}{'target tok/s':>13}{'no answers':>12}{'with answers':>14}{'with / without':>16}"
-          f"{'τ without / with':>18}")
+    print(f"{'category':<16}{'target tok/s':>13}{'ngram tok/s':>12}{'speed-up':>10}{'τ':>7}{'α':>7}")
     for category in sorted(summary, key=lambda c: (c == "overall", c)):
-        s = summary[category]
-        plain, without, with_ = (s[name]["tok_s"] for name in ENGINES)
-        print(f"{category:<16}{plain:>13.1f}{without:>7.1f} {without / plain:.2f}×{with_:>8.1f} "
-              f"{with_ / plain:.2f}×{with_ / without:>15.3f}×{s['ngram-no-answers']['tau']:>10.2f} / "
-              f"{s['ngram']['tau']:.2f}")
+        plain, spec = summary[category]["target"], summary[category]["ngram"]
+        print(f"{category:<16}{plain['tok_s']:>13.1f}{spec['tok_s']:>12.1f}{spec['tok_s'] / plain['tok_s']:>9.2f}×"
+              f"{spec['tau']:>7.2f}{spec['alpha']:>7.2f}")
     print("verify curve, cost of a k-row pass / a 1-row pass (k = 1 + draft tokens):")
-    print(f"{'k':>4}{'calibration':>13}" + "".join(f"{name:>20}" for name in ENGINES[1:]))
+    print(f"{'k':>4}{'calibration':>13}{'decode loop (passes)':>24}")
     for k in CURVE_ROWS:
-        cells = "".join(f"{c[k]['relative']:>11.2f} ({c[k]['passes']:>5})" if k in c else f"{'-':>20}"
-                        for c in curves.values())
-        print(f"{k:>4}{calibrated[k]:>13.2f}{cells}")
+        cell = f"{loop[k]['relative']:>15.2f} ({loop[k]['passes']:>5})" if k in loop else f"{'-':>24}"
+        print(f"{k:>4}{calibrated[k]:>13.2f}{cell}")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / "answer_lookup.json"
+    out = args.out / "decode_loop_curve.json"
     out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model),
                                "per_category": args.per_category, "max_tokens": args.max_tokens,
-                               "summary": summary, "loop_curves": curves, "calibrated_curve": calibrated,
+                               "summary": summary, "loop_curve": loop, "calibrated_curve": calibrated,
                                "records": records}, indent=1))
-    ks = [k for k in CURVE_ROWS if all(k in c for c in curves.values())]
-    lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--")]
-    lines += [(f"decode loop, {name} (medians)", [curves[name][k]["relative"] for k in ks], color, "-")
-              for name, color in zip(ENGINES[1:], ("tab:blue", "tab:green"), strict=True)]
-    line_chart(args.out / "answer_lookup.png", ks, lines, "rows in the pass (1 + draft tokens)",
+    ks = [k for k in CURVE_ROWS if k in loop]
+    lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--"),
+             ("decode loop, ngram (medians)", [loop[k]["relative"] for k in ks], "tab:blue", "-")]
+    line_chart(args.out / "decode_loop_curve.png", ks, lines, "rows in the pass (1 + draft tokens)",
                "cost relative to one row", "Verify cost: decode loop vs calibration")
-    print(f"wrote {out} and answer_lookup.png")
+    print(f"wrote {out} and decode_loop_curve.png")
 
 
 if __name__ == "__main__":
