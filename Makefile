@@ -13,9 +13,10 @@ WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LL
 .PHONY: setup setup-dev demo test test-slow lint bench clean
 
 # What `make demo` needs: the runtime, llama.cpp, ONNX Runtime and the GGUF → ONNX exporter; no torch. Then
-# edgespec's exact attention kernel for ONNX Runtime, compiled for this CPU once (~10 s; README "ONNX export").
+# edgespec's kernels for ONNX Runtime (exact attention, block INT8 products), compiled for this CPU once (~15 s;
+# README "ONNX export").
 setup: $(VENV)/.setup-done
-	$(BIN)/edgespec build-kernel || echo "edgespec: ONNX exports will use GroupQueryAttention"
+	$(BIN)/edgespec build-kernel || echo "edgespec: ONNX exports will use GroupQueryAttention and MatMulNBits"
 
 $(VENV)/.setup-done: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

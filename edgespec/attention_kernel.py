@@ -1,16 +1,18 @@
-"""edgespec's exact attention kernel: an onnxruntime custom op (``edgespec.ExactAttention``), built on this machine.
+"""edgespec's kernels: onnxruntime custom ops in one library, built on this machine.
 
-Why: onnxruntime's GroupQueryAttention rounds a lone new token differently from the same position among
-several, so graphs using it pad single-token calls to two rows (README, "Exact numerics"). The kernel
-(``kernels/exact_attention.cc``) computes every row in an order fixed by its own position: one new token costs
-one row, a verify batch reads each key once, and a row's result is the same bits in any call.
+``edgespec.ExactAttention`` (``kernels/exact_attention.cc``): onnxruntime's GroupQueryAttention rounds a lone new
+token differently from the same position among several, so graphs using it pad single-token calls to two rows
+(README, "Exact numerics"). The kernel computes every row in an order fixed by its own position: one new token
+costs one row, a verify batch reads each key once, and a row's result is the same bits in any call.
+``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
+verify batch sharing each weight load; int8 exports use it where it is faster here (``export/block_int8.py``).
 
 Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s) with the
 system's C++ compiler for this CPU, into the Python environment (``<sys.prefix>/share/edgespec/kernels``).
 onnxruntime's wheels carry no C headers: the build reads them from Debian's ``libonnxruntime-dev`` package
 (85 KB, fetched once, checked against its SHA-256; the C API is versioned and stable, so these headers serve
 newer runtimes), or from ``$ORT_INCLUDE_DIR``. Without a compiler or the headers nothing breaks: exports then
-use GroupQueryAttention.
+use GroupQueryAttention and MatMulNBits.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from pathlib import Path
 from .errors import EdgespecError, ModelLoadError
 from .tuning import cpu_identity
 
-SOURCE = Path(__file__).with_name("kernels") / "exact_attention.cc"
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc")]
+HEADERS = [KERNELS / "ops.h"]
 OP_DOMAIN, OP_TYPE = "edgespec", "ExactAttention"
+LIBRARY = "edgespec_ops"
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
 HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 HEADERS_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
@@ -60,14 +65,15 @@ def _cpu_flags() -> list[str]:
 @cache
 def _build_tag() -> str:
     """This source, these flags, this CPU (read once per process: every session and load asks)."""
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + _cpu_flags()).encode() + cpu_identity().encode())
+    code = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+    tag = hashlib.sha256(code + " ".join(FLAGS + _cpu_flags()).encode() + cpu_identity().encode())
     return tag.hexdigest()[:12]
 
 
 def library_path() -> Path:
     """Where this source, built with these flags for this CPU, lives (a changed source builds anew)."""
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    return kernels_dir() / f"exact_attention-{_build_tag()}{suffix}"
+    return kernels_dir() / f"{LIBRARY}-{_build_tag()}{suffix}"
 
 
 def library() -> Path | None:
@@ -82,7 +88,7 @@ def default_attention() -> str:
 
 
 def register(session_options: object) -> None:
-    """Make ``edgespec.ExactAttention`` known to sessions made with these options, where it is built."""
+    """Make edgespec's ops known to sessions made with these options, where the library is built."""
     path = library()
     if path is not None:
         session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
@@ -153,7 +159,7 @@ def _ar_member(archive: bytes, name: str) -> bytes:
 
 
 def build(say=print) -> Path:
-    """Compile the kernel for this machine (once per source and CPU) and return the library's path."""
+    """Compile the kernels for this machine (once per source and CPU) and return the library's path."""
     target = library_path()
     if target.is_file():
         return target
@@ -163,15 +169,15 @@ def build(say=print) -> Path:
     include = _headers(say)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    command = [compiler, *FLAGS, *_cpu_flags(), f"-I{include}", str(SOURCE), "-o", str(staging)]
-    say(f"building {target.name}: {' '.join(command[1:-3])}")
+    command = [compiler, *FLAGS, *_cpu_flags(), f"-I{include}", *map(str, SOURCES), "-o", str(staging)]
+    say(f"building {target.name}: {' '.join(command[1:-3 - len(SOURCES)])}")
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         staging.unlink(missing_ok=True)
-        raise KernelBuildError(f"compiling {SOURCE.name} failed:\n{done.stderr.strip()[-2000:]}")
+        raise KernelBuildError(f"compiling {KERNELS} failed:\n{done.stderr.strip()[-2000:]}")
     staging.replace(target)
-    for older in target.parent.glob("exact_attention-*"):  # earlier builds (another source, flags or CPU)
-        if older != target:
+    for older in [*target.parent.glob(f"{LIBRARY}-*"), *target.parent.glob("exact_attention-*")]:
+        if older != target:  # earlier builds (another source, flags or CPU; before the library had two ops)
             older.unlink(missing_ok=True)
     return target
 
@@ -181,8 +187,8 @@ def main() -> int:
     try:
         path = build()
     except KernelBuildError as e:
-        print(f"edgespec: exact attention kernel not built ({e}); exports will use GroupQueryAttention",
+        print(f"edgespec: kernels not built ({e}); exports will use GroupQueryAttention and MatMulNBits",
               file=sys.stderr)
         return 1
-    print(f"edgespec: exact attention kernel: {path}")
+    print(f"edgespec: kernels (exact attention, block INT8 products): {path}")
     return 0

@@ -208,8 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--dry-run", action="store_true", help="report, but do not write the manifest")
     c.set_defaults(func=_calibrate_skip)
-    k = sub.add_parser("build-kernel", help="compile edgespec's exact attention kernel for ONNX Runtime on this "
-                                           "machine (`make setup` does; once per CPU and source)")
+    k = sub.add_parser("build-kernel", help="compile edgespec's kernels for ONNX Runtime (exact attention, block "
+                                           "INT8 products) on this machine (`make setup` does; once per CPU and "
+                                           "source)")
     k.set_defaults(func=lambda _args: attention_kernel.main())
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)

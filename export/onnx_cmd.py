@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import gate
+from . import block_int8, gate
 from .onnx_export import ATTENTIONS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, GGUF_QUANT, MANIFEST, QUANTS
 from .quality import tie_note
 
@@ -35,6 +35,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="exact: edgespec's attention kernel (built by `make setup`; one row costs one row); gqa: "
                         "onnxruntime's GroupQueryAttention, single-token calls padded to two rows (default: exact "
                         "where the kernel is built)")
+    p.add_argument("--products", choices=block_int8.PRODUCTS, default="auto",
+                   help="8-bit products (blocks of 32, accuracy level 4): edgespec = the kernel library's "
+                        "BlockInt8MatMul (rows of a verify batch share each weight load), nbits = onnxruntime's "
+                        "MatMulNBits, auto = whichever one layer's products run faster here (default)")
     p.add_argument("--head-bits", type=int, choices=[4, 8], default=8, help="bits of the output projection")
     p.add_argument("--no-quality", action="store_true", help="skip the quality report (and so its gate)")
     p.add_argument("--threads", type=int, default=None, help="threads of the quality report's llama.cpp source "
@@ -57,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from .onnx_export import export_onnx
 
     manifest = export_onnx(args.src, args.out, args.quant, args.context_length, args.block_size,
-                           args.accuracy_level, not args.asymmetric, args.head_bits, attention=args.attention)
+                           args.accuracy_level, not args.asymmetric, args.head_bits, attention=args.attention,
+                           products=args.products)
     if not args.no_quality:
         from .onnx_quality import quality_report
 

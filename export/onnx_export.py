@@ -26,7 +26,7 @@ from edgespec import attention_kernel
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.onnx_backend import MANIFEST
 
-from . import require
+from . import block_int8, require
 from .block_weights import CARRIED, BlockWeight
 from .gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
 from .gguf_source import GgufWeights, spec_from_gguf
@@ -112,10 +112,17 @@ def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int, symme
     quantizer.model.save_model_to_file(str(path), use_external_data_format=False)
 
 
+def _rewrite_products(path: Path) -> None:
+    onnx = require("onnx")
+    model = onnx.load(str(path))
+    block_int8.rewrite(model)
+    onnx.save_model(model, str(path))
+
+
 def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None, context_length: int = 4096,
                 block_size: int = DEFAULT_BLOCK_SIZE, accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
                 symmetric: bool = True, head_bits: int = 8, progress: bool = True,
-                attention: str | None = None) -> dict:
+                attention: str | None = None, products: str = "auto") -> dict:
     """Write the ONNX directory for SRC into ``out`` and return its manifest (without the quality report).
 
     ``quant``: default ``"gguf"`` for a llama-family GGUF (its own blocks carried), else ``"int8"``.
@@ -123,6 +130,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     head raises top-1 agreement with FP32 from 0.58 to 0.65 for 15 MB).
     ``attention``: "exact" (edgespec's kernel, no single-row padding) or "gqa"; default "exact" where the kernel
     is built on this machine (``edgespec.attention_kernel``), else "gqa".
+    ``products``: 8-bit products at block size 32 and level 4 as "edgespec" (``edgespec.BlockInt8MatMul``, in the
+    kernel's library: needs attention "exact"), "nbits" (MatMulNBits) or "auto": whichever one layer's products
+    run faster here (``block_int8.choose``).
     """
     path = resolve_source(src)
     gguf = not path.is_dir() and info(path).architecture in GGUF_ARCHITECTURES
@@ -145,6 +155,12 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     attention = attention or attention_kernel.default_attention()
     if attention not in ATTENTIONS:
         raise InvalidParameterError(f"unknown attention {attention!r}; choose from {', '.join(ATTENTIONS)}")
+    if products not in block_int8.PRODUCTS:
+        raise InvalidParameterError(f"unknown products {products!r}; choose from {', '.join(block_int8.PRODUCTS)}")
+    if products == "edgespec" and (attention != "exact" or quant != "int8" or head_bits != 8 or block_size != 32
+                                   or not symmetric or accuracy_level != 4):
+        raise InvalidParameterError("edgespec's BlockInt8MatMul computes int8 exports (8-bit head, symmetric, "
+                                    "blocks of 32, accuracy level 4) with the exact attention kernel built here")
     tqdm = require("tqdm").tqdm
     started = time.time()
     folder: Path | None = None
@@ -181,19 +197,30 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         embed = weights("model.embed_tokens.weight")
         _save(embed_graph(spec, embed if isinstance(embed, BlockWeight) else embed.astype(store)), tmp / "embed.onnx")
         bar.update()
+        timed: dict = {"op": block_int8.OP if products == "edgespec" else "MatMulNBits"}
         for i, name in enumerate(layers):
             _save(layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention), tmp / name)
             if bits:
                 _quantize(tmp / name, bits, block_size, accuracy_level, symmetric)
+                if i == 0 and attention == "exact" and products == "auto":  # the op is in the kernel's library
+                    timed = block_int8.choose(require("onnx").load(str(tmp / name)), attention_kernel.register)
+                if timed["op"] == block_int8.OP:
+                    _rewrite_products(tmp / name)
             bar.update()
         lm_head = weights("lm_head.weight") if "lm_head.weight" in weights else embed  # tied embeddings
         _save(head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls), tmp / "head.onnx")
         if bits:
             _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)
+            if timed["op"] == block_int8.OP:
+                _rewrite_products(tmp / "head.onnx")
         bar.update()
         bar.close()
         manifest = _manifest(spec, chat_template, quant, context_length, layers, attention)
         manifest["source"].update(source)
+        if timed["op"] == block_int8.OP:
+            manifest["quant_options"]["weights"] = f"{EXACT_DOMAIN}.{block_int8.OP} (MatMulNBits' 8-bit blocks)"
+        if "median_us" in timed:
+            manifest["quant_options"]["products_timed_us"] = timed["median_us"]
         manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else
                                                            "none" if attention == "exact" else "attention")
         manifest["quant_options"]["attention_min_total"] = attention_min_total(spec, context_length, attention)

@@ -18,6 +18,8 @@ from edgespec.export.onnx_export import export_onnx
 from edgespec.export.onnx_quality import compare, export_logits, source_logits
 from edgespec.export.onnx_reference import OnnxReference
 
+import edgespec
+from edgespec import attention_kernel
 from edgespec.cli import main
 from edgespec.errors import ModelLoadError
 from edgespec.export import MissingExtraError
@@ -43,12 +45,14 @@ def smol_onnx(tmp_path_factory: pytest.TempPathFactory, smol_hf: Path) -> dict[s
 
 @pytest.fixture(scope="session")
 def smol_int8_cli(tmp_path_factory: pytest.TempPathFactory, smol_hf: Path) -> tuple[Path, dict]:
-    """The INT8 export made through the command line, with its quality report."""
+    """The INT8 export made through the command line, with its quality report; its products are edgespec's
+    BlockInt8MatMul where the kernel library is built (not left to the export's timing: the tests below check it)."""
     out = tmp_path_factory.mktemp("cli") / "int8"
     buffer = io.StringIO()
+    products = "edgespec" if attention_kernel.library() else "nbits"
     with contextlib.redirect_stdout(buffer):
         assert main(["export", "onnx", str(smol_hf), "--quant", "int8", "--out", str(out),
-                     "--context-length", str(CONTEXT), "--json"]) == 0
+                     "--context-length", str(CONTEXT), "--products", products, "--json"]) == 0
     return out, json.loads(buffer.getvalue())
 
 
@@ -69,6 +73,7 @@ def test_int8_agrees_with_fp32_and_reports_quality(smol_onnx: dict[str, Path], s
     # on the AMD EPYC. The quality that counts is the gate's, on the source's continuation, below.
     assert compare(fp32, int8)["top1_agreement"] >= 0.93
     assert manifest["quant"] == "int8" and manifest["quant_options"]["accuracy_level"] == 4
+    assert ("BlockInt8MatMul" in manifest["quant_options"]["weights"]) == bool(attention_kernel.library())
     quality = json.loads((folder / "edgespec-onnx.json").read_text())["quality"]
     assert quality == manifest["quality"] and quality["top1_agreement"] >= 0.99 and quality["decode_tok_s"] > 0
     assert quality["size_bytes"] == sum(f.stat().st_size for f in folder.glob("*.onnx"))
@@ -140,6 +145,24 @@ def test_int8_is_batch_invariant(smol_int8_cli: tuple[Path, dict], smol_hf: Path
     singles = np.stack([runner.forward([t])[0] for t in ids[300:]])
     runner.truncate(300)
     assert np.array_equal(runner.forward(ids[300:]), singles)
+
+
+def test_int8_speculates_losslessly(smol_int8_cli: tuple[Path, dict], questions: list[dict]) -> None:
+    """The INT8 export as the engine runs it (BlockInt8MatMul where the kernel is built): n-gram lookup at a fixed
+    γ and γ auto write the target's own greedy answer."""
+    engine = edgespec.load(str(smol_int8_cli[0]), n_ctx=CONTEXT, n_threads=2, tuning=False)
+    try:
+        drafted = 0
+        for q in questions[:4]:
+            prompt = engine.chat_tokens([{"role": "user", "content": q["turns"][0]}])
+            expected = engine.generate(prompt, max_tokens=24, mode="none").tokens
+            for gamma in (3, "auto"):
+                out = engine.generate(prompt, max_tokens=24, mode="ngram", gamma=gamma)
+                assert out.tokens == expected, f"γ={gamma}: {q['category']} {q['question_id']}"
+                drafted += out.stats.drafted if gamma == 3 else 0
+        assert drafted > 0, "nothing was verified speculatively: the test would prove nothing"
+    finally:
+        engine.close()
 
 
 def test_summary_line(smol_int8_cli: tuple[Path, dict]) -> None:

@@ -1,5 +1,5 @@
 // A blockwise-INT8 matrix product for verify batches, timed against onnxruntime's MatMulNBits by
-// benchmarks/blockwise_int8_gemm.py (not part of the runtime yet).
+// benchmarks/blockwise_int8_gemm.py as a standalone program. The runtime's op is edgespec/kernels/block_int8_matmul.cc.
 //
 // The arithmetic is MatMulNBits' at 8 bits and accuracy_level 4: weights in blocks of 32 along K, one float scale
 // per block and column; each activation row quantized per block of 32 to INT8 (scale max|x| / 127); per block an

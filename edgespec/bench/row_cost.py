@@ -72,14 +72,17 @@ def _one_op_model(model: object, node: object, inputs: Sequence[tuple[str, int, 
 
 
 def _weight_products(graph: object) -> list[tuple[object, int, int]]:
-    """(node, K, N) of every product of activations with a weight: MatMulNBits (quantized exports) or MatMul
-    with a constant right-hand side (fp32)."""
+    """(node, K, N) of every product of activations with a weight: MatMulNBits or edgespec.BlockInt8MatMul
+    (quantized exports) or MatMul with a constant right-hand side (fp32)."""
     weights = {t.name: list(t.dims) for t in graph.initializer}  # type: ignore[attr-defined]
     found = []
     for node in graph.node:  # type: ignore[attr-defined]
         if node.op_type == "MatMulNBits":
             attrs = {a.name: a.i for a in node.attribute}
             found.append((node, int(attrs["K"]), int(attrs["N"])))
+        elif node.op_type == "BlockInt8MatMul":  # B packed [N/8, K/4, 32]
+            n_panels, k_quads, _ = weights[node.input[1]]
+            found.append((node, int(k_quads) * 4, int(n_panels) * 8))
         elif node.op_type == "MatMul" and len(weights.get(node.input[1], [])) == 2:
             k_in, n_out = weights[node.input[1]]
             found.append((node, int(k_in), int(n_out)))

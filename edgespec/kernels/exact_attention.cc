@@ -14,9 +14,7 @@
 // buffers: bound to the same memory they are updated in place, otherwise copied first).
 // Attributes: num_heads, kv_num_heads, scale (0: 1/√D), local_window_size (−1: none), softcap (0: none).
 
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
+#include "ops.h"  // onnxruntime's C++ API
 
 #include <algorithm>
 #include <cmath>
@@ -356,16 +354,7 @@ struct ExactAttentionOp : Ort::CustomOpBase<ExactAttentionOp, ExactAttentionKern
 
 }  // namespace
 
-extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
+void add_exact_attention(Ort::CustomOpDomain& domain) {
   static ExactAttentionOp op;
-  try {
-    Ort::CustomOpDomain domain{"edgespec"};
-    domain.Add(&op);
-    Ort::UnownedSessionOptions(options).Add(domain);
-    domain.release();  // leaked on purpose: onnxruntime keeps the pointer, it must outlive every session
-  } catch (const Ort::Exception& e) {
-    return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), e.what());
-  }
-  return nullptr;
+  domain.Add(&op);
 }
