@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from edgespec.cpu import physical_cores
+from edgespec.onnx_backend import session_options
 
 from . import require
 from .onnx_graphs import EXACT_DOMAIN
@@ -111,20 +112,17 @@ def _products_only(model: object) -> object:
                              opset_imports=model.opset_import, ir_version=model.ir_version)  # type: ignore[attr-defined]
 
 
-def choose(layer: object, register: object) -> dict:
-    """Time ``layer``'s eligible products as MatMulNBits and as the op (``register`` adds the op to session
-    options), alternating, at 1 and 4 rows, with the threads a session uses here. Returns the medians in µs and
-    ``"op"``: the op's name when its total is lower, else "MatMulNBits"."""
+def choose(layer: object) -> dict:
+    """Time ``layer``'s eligible products as MatMulNBits and as the op, alternating, at 1 and 4 rows, with the
+    threads and options edgespec's sessions use here. Returns the medians in µs and ``"op"``: the op's name when
+    its total is lower, else "MatMulNBits"."""
     ort = require("onnxruntime")
     nbits = _products_only(layer)
     if not nbits.graph.node:  # type: ignore[attr-defined]
         return {"op": "MatMulNBits", "why": "no 8-bit, block-32, level-4 products"}
     ours = _products_only(layer)
     rewrite(ours)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = physical_cores()
-    options.log_severity_level = 3
-    register(options)
+    options, _ = session_options(physical_cores(), make_shared=False)  # the op registered; the process's pool
     sessions = {name: ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
                 for name, m in (("MatMulNBits", nbits), (OP, ours))}
     rng = np.random.default_rng(0)

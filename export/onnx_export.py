@@ -203,7 +203,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
             if bits:
                 _quantize(tmp / name, bits, block_size, accuracy_level, symmetric)
                 if i == 0 and attention == "exact" and products == "auto":  # the op is in the kernel's library
-                    timed = block_int8.choose(require("onnx").load(str(tmp / name)), attention_kernel.register)
+                    timed = block_int8.choose(require("onnx").load(str(tmp / name)))
                 if timed["op"] == block_int8.OP:
                     _rewrite_products(tmp / name)
             bar.update()
