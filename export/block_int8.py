@@ -43,15 +43,17 @@ def _zero_point(node: object, initializers: dict) -> int | None:
 
 
 def eligible(node: object, initializers: dict) -> bool:
-    """A MatMulNBits the op computes alike: 8 bits, blocks of 32, level 4, constant weights, one zero point, no
-    bias or group index, N a multiple of 8."""
+    """A MatMulNBits the op computes alike: 8 bits, blocks of 32, level 4, constant weights, one zero point that
+    leaves every weight in int8's range, no bias or group index, N a multiple of 8."""
     if node.op_type != "MatMulNBits" or len(node.input) > 4:  # type: ignore[attr-defined]
         return False
     a = _attributes(node)
-    return (a.get("bits") == 8 and a.get("block_size") == BLOCK and a.get("accuracy_level") == 4
+    if not (a.get("bits") == 8 and a.get("block_size") == BLOCK and a.get("accuracy_level") == 4
             and a["N"] % COLUMNS == 0 and a["K"] % BLOCK == 0
-            and node.input[1] in initializers and node.input[2] in initializers  # type: ignore[attr-defined]
-            and _zero_point(node, initializers) is not None)
+            and node.input[1] in initializers and node.input[2] in initializers):  # type: ignore[attr-defined]
+        return False
+    zero_point, codes = _zero_point(node, initializers), initializers[node.input[1]]  # type: ignore[attr-defined]
+    return zero_point is not None and int(codes.min()) - zero_point >= -128 and int(codes.max()) - zero_point <= 127
 
 
 def pack(codes: np.ndarray, scales: np.ndarray, zero_point: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +122,8 @@ def choose(layer: object) -> dict:
     nbits = _products_only(layer)
     if not nbits.graph.node:  # type: ignore[attr-defined]
         return {"op": "MatMulNBits", "why": "no 8-bit, block-32, level-4 products"}
-    ours = _products_only(layer)
+    ours = type(nbits)()
+    ours.CopyFrom(nbits)
     rewrite(ours)
     options, _ = session_options(physical_cores(), make_shared=False)  # the op registered; the process's pool
     sessions = {name: ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -97,26 +97,20 @@ def _save(model, path: Path) -> None:
     require("onnx").save_model(model, str(path))
 
 
-def _quantize(path: Path, bits: int, block_size: int, accuracy_level: int, symmetric: bool) -> None:
-    onnx = require("onnx")
+def _quantized(model: object, bits: int, block_size: int, accuracy_level: int, symmetric: bool) -> object:
+    """``model`` with its float weight products as MatMulNBits (carried GGUF blocks are already)."""
     nbits = require("onnxruntime.quantization.matmul_nbits_quantizer", "onnx")
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    model = onnx.load(str(path))
     # Q4_1's minima products are part of a carried weight's exact form: never re-quantized
-    minima = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1].endswith("_minima")]
-    if all(n.op_type != "MatMul" or n.name in minima for n in model.graph.node):
-        return  # every weight was carried from a GGUF
+    graph = model.graph  # type: ignore[attr-defined]
+    minima = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1].endswith("_minima")]
+    if all(n.op_type != "MatMul" or n.name in minima for n in graph.node):
+        return model  # every weight was carried from a GGUF
     quantizer = nbits.MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
                                            accuracy_level=accuracy_level, nodes_to_exclude=minima)
     quantizer.process()
-    quantizer.model.save_model_to_file(str(path), use_external_data_format=False)
-
-
-def _rewrite_products(path: Path) -> None:
-    onnx = require("onnx")
-    model = onnx.load(str(path))
-    block_int8.rewrite(model)
-    onnx.save_model(model, str(path))
+    quantizer.model.topological_sort()
+    return quantizer.model.model
 
 
 def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None, context_length: int = 4096,
@@ -199,20 +193,22 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         bar.update()
         timed: dict = {"op": block_int8.OP if products == "edgespec" else "MatMulNBits"}
         for i, name in enumerate(layers):
-            _save(layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention), tmp / name)
+            layer = layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention)
             if bits:
-                _quantize(tmp / name, bits, block_size, accuracy_level, symmetric)
+                layer = _quantized(layer, bits, block_size, accuracy_level, symmetric)
                 if i == 0 and attention == "exact" and products == "auto":  # the op is in the kernel's library
-                    timed = block_int8.choose(require("onnx").load(str(tmp / name)))
+                    timed = block_int8.choose(layer)
                 if timed["op"] == block_int8.OP:
-                    _rewrite_products(tmp / name)
+                    block_int8.rewrite(layer)
+            _save(layer, tmp / name)
             bar.update()
         lm_head = weights("lm_head.weight") if "lm_head.weight" in weights else embed  # tied embeddings
-        _save(head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls), tmp / "head.onnx")
+        head = head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls)
         if bits:
-            _quantize(tmp / "head.onnx", head_bits, block_size, accuracy_level, symmetric)
+            head = _quantized(head, head_bits, block_size, accuracy_level, symmetric)
             if timed["op"] == block_int8.OP:
-                _rewrite_products(tmp / "head.onnx")
+                block_int8.rewrite(head)
+        _save(head, tmp / "head.onnx")
         bar.update()
         bar.close()
         manifest = _manifest(spec, chat_template, quant, context_length, layers, attention)

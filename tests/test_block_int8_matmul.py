@@ -100,6 +100,13 @@ def test_rewrite_carries_a_zero_point_and_leaves_other_products() -> None:
     codes, scales = _weights(rng)
     model = _nbits(codes, scales, np.full(N * 3, 128, np.uint8))  # a Q8_0 weight carried from a GGUF
     assert block_int8.rewrite(model) == 1
+    low = np.minimum(codes, 247)  # with zero point 120, weights −120 … 127
+    nbits, ours = _nbits(low, scales, np.full(N * 3, 120, np.uint8)), _nbits(low, scales, np.full(N * 3, 120, np.uint8))
+    assert block_int8.rewrite(ours) == 1
+    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    expected = _session(nbits).run(None, {"x": x})[0]
+    assert np.abs(_session(ours).run(None, {"x": x})[0] - expected).max() <= 1e-6 * np.abs(expected).max()
+    assert block_int8.rewrite(_nbits(codes, scales, np.full(N * 3, 120, np.uint8))) == 0  # 255 − 120 leaves int8
     four_bit = _nbits(codes, scales)
     next(a for a in four_bit.graph.node[0].attribute if a.name == "bits").i = 4
     other_level = _nbits(codes, scales)

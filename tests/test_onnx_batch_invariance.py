@@ -1,6 +1,6 @@
 """Batch invariance of one exported decoder layer with Gemma 3's attention shape (head_dim 256), built by the
 real graph writer from random weights: no model download or full export needed; with GroupQueryAttention and
-with edgespec's exact attention kernel.
+with edgespec's exact attention kernel, and INT8 products as MatMulNBits and as edgespec.BlockInt8MatMul.
 
 MLAS reduces GroupQueryAttention's Q·Kᵀ over head_dim in one pass while a call has ≤ 64 keys and in passes
 of 128 beyond, so before the fix a row at a position < 64 came out differently alone than inside a verify
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantize, pads_every_product
+from edgespec.export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantized, pads_every_product
 from edgespec.export.onnx_graphs import ATTENTIONS, ModelSpec, attention_min_total, kv_length, layer_graph
 
+from edgespec.export import block_int8
 from edgespec.onnx_backend import session_options
 
 onnx = pytest.importorskip("onnx")
@@ -68,15 +69,17 @@ class _Layer:
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
-@pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("quant", ["fp32", "int8", "int8 BlockInt8MatMul", "int4"])
 def test_gemma_shaped_layer_rows_do_not_depend_on_the_call(tmp_path: Path, quant: str, attention: str) -> None:
     path = tmp_path / "layer.onnx"
-    bits = {"int8": 8, "int4": 4}.get(quant)
+    bits = {"int4": 4, "fp32": None}.get(quant, 8)
     pad = pads_every_product(bits, quant == "int4", DEFAULT_ACCURACY_LEVEL)  # as the export decides
     graph = layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT, pad_matmuls=pad, attention=attention)
-    onnx.save_model(graph, str(path))
     if bits:  # the export's defaults: symmetric MatMulNBits, block 32, accuracy_level 4
-        _quantize(path, bits, DEFAULT_BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL, True)
+        graph = _quantized(graph, bits, DEFAULT_BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL, True)
+    if quant.endswith(block_int8.OP):
+        assert block_int8.rewrite(graph) == 4  # q|k|v, o, gate|up, down
+    onnx.save_model(graph, str(path))
     layer = _Layer(path)
     # Gemma-like residual stream: large magnitudes and a few outlier channels
     rng = np.random.default_rng(1)
