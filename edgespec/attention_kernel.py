@@ -87,9 +87,10 @@ def default_attention() -> str:
     return "exact" if library() else "gqa"
 
 
-def register(session_options: object) -> None:
-    """Make edgespec's ops known to sessions made with these options, where the library is built."""
-    path = library()
+def register(session_options: object, path: Path | None = None) -> None:
+    """Make edgespec's ops known to sessions made with these options: from ``path``, by default this machine's
+    build where there is one."""
+    path = path or library()
     if path is not None:
         session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
 
@@ -158,23 +159,28 @@ def _ar_member(archive: bytes, name: str) -> bytes:
     raise KernelBuildError(f"the package has no {name}")
 
 
+def compile_library(out: Path, cpu_flags: list[str], say=print) -> None:
+    """Compile the sources into ``out`` with ``cpu_flags`` (``build`` uses this CPU's; the tests also build one
+    without AVX2, to hold the portable paths to the same bits)."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        raise KernelBuildError("no C++ compiler found (set CXX)")
+    command = [compiler, *FLAGS, *cpu_flags, f"-I{_headers(say)}", *map(str, SOURCES), "-o", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        out.unlink(missing_ok=True)
+        raise KernelBuildError(f"compiling {KERNELS} failed:\n{done.stderr.strip()[-2000:]}")
+
+
 def build(say=print) -> Path:
     """Compile the kernels for this machine (once per source and CPU) and return the library's path."""
     target = library_path()
     if target.is_file():
         return target
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        raise KernelBuildError("no C++ compiler found (set CXX)")
-    include = _headers(say)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    command = [compiler, *FLAGS, *_cpu_flags(), f"-I{include}", *map(str, SOURCES), "-o", str(staging)]
-    say(f"building {target.name}: {' '.join(command[1:-3 - len(SOURCES)])}")
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        staging.unlink(missing_ok=True)
-        raise KernelBuildError(f"compiling {KERNELS} failed:\n{done.stderr.strip()[-2000:]}")
+    say(f"building {target.name}: {' '.join(FLAGS + _cpu_flags())}")
+    compile_library(staging, _cpu_flags(), say)
     staging.replace(target)
     for older in [*target.parent.glob(f"{LIBRARY}-*"), *target.parent.glob("exact_attention-*")]:
         if older != target:  # earlier builds (another source, flags or CPU; before the library had two ops)

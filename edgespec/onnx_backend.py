@@ -103,7 +103,7 @@ def read_manifest(folder: Path) -> dict:
 _shared_pool_threads: int | None = None
 
 
-def session_options(n_threads: int, make_shared: bool = True) -> tuple[object, int]:
+def session_options(n_threads: int, make_shared: bool = True, kernels: Path | None = None) -> tuple[object, int]:
     """Session options for edgespec's sessions, and the intra-op thread count they will really run with.
 
     A forward pass chains 30+ sessions. Each with its own pool, the pools must not spin between calls (an idle
@@ -114,7 +114,8 @@ def session_options(n_threads: int, make_shared: bool = True) -> tuple[object, i
     session in the process must use it: a later model asking for another thread count runs on it too (the
     count returned says so), and so must other onnxruntime sessions in the process (``use_per_session_threads
     = False``; this function's options do). ``EDGESPEC_ORT_SHARED_POOL=0`` keeps per-session pools instead,
-    and so does ``make_shared=False`` while there is no shared pool yet (the exporter's checks).
+    and so does ``make_shared=False`` while there is no shared pool yet (the exporter's checks). ``kernels``: the
+    library of edgespec's ops to register (default: this machine's build).
     """
     import onnxruntime as ort
     from onnxruntime.capi import _pybind_state
@@ -132,7 +133,7 @@ def session_options(n_threads: int, make_shared: bool = True) -> tuple[object, i
             _shared_pool_threads = n_threads
         except Exception:  # someone else made the process-wide pool first: its size is unknown
             _shared_pool_threads = -1
-    attention_kernel.register(so)  # edgespec.ExactAttention, where an export uses it and the kernel is built
+    attention_kernel.register(so, kernels)  # edgespec's ops, for the exports that use them
     if _shared_pool_threads is not None:
         so.use_per_session_threads = False
         return so, n_threads if _shared_pool_threads < 0 else _shared_pool_threads

@@ -1,9 +1,13 @@
 """edgespec.BlockInt8MatMul (edgespec/kernels/block_int8_matmul.cc) as onnxruntime runs it, and the export's
 rewrite of MatMulNBits into it (export/block_int8.py): MatMulNBits' 8-bit products within float rounding, the
 exact arithmetic against a NumPy reference (weights of −128 included), every row bit-identical alone or in any
-call, and a graph off the contract refused with a clear error."""
+call, the portable path (a build without AVX2) giving the same bits, and a graph off the contract refused with a
+clear error."""
 
 from __future__ import annotations
+
+import platform
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +25,8 @@ pytestmark = pytest.mark.skipif(attention_kernel.library() is None, reason="the 
 K, N = 96, 48  # 3 blocks along K, 6 column groups
 
 
-def _session(model: object) -> object:
-    so, _ = session_options(2, make_shared=False)
+def _session(model: object, kernels: Path | None = None) -> object:
+    so, _ = session_options(2, make_shared=False, kernels=kernels)
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -93,6 +97,21 @@ def test_rows_are_bit_identical_alone_and_in_any_call(rows: int) -> None:
     alone = np.concatenate([session.run(None, {"x": x[:, i:i + 1]})[0] for i in range(rows)], axis=1)
     assert np.array_equal(alone, together)
     assert np.array_equal(session.run(None, {"x": x[:, 1:4]})[0], together[:, 1:4])
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 is an x86 extension")
+def test_the_portable_path_gives_the_same_bits(tmp_path: Path) -> None:
+    """The library built for a baseline x86-64 (no AVX2, no FMA: the loop every CPU without AVX2 runs) against this
+    machine's build, on calls of 1, 4, 7 and 40 rows."""
+    portable = tmp_path / "portable.so"
+    attention_kernel.compile_library(portable, ["-march=x86-64"])
+    rng = np.random.default_rng(3)
+    model = _nbits(*_weights(rng))
+    block_int8.rewrite(model)
+    native, baseline = _session(model), _session(model, kernels=portable)
+    for rows in (1, 4, 7, 40):
+        x = rng.standard_normal((1, rows, K)).astype(np.float32)
+        assert np.array_equal(native.run(None, {"x": x})[0], baseline.run(None, {"x": x})[0]), f"{rows} rows"
 
 
 def test_rewrite_carries_a_zero_point_and_leaves_other_products() -> None:

@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -178,15 +177,13 @@ struct BlockInt8MatMulKernel {
     // Each row quantized once, then read by every column task (kept by the calling thread between calls).
     thread_local std::vector<int8_t> codes;
     thread_local std::vector<float> row_scales;
-    codes.resize(static_cast<size_t>(m * k));
-    row_scales.resize(static_cast<size_t>(m * k / kBlock));
-    QuantizeCall q{a.GetTensorData<float>(), codes.data(), row_scales.data(), k};
+    QuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock), k};
     if (m < kParallelRows) {  // a verify batch: fewer rows than a thread hand-off costs
       for (int64_t r = 0; r < m; ++r) quantize_task(&q, static_cast<size_t>(r));
     } else {
       ctx.ParallelFor(quantize_task, static_cast<size_t>(m), 0, &q);
     }
-    Call call{{codes.data(), row_scales.data()}, b.GetTensorData<int8_t>(), s.GetTensorData<float>(),
+    Call call{{q.codes, q.scales}, b.GetTensorData<int8_t>(), s.GetTensorData<float>(),
               out.GetTensorMutableData<float>(), m, k, n};
     ctx.ParallelFor(columns_task, static_cast<size_t>(n / kColumns), 0, &call);  // 0 batches: one per thread
   }

@@ -235,14 +235,6 @@ int64_t block_size(int64_t vectors) {
 
 int64_t blocks(const Call& c) { return (c.vectors + c.block - 1) / c.block; }
 
-// At least n floats of a buffer kept by the calling thread between calls, contents undefined. Every layer's
-// attention runs once per decoded token: a fresh zero-filled vector per call and task (32 KB of scores per task at
-// 2000 keys, 256 KB for a prefill block, past glibc's mmap threshold) was work the decode loop need not do.
-float* scratch(std::vector<float>& buffer, int64_t n) {
-  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
-  return buffer.data();
-}
-
 void attend_task(void* data, size_t task) {
   const Call& c = *static_cast<const Call*>(data);
   const int64_t kv = static_cast<int64_t>(task) / blocks(c), v0 = static_cast<int64_t>(task) % blocks(c) * c.block;
