@@ -39,10 +39,8 @@ def play(engines: dict[tuple[str, str], Engine], questions: list[dict], max_toke
         for turn, user in enumerate(q["turns"]):
             for export in EXPORTS:
                 messages[export].append({"role": "user", "content": user})
-            results = {}
-            for key in order:
-                results[key] = engines[key].generate(engines[key].chat_tokens(messages[key[0]]),
-                                                     max_tokens=max_tokens)
+            prompts = {export: engines[export, "target"].chat_tokens(messages[export]) for export in EXPORTS}
+            results = {key: engines[key].generate(prompts[key[0]], max_tokens=max_tokens) for key in order}
             order = order[1:] + order[:1]
             for (export, mode), r in results.items():
                 if r.tokens != results[export, "target"].tokens:

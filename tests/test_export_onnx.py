@@ -165,6 +165,17 @@ def test_int8_speculates_losslessly(smol_int8_cli: tuple[Path, dict], questions:
         engine.close()
 
 
+@pytest.mark.skipif(attention_kernel.library() is None, reason="the kernel library is not built here")
+def test_row_cost_times_the_block_int8_products(smol_int8_cli: tuple[Path, dict], tmp_path: Path) -> None:
+    """`edgespec row-cost` on an export whose products are edgespec.BlockInt8MatMul: each at its shape."""
+    assert main(["row-cost", str(smol_int8_cli[0]), "--rows", "1,3", "--repeats", "3", "--threads", "1",
+                 "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("row_cost-*.json")
+    timed = json.loads(path.read_text())["us"]
+    for shape in ("576×960", "576×576", "576×3072", "1536×576"):  # q|k|v, o, gate|up, down
+        assert min(timed[f"BlockInt8MatMul {shape}"].values()) > 0 and f"MatMulInteger {shape}" in timed
+
+
 def test_summary_line(smol_int8_cli: tuple[Path, dict]) -> None:
     line = summary(*smol_int8_cli)
     assert line.startswith(f"wrote {smol_int8_cli[0]}: llama 30 layers, int8")
