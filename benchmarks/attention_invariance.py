@@ -41,7 +41,7 @@ import onnxruntime as ort
 from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
 from onnx import TensorProto, helper, numpy_helper
 
-from edgespec import attention_kernel
+from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
 
 KV_HEADS, GROUP, HEAD_DIM, SUM_COLUMNS, BLOCK = 3, 3, 64, 8, 64
@@ -61,7 +61,7 @@ def _session(nodes: list, inputs: list, outputs: list, constants: dict[str, np.n
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.enable_cpu_mem_arena = False  # as edgespec's sessions
-    attention_kernel.register(options)
+    custom_ops.register(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

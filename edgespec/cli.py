@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from . import attention_kernel
+from . import custom_ops
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
 from .discovery import listing
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     k = sub.add_parser("build-kernel", help="compile edgespec's kernels for ONNX Runtime (exact attention, block "
                                            "INT8 products) on this machine (`make setup` does; once per CPU and "
                                            "source)")
-    k.set_defaults(func=lambda _args: attention_kernel.main())
+    k.set_defaults(func=lambda _args: custom_ops.main())
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)
     add_bench_commands(sub)

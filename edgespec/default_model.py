@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from . import attention_kernel
+from . import custom_ops
 from .models import DEFAULT_MODEL, families
 from .tuning import DefaultChoice, TuningError, default_choice_key, find_default_choice, tuning_enabled
 
@@ -28,7 +28,7 @@ def onnx_identity() -> str | None:
 
     from .export.onnx_graphs import GRAPHS_REVISION
 
-    return f"{onnxruntime.__version__}, graphs {GRAPHS_REVISION}, {attention_kernel.default_attention()} attention"
+    return f"{onnxruntime.__version__}, graphs {GRAPHS_REVISION}, {custom_ops.default_attention()} attention"
 
 
 def choice_key(threads: int, device: str) -> dict[str, object] | None:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from . import attention_kernel
+from . import custom_ops
 from .errors import EdgespecError
 from .models import cache_dir
 from .tuning import cpu_identity
@@ -120,11 +120,11 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
         import onnxruntime as ort
 
         m = model.manifest
-        kernel = attention_kernel.library() if attention_kernel.uses_kernel(m) else None
+        kernel = custom_ops.library() if custom_ops.needs_library(m) else None
         key.update(backend="onnx", onnxruntime=ort.__version__, providers=model.providers,
                    quant=m.get("quant"), graphs=(m.get("source") or {}).get("graphs"),
                    quant_options=m.get("quant_options"),
-                   attention_kernel=kernel.name if kernel else None)  # named after its source, flags and CPU
+                   custom_ops=kernel.name if kernel else None)  # named after its source, flags and CPU
         return key
     import llama_cpp as lc
 

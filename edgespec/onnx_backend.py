@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import attention_kernel
+from . import custom_ops
 from . import onnx_segments as segments
 from .arena import CacheState
 from .backend import ModelOptions, check_options, split_batches
@@ -133,7 +133,7 @@ def session_options(n_threads: int, make_shared: bool = True, kernels: Path | No
             _shared_pool_threads = n_threads
         except Exception:  # someone else made the process-wide pool first: its size is unknown
             _shared_pool_threads = -1
-    attention_kernel.register(so, kernels)  # edgespec's ops, for the exports that use them
+    custom_ops.register(so, kernels)  # edgespec's ops, for the exports that use them
     if _shared_pool_threads is not None:
         so.use_per_session_threads = False
         return so, n_threads if _shared_pool_threads < 0 else _shared_pool_threads
@@ -226,7 +226,7 @@ class OnnxModel:
         self.tokenizer = HFTokenizer(self.path)
         providers = _providers(self.options.device)
         self.device_type = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
-        attention_kernel.require_for(m, self.path, self.device_type)
+        custom_ops.require_for(m, self.path, self.device_type)
 
         so, self.n_threads = session_options(self.n_threads)
 

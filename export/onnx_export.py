@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec import attention_kernel
+from edgespec import custom_ops
 from edgespec.errors import EdgespecError, InvalidParameterError
 from edgespec.onnx_backend import MANIFEST
 
@@ -123,7 +123,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     ``head_bits``: the output projection's bits for int8/int4 (default 8: measured on SmolLM2 int4, an int8
     head raises top-1 agreement with FP32 from 0.58 to 0.65 for 15 MB).
     ``attention``: "exact" (edgespec's kernel, no single-row padding) or "gqa"; default "exact" where the kernel
-    is built on this machine (``edgespec.attention_kernel``), else "gqa".
+    is built on this machine (``edgespec.custom_ops``), else "gqa".
     ``products``: 8-bit products at block size 32 and level 4 as "edgespec" (``edgespec.BlockInt8MatMul``, in the
     kernel's library: needs attention "exact"), "nbits" (MatMulNBits) or "auto": whichever one layer's products
     run faster here (``block_int8.choose``).
@@ -146,7 +146,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         raise InvalidParameterError(f"block size must be a power of two ≥ 16, not {block_size}")
     if head_bits not in (4, 8):
         raise InvalidParameterError(f"head bits must be 4 or 8, not {head_bits}")
-    attention = attention or attention_kernel.default_attention()
+    attention = attention or custom_ops.default_attention()
     if attention not in ATTENTIONS:
         raise InvalidParameterError(f"unknown attention {attention!r}; choose from {', '.join(ATTENTIONS)}")
     if products not in block_int8.PRODUCTS:

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from edgespec.export.onnx_graphs import EXACT_DOMAIN
 
-from edgespec import attention_kernel
+from edgespec import custom_ops
 from edgespec.export import block_int8
 from edgespec.onnx_backend import session_options
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 helper, numpy_helper, F = onnx.helper, onnx.numpy_helper, onnx.TensorProto.FLOAT
-pytestmark = pytest.mark.skipif(attention_kernel.library() is None, reason="the kernel library is not built here")
+pytestmark = pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
 
 K, N = 96, 48  # 3 blocks along K, 6 column groups
 
@@ -104,7 +104,7 @@ def test_the_portable_path_gives_the_same_bits(tmp_path: Path) -> None:
     """The library built for a baseline x86-64 (no AVX2, no FMA: the loop every CPU without AVX2 runs) against this
     machine's build, on calls of 1, 4, 7 and 40 rows."""
     portable = tmp_path / "portable.so"
-    attention_kernel.compile_library(portable, ["-march=x86-64"])
+    custom_ops.compile_library(portable, ["-march=x86-64"])
     rng = np.random.default_rng(3)
     model = _nbits(*_weights(rng))
     block_int8.rewrite(model)

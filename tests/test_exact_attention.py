@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
 
-from edgespec import attention_kernel
+from edgespec import custom_ops
 from edgespec.errors import ModelLoadError
 from edgespec.onnx_backend import session_options
 
@@ -120,7 +120,7 @@ def _reference(s: Shape, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndar
 
 
 def test_the_kernel_is_built_here() -> None:
-    assert attention_kernel.library() is not None, "`make setup` builds it (python -m edgespec.attention_kernel)"
+    assert custom_ops.library() is not None, "`make setup` builds it (edgespec build-kernel)"
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -149,14 +149,38 @@ def test_a_graph_off_the_contract_is_a_clear_error() -> None:
         _Op(s).run(q, kv, kv, 0)
 
 
-def test_an_export_needing_the_kernel_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    manifest = {"quant_options": {"attention": f"{EXACT_DOMAIN}.{EXACT_OP}"}}
-    with pytest.raises(ModelLoadError, match="runs on the CPU only"):
-        attention_kernel.require_for(manifest, tmp_path, "cuda")
-    monkeypatch.setattr(attention_kernel, "kernels_dir", lambda: tmp_path)  # an environment where it was never built
-    with pytest.raises(ModelLoadError, match="make setup"):
-        attention_kernel.require_for(manifest, tmp_path, "cpu")
-    attention_kernel.require_for({"quant_options": {"attention": "com.microsoft.GroupQueryAttention"}}, tmp_path, "cpu")
+def test_an_export_needing_the_kernels_says_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gqa = "com.microsoft.GroupQueryAttention"
+    attention = {"quant_options": {"attention": f"{EXACT_DOMAIN}.{EXACT_OP}"}}
+    products = {"quant_options": {"attention": gqa, "weights": "edgespec.BlockInt8MatMul (MatMulNBits' 8-bit blocks)"}}
+    for manifest in (attention, products):
+        with pytest.raises(ModelLoadError, match="run on the CPU only"):
+            custom_ops.require_for(manifest, tmp_path, "cuda")
+    # an environment where they were never built and cannot be (no compiler)
+    monkeypatch.setattr(custom_ops, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(custom_ops, "_unbuildable", None)
+    monkeypatch.setattr(custom_ops, "compile_library", _no_compiler)
+    for manifest in (attention, products):
+        with pytest.raises(ModelLoadError, match="make setup"):
+            custom_ops.require_for(manifest, tmp_path, "cpu")
+    custom_ops.require_for({"quant_options": {"attention": gqa, "weights": "MatMulNBits"}}, tmp_path, "cpu")
+
+
+def _no_compiler(out: Path, cpu_flags: list[str], say: object = None) -> None:
+    raise custom_ops.KernelBuildError("no C++ compiler found (set CXX)")
+
+
+def test_a_missing_build_is_compiled_on_first_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source changed since the last build (a `git pull` without `make setup`): the first export or load that
+    wants the ops builds them, instead of falling back to the slower GroupQueryAttention/MatMulNBits exports."""
+    headers = custom_ops.kernels_dir() / "include"
+    monkeypatch.setattr(custom_ops, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(custom_ops, "_unbuildable", None)
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(headers))  # the headers this environment fetched (no download)
+    assert custom_ops.library() is None
+    said: list[str] = []
+    assert custom_ops.ensure(said.append) == custom_ops.library_path() == custom_ops.library()
+    assert custom_ops.default_attention() == "exact" and said[0].startswith("building")
 
 
 def test_headers_are_read_from_the_debian_package_format() -> None:
@@ -164,6 +188,6 @@ def test_headers_are_read_from_the_debian_package_format() -> None:
     members = [("debian-binary", b"2.0\n"), ("data.tar.xz", b"odd")]
     headers = [f"{n:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(d):<10}`\n".encode() for n, d in members]
     archive = b"!<arch>\n" + b"".join(h + d + b"\n" * (len(d) % 2) for h, (_, d) in zip(headers, members, strict=True))
-    assert attention_kernel._ar_member(archive, "data.tar.xz") == b"odd"
-    with pytest.raises(attention_kernel.KernelBuildError, match=r"no control\.tar\.xz"):
-        attention_kernel._ar_member(archive, "control.tar.xz")
+    assert custom_ops._ar_member(archive, "data.tar.xz") == b"odd"
+    with pytest.raises(custom_ops.KernelBuildError, match=r"no control\.tar\.xz"):
+        custom_ops._ar_member(archive, "control.tar.xz")

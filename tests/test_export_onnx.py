@@ -19,7 +19,7 @@ from edgespec.export.onnx_quality import compare, export_logits, source_logits
 from edgespec.export.onnx_reference import OnnxReference
 
 import edgespec
-from edgespec import attention_kernel
+from edgespec import custom_ops
 from edgespec.cli import main
 from edgespec.errors import ModelLoadError
 from edgespec.export import MissingExtraError
@@ -49,7 +49,7 @@ def smol_int8_cli(tmp_path_factory: pytest.TempPathFactory, smol_hf: Path) -> tu
     BlockInt8MatMul where the kernel library is built (not left to the export's timing: the tests below check it)."""
     out = tmp_path_factory.mktemp("cli") / "int8"
     buffer = io.StringIO()
-    products = "edgespec" if attention_kernel.library() else "nbits"
+    products = "edgespec" if custom_ops.library() else "nbits"
     with contextlib.redirect_stdout(buffer):
         assert main(["export", "onnx", str(smol_hf), "--quant", "int8", "--out", str(out),
                      "--context-length", str(CONTEXT), "--products", products, "--json"]) == 0
@@ -73,7 +73,7 @@ def test_int8_agrees_with_fp32_and_reports_quality(smol_onnx: dict[str, Path], s
     # on the AMD EPYC. The quality that counts is the gate's, on the source's continuation, below.
     assert compare(fp32, int8)["top1_agreement"] >= 0.93
     assert manifest["quant"] == "int8" and manifest["quant_options"]["accuracy_level"] == 4
-    assert ("BlockInt8MatMul" in manifest["quant_options"]["weights"]) == bool(attention_kernel.library())
+    assert ("BlockInt8MatMul" in manifest["quant_options"]["weights"]) == bool(custom_ops.library())
     quality = json.loads((folder / "edgespec-onnx.json").read_text())["quality"]
     assert quality == manifest["quality"] and quality["top1_agreement"] >= 0.99 and quality["decode_tok_s"] > 0
     assert quality["size_bytes"] == sum(f.stat().st_size for f in folder.glob("*.onnx"))
@@ -165,7 +165,7 @@ def test_int8_speculates_losslessly(smol_int8_cli: tuple[Path, dict], questions:
         engine.close()
 
 
-@pytest.mark.skipif(attention_kernel.library() is None, reason="the kernel library is not built here")
+@pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
 def test_row_cost_times_the_block_int8_products(smol_int8_cli: tuple[Path, dict], tmp_path: Path) -> None:
     """`edgespec row-cost` on an export whose products are edgespec.BlockInt8MatMul: each at its shape."""
     assert main(["row-cost", str(smol_int8_cli[0]), "--rows", "1,3", "--repeats", "3", "--threads", "1",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import edgespec
 
-from .. import attention_kernel
+from .. import custom_ops
 from ..engine import Engine
 from ..errors import EdgespecError
 from ..exactness import NotExactError
@@ -93,8 +93,8 @@ def _current(export: Path) -> bool:
         manifest = read_manifest(export)
     except EdgespecError:  # none there, or unreadable
         return False
-    wanted = attention_kernel.default_attention() == "exact"
-    return manifest["source"].get("graphs") == GRAPHS_REVISION and attention_kernel.uses_kernel(manifest) == wanted
+    wanted = custom_ops.default_attention() == "exact"
+    return manifest["source"].get("graphs") == GRAPHS_REVISION and custom_ops.uses_exact_attention(manifest) == wanted
 
 
 def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:

@@ -7,8 +7,9 @@ costs one row, a verify batch reads each key once, and a row's result is the sam
 ``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/block_int8.py``).
 
-Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s) with the
-system's C++ compiler for this CPU, into the Python environment (``<sys.prefix>/share/edgespec/kernels``).
+Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s; else the first
+export or load that wants it, ``ensure``) with the system's C++ compiler for this CPU, into the Python environment
+(``<sys.prefix>/share/edgespec/kernels``).
 onnxruntime's wheels carry no C headers: the build reads them from Debian's ``libonnxruntime-dev`` package
 (85 KB, fetched once, checked against its SHA-256; the C API is versioned and stable, so these headers serve
 newer runtimes), or from ``$ORT_INCLUDE_DIR``. Without a compiler or the headers nothing breaks: exports then
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import urllib.request
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -36,7 +38,8 @@ from .tuning import cpu_identity
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc")]
 HEADERS = [KERNELS / "ops.h"]
-OP_DOMAIN, OP_TYPE = "edgespec", "ExactAttention"
+DOMAIN = "edgespec"
+ATTENTION, PRODUCTS = f"{DOMAIN}.ExactAttention", f"{DOMAIN}.BlockInt8MatMul"
 LIBRARY = "edgespec_ops"
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
 HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
@@ -82,9 +85,33 @@ def library() -> Path | None:
     return path if path.is_file() else None
 
 
+_unbuildable: str | None = None  # why ``ensure`` could not build the library in this process
+
+
+def ensure(say: Callable[[str], None] | None = None) -> Path | None:
+    """This machine's build of the current source, compiled now where it is missing (a source changed by a
+    `git pull` without `make setup`, or a setup that skipped it), or None where it cannot be built here.
+
+    Without the library the default export falls back to GroupQueryAttention and MatMulNBits, and a default chosen
+    on it stays cached: a single token at 2000 tokens of context then costs about twice as much (README, "ONNX
+    export"). A build costs ~15 s once; a failed one is tried once per process and says why.
+    """
+    global _unbuildable
+    path = library()
+    if path is not None or _unbuildable is not None:
+        return path
+    say = say or (lambda line: print(line, file=sys.stderr))
+    try:
+        return build(say)
+    except KernelBuildError as e:
+        _unbuildable = str(e)
+        say(f"edgespec: kernels not built ({e}); ONNX exports will use GroupQueryAttention and MatMulNBits")
+        return None
+
+
 def default_attention() -> str:
-    """The attention op exports use by default: "exact" where the kernel is built here, else "gqa"."""
-    return "exact" if library() else "gqa"
+    """The attention op exports use by default: "exact" where the kernel can be built here, else "gqa"."""
+    return "exact" if ensure() else "gqa"
 
 
 def register(session_options: object, path: Path | None = None) -> None:
@@ -95,21 +122,27 @@ def register(session_options: object, path: Path | None = None) -> None:
         session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
 
 
-def uses_kernel(manifest: dict) -> bool:
-    return manifest.get("quant_options", {}).get("attention") == f"{OP_DOMAIN}.{OP_TYPE}"
+def uses_exact_attention(manifest: dict) -> bool:
+    return manifest.get("quant_options", {}).get("attention") == ATTENTION
+
+
+def needs_library(manifest: dict) -> bool:
+    """Whether an export's graphs use any of edgespec's ops (its attention, or its products: "weights")."""
+    options = manifest.get("quant_options", {})
+    return uses_exact_attention(manifest) or str(options.get("weights", "")).startswith(PRODUCTS)
 
 
 def require_for(manifest: dict, where: Path, device_type: str) -> None:
-    """A clear error, before onnxruntime's, when an export uses the kernel and it cannot run here."""
-    if not uses_kernel(manifest):
+    """A clear error, before onnxruntime's, when an export uses edgespec's ops and they cannot run here."""
+    if not needs_library(manifest):
         return
-    if device_type != "cpu":  # a CPU op between GPU ops would copy the KV arena every call
-        raise ModelLoadError(f"{where} uses edgespec's exact attention kernel, which runs on the CPU only: export "
-                             "with `--attention gqa` for a GPU")
-    if library() is None:
-        raise ModelLoadError(f"{where} uses edgespec's exact attention kernel, which is not built on this machine: "
-                             "run `make setup` (or `edgespec build-kernel`), or export again with "
-                             "`--attention gqa`")
+    if device_type != "cpu":  # a CPU op between GPU ops would copy the KV arena and activations every call
+        raise ModelLoadError(f"{where} uses edgespec's CPU kernels (exact attention or block INT8 products), which "
+                             "run on the CPU only: export with `--attention gqa --products nbits` for a GPU")
+    if ensure() is None:
+        raise ModelLoadError(f"{where} uses edgespec's kernels (exact attention or block INT8 products), which are "
+                             "not built on this machine: run `make setup` (or `edgespec build-kernel`), or export "
+                             "again with `--attention gqa --products nbits`")
 
 
 def _headers(say) -> Path:
@@ -190,11 +223,8 @@ def build(say=print) -> Path:
 
 def main() -> int:
     """``edgespec build-kernel``: 0 when the kernel is there (built now or before), 1 with the reason when not."""
-    try:
-        path = build()
-    except KernelBuildError as e:
-        print(f"edgespec: kernels not built ({e}); exports will use GroupQueryAttention and MatMulNBits",
-              file=sys.stderr)
+    path = ensure()
+    if path is None:
         return 1
     print(f"edgespec: kernels (exact attention, block INT8 products): {path}")
     return 0
