@@ -31,6 +31,21 @@ def onnx_identity() -> str | None:
     return f"{onnxruntime.__version__}, graphs {GRAPHS_REVISION}, {custom_ops.default_attention()} attention"
 
 
+def current_export(export: Path) -> bool:
+    """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix) with the
+    attention op this machine runs best (edgespec's kernel where it can be built, else GroupQueryAttention)."""
+    from .errors import EdgespecError
+    from .export.onnx_graphs import GRAPHS_REVISION
+    from .onnx_backend import read_manifest
+
+    try:
+        manifest = read_manifest(export)
+    except EdgespecError:  # none there, or unreadable
+        return False
+    wanted = custom_ops.default_attention() == "exact"
+    return manifest["source"].get("graphs") == GRAPHS_REVISION and custom_ops.uses_exact_attention(manifest) == wanted
+
+
 def choice_key(threads: int, device: str) -> dict[str, object] | None:
     """The key of this machine's choice, or None when the default family's weights are not installed (loading
     the fixed default then says which package to install)."""
@@ -51,7 +66,9 @@ def default_choice(threads: int, device: str) -> DefaultChoice:
         found = find_default_choice(key)
     except TuningError:
         found = None  # an unreadable or older file: measure again and overwrite it
-    if found is not None and (found.backend != "onnx" or Path(found.target).is_dir()):  # an export may be deleted
+    # A stored ONNX choice holds while its export does: one deleted, or rewritten since (another op, an older
+    # graph writer), is measured again rather than run as if it were what was raced.
+    if found is not None and (found.backend != "onnx" or current_export(Path(found.target))):
         return found
     from .bench.choose import choose_default
 

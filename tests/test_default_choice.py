@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from edgespec.export.onnx_graphs import GRAPHS_REVISION
 
 import edgespec
+from edgespec import custom_ops
 from edgespec.bench import choose
 from edgespec.bench.choose import Budget, choose_default, table
-from edgespec.default_model import choice_key
+from edgespec.default_model import FIXED, choice_key, default_choice
 from edgespec.models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, families
-from edgespec.tuning import default_choice_path
+from edgespec.onnx_backend import FORMAT, MANIFEST
+from edgespec.tuning import DefaultChoice, default_choice_path
 
 
 def test_with_tuning_off_the_default_is_the_shipped_weights_with_ngram_auto() -> None:
@@ -71,3 +75,30 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
         assert engine.generate("Hello", max_tokens=2, mode="ngram", gamma="auto").tokens
     finally:
         engine.close()
+
+
+def test_a_stored_onnx_choice_holds_only_while_its_export_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export rewritten under a stored choice (here: with GroupQueryAttention, as when the kernels could not be
+    built for a while) is measured again, not run as the export that was raced; and such an export has a folder
+    of its own, so it never overwrites the kernel's."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("EDGESPEC_TUNING", "on")
+    monkeypatch.setattr(custom_ops, "default_attention", lambda: "exact")
+    key = choice_key(1, "cpu")
+    assert key is not None
+    export = choose.onnx_export_path(families()["smollm2-135m"])
+    manifest = {"format": FORMAT, "num_layers": 0, "num_kv_heads": 1, "head_dim": 64, "hidden_size": 64,
+                "vocab_size": 8, "context_length": 64, "embed": "embed.onnx", "layers": [], "head": "head.onnx",
+                "quant_options": {"attention": custom_ops.ATTENTION}, "source": {"graphs": GRAPHS_REVISION}}
+    export.mkdir(parents=True)
+    (export / MANIFEST).write_text(json.dumps(manifest))
+    DefaultChoice(key=key, target=str(export), backend="onnx", mode="ngram", gamma="auto", reason="raced",
+                  candidates=[], skipped={}).save()
+    measured: list[object] = []
+    monkeypatch.setattr(choose, "choose_default", lambda *args, **_: measured.append(args) or FIXED)
+    assert default_choice(1, "cpu").target == str(export) and not measured
+    manifest["quant_options"]["attention"] = "com.microsoft.GroupQueryAttention"
+    (export / MANIFEST).write_text(json.dumps(manifest))
+    assert default_choice(1, "cpu") is FIXED and len(measured) == 1
+    monkeypatch.setattr(custom_ops, "default_attention", lambda: "gqa")
+    assert choose.onnx_export_path(families()["smollm2-135m"]) != export

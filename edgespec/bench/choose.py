@@ -25,11 +25,12 @@ from pathlib import Path
 import edgespec
 
 from .. import custom_ops
+from ..default_model import current_export
 from ..engine import Engine
 from ..errors import EdgespecError
 from ..exactness import NotExactError
 from ..models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, ModelFamily, cache_dir
-from ..onnx_backend import OnnxModel, OnnxOptions, read_manifest
+from ..onnx_backend import OnnxModel, OnnxOptions
 from ..tuning import DefaultChoice, StoredCurve, default_choice_path, find_default_choice
 from .tune import CALIBRATION_PROMPTS, race
 
@@ -81,20 +82,10 @@ def _stderr(text: str) -> None:
 
 
 def onnx_export_path(family: ModelFamily) -> Path:
-    return cache_dir().parent / "onnx" / f"{family.name}-{family.source_quant}-int8"
-
-
-def _current(export: Path) -> bool:
-    """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix) with the
-    attention op this machine runs best (edgespec's kernel once built, GroupQueryAttention without it)."""
-    from edgespec.export.onnx_graphs import GRAPHS_REVISION
-
-    try:
-        manifest = read_manifest(export)
-    except EdgespecError:  # none there, or unreadable
-        return False
-    wanted = custom_ops.default_attention() == "exact"
-    return manifest["source"].get("graphs") == GRAPHS_REVISION and custom_ops.uses_exact_attention(manifest) == wanted
+    """Where the default's ONNX export lives: one folder per attention op, so that an export made while edgespec's
+    kernels could not be built (GroupQueryAttention) never overwrites the kernel's, which a stored choice names."""
+    suffix = "" if custom_ops.default_attention() == "exact" else "-gqa"
+    return cache_dir().parent / "onnx" / f"{family.name}-{family.source_quant}-int8{suffix}"
 
 
 def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:
@@ -104,7 +95,7 @@ def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]
 
     source = family.variant_path(family.source_quant)
     out = onnx_export_path(family)
-    if not _current(out):
+    if not current_export(out):
         say(f"  exporting {source.name} to ONNX INT8 (once per exporter revision) into {out}")
         try:
             from edgespec.export.onnx_export import export_onnx
