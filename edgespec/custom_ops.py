@@ -38,8 +38,9 @@ from .tuning import cpu_identity
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc")]
 HEADERS = [KERNELS / "ops.h"]
-DOMAIN = "edgespec"
-ATTENTION, PRODUCTS = f"{DOMAIN}.ExactAttention", f"{DOMAIN}.BlockInt8MatMul"
+# The ops' names, as the exported graphs and manifests write them (export/onnx_graphs.py, export/block_int8.py)
+DOMAIN, ATTENTION_OP, PRODUCTS_OP = "edgespec", "ExactAttention", "BlockInt8MatMul"
+ATTENTION, PRODUCTS = f"{DOMAIN}.{ATTENTION_OP}", f"{DOMAIN}.{PRODUCTS_OP}"
 LIBRARY = "edgespec_ops"
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
 HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
@@ -109,6 +110,11 @@ def ensure(say: Callable[[str], None] | None = None) -> Path | None:
         return None
 
 
+def build_failure() -> str | None:
+    """Why ``ensure`` could not build the library in this process (None: it did not fail)."""
+    return _unbuildable
+
+
 def default_attention() -> str:
     """The attention op exports use by default: "exact" where the kernel can be built here, else "gqa"."""
     return "exact" if ensure() else "gqa"
@@ -140,9 +146,9 @@ def require_for(manifest: dict, where: Path, device_type: str) -> None:
         raise ModelLoadError(f"{where} uses edgespec's CPU kernels (exact attention or block INT8 products), which "
                              "run on the CPU only: export with `--attention gqa --products nbits` for a GPU")
     if ensure() is None:
-        raise ModelLoadError(f"{where} uses edgespec's kernels (exact attention or block INT8 products), which are "
-                             "not built on this machine: run `make setup` (or `edgespec build-kernel`), or export "
-                             "again with `--attention gqa --products nbits`")
+        raise ModelLoadError(f"{where} uses edgespec's kernels (exact attention or block INT8 products), which "
+                             f"cannot be built on this machine ({build_failure()}): fix that and run `make setup` (or "
+                             "`edgespec build-kernel`), or export again with `--attention gqa --products nbits`")
 
 
 def _headers(say) -> Path:

@@ -15,13 +15,14 @@ import time
 
 import numpy as np
 
+from edgespec import custom_ops
 from edgespec.cpu import physical_cores
 from edgespec.onnx_backend import session_options
 
 from . import require
 from .onnx_graphs import EXACT_DOMAIN
 
-OP = "BlockInt8MatMul"
+OP = custom_ops.PRODUCTS_OP
 PRODUCTS = ("auto", "edgespec", "nbits")  # export_onnx's choices: time both here, the op, MatMulNBits
 BLOCK, COLUMNS, DEPTH = 32, 8, 4  # the op's blocks along K, and its packing: 8 columns × 4 k per 32 bytes
 TIMED_ROWS = (1, 4)  # a decoded token, and a verify batch

@@ -36,8 +36,6 @@ from .hf import hf_folder, resolve_source
 from .onnx_graphs import (
     ATTENTIONS,
     CARRIED_ACCURACY_LEVEL,
-    EXACT_DOMAIN,
-    EXACT_OP,
     GRAPHS_REVISION,
     ModelSpec,
     attention_min_total,
@@ -149,6 +147,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     attention = attention or custom_ops.default_attention()
     if attention not in ATTENTIONS:
         raise InvalidParameterError(f"unknown attention {attention!r}; choose from {', '.join(ATTENTIONS)}")
+    if attention == "exact" and custom_ops.ensure() is None:  # asked for by name where it cannot be built
+        raise InvalidParameterError("attention exact needs edgespec's kernels, which cannot be built here "
+                                    f"({custom_ops.build_failure()}); export with --attention gqa")
     if products not in block_int8.PRODUCTS:
         raise InvalidParameterError(f"unknown products {products!r}; choose from {', '.join(block_int8.PRODUCTS)}")
     if products == "edgespec" and (attention != "exact" or quant != "int8" or head_bits != 8 or block_size != 32
@@ -214,7 +215,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         manifest = _manifest(spec, chat_template, quant, context_length, layers, attention)
         manifest["source"].update(source)
         if timed["op"] == block_int8.OP:
-            manifest["quant_options"]["weights"] = f"{EXACT_DOMAIN}.{block_int8.OP} (MatMulNBits' 8-bit blocks)"
+            manifest["quant_options"]["weights"] = f"{custom_ops.PRODUCTS} (MatMulNBits' 8-bit blocks)"
         if "median_us" in timed:
             manifest["quant_options"]["products_timed_us"] = timed["median_us"]
         manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else
@@ -253,7 +254,7 @@ def _manifest(spec: ModelSpec, chat_template: str | None, quant: str, context_le
                                  GGUF_QUANT: "MatMulNBits with the GGUF's own blocks"}.get(quant, "MatMulNBits"),
                      "embedding": {"fp32": "float32", GGUF_QUANT: "the GGUF's own blocks or float16"}.get(
                          quant, "float16"),
-                     "attention": (f"{EXACT_DOMAIN}.{EXACT_OP}" if attention == "exact" else
+                     "attention": (custom_ops.ATTENTION if attention == "exact" else
                                    "com.microsoft.GroupQueryAttention")}
     return {"format": FORMAT, "architecture": spec.architecture, "num_layers": spec.num_layers,
             "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec import custom_ops
+
 from . import require
 from .block_weights import BLOCK, BlockWeight, stack
 from .hf import UnsupportedArchitectureError, check_architecture
@@ -25,7 +27,7 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 # edgespec's own attention op (edgespec/kernels/exact_attention.cc): GroupQueryAttention's inputs, outputs and
 # masks, exact for any number of rows, so nothing is padded around it.
-EXACT_DOMAIN, EXACT_OP = "edgespec", "ExactAttention"
+EXACT_DOMAIN, EXACT_OP = custom_ops.DOMAIN, custom_ops.ATTENTION_OP
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
 GRAPHS_REVISION = 7  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from edgespec.export.layers import LayerSetError, check_keep, parse_layers
 
+from edgespec import custom_ops
 from edgespec.cli import main
 from edgespec.models import families
 
@@ -143,3 +144,19 @@ def test_invalid_manifests_and_registry(tmp_path: Path, monkeypatch: pytest.Monk
     manifest.registry_path().write_text("{not json")
     assert main(["models"]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
+
+
+def test_products_and_attention_that_cannot_run_here(smollm2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "onnx"
+    args = ["onnx", str(smollm2), "--quant", "int8", "--out", str(out)]
+    err = _fails([*args, "--attention", "gqa", "--products", "edgespec"], capsys)
+    assert "BlockInt8MatMul computes int8 exports" in err
+    err = _fails([*args, "--quant", "int4", "--products", "edgespec"], capsys)
+    assert "BlockInt8MatMul computes int8 exports" in err
+    # A machine where edgespec's kernels cannot be built: asking for them by name is an error, not onnxruntime's
+    monkeypatch.setattr(custom_ops, "ensure", lambda say=None: None)
+    monkeypatch.setattr(custom_ops, "_unbuildable", "no C++ compiler found (set CXX)")
+    err = _fails([*args, "--attention", "exact"], capsys)
+    assert "cannot be built here (no C++ compiler found" in err and "--attention gqa" in err
+    assert not out.exists()
