@@ -20,41 +20,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from decode_loop_curve import CURVE_ROWS, loop_curve, summarize, time_passes
+from decode_loop_curve import CURVE_ROWS, ENGINES, loop_curve, open_engines, play, summarize, time_passes
 
-import edgespec
 from edgespec.bench.plots import line_chart
 from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
-from edgespec.engine import Engine
 from edgespec.tuning import cpu_identity
 
 EXPORTS = ("nbits", "op")
-MODES = ("target", "ngram")
-
-
-def play(engines: dict[tuple[str, str], Engine], questions: list[dict], max_tokens: int) -> list[dict]:
-    records, order = [], list(engines)
-    for q in questions:
-        messages: dict[str, list[dict[str, str]]] = {export: [] for export in EXPORTS}
-        for turn, user in enumerate(q["turns"]):
-            for export in EXPORTS:
-                messages[export].append({"role": "user", "content": user})
-            prompts = {export: engines[export, "target"].chat_tokens(messages[export]) for export in EXPORTS}
-            results = {key: engines[key].generate(prompts[key[0]], max_tokens=max_tokens) for key in order}
-            order = order[1:] + order[:1]
-            for (export, mode), r in results.items():
-                if r.tokens != results[export, "target"].tokens:
-                    raise SystemExit(f"{export} {mode} wrote another answer than its target to question "
-                                     f"{q['question_id']} turn {turn}: a lossless contract broken")
-                records.append({"engine": f"{export} {mode}", "question_id": q["question_id"],
-                                "category": q["category"], "turn": turn, "tokens": len(r.tokens),
-                                "computed_prompt_tokens": r.stats.prompt_tokens - r.stats.cached_tokens,
-                                "prefill_s": r.stats.prefill_s,
-                                "decode_s": r.stats.decode_s, "steps": r.stats.steps, "drafted": r.stats.drafted,
-                                "accepted": r.stats.accepted})
-            for export in EXPORTS:
-                messages[export].append({"role": "assistant", "content": results[export, "target"].text})
-    return records
 
 
 def main() -> None:
@@ -73,14 +45,13 @@ def main() -> None:
         if ("BlockInt8MatMul" in weights) != (export == "op"):
             raise SystemExit(f"--{export} {path}: its products are {weights}")
     questions = load_questions(args.questions, per_category=args.per_category)
-    engines = {(export, mode): edgespec.load(str(paths[export]), mode="none" if mode == "target" else mode,
-                                             n_threads=args.threads, tuning=False)
-               for export in EXPORTS for mode in MODES}
+    engines = {f"{export} {mode}": engine for export in EXPORTS
+               for mode, engine in open_engines(str(paths[export]), args.threads).items()}
     passes: dict[str, dict[int, list[float]]] = {export: defaultdict(list) for export in EXPORTS}
     try:
         for export in EXPORTS:
-            time_passes(engines[export, "ngram"], passes[export])
-        records = play(engines, questions, args.max_tokens)
+            time_passes(engines[f"{export} ngram"], passes[export])
+        records = play(engines, questions, args.max_tokens, reference=lambda name: name.split()[0] + " target")
     finally:
         for engine in engines.values():
             engine.close()
@@ -92,12 +63,12 @@ def main() -> None:
 
     print(f"{len(records) // len(engines)} generations per engine, each lookup answer identical to its target's; "
           f"{cpu_identity()[:60]}, {args.threads} threads")
-    print(f"{'category':<16}" + "".join(f"{e + ' ' + m:>14}" for e in EXPORTS for m in MODES)
+    print(f"{'category':<16}" + "".join(f"{e + ' ' + m:>14}" for e in EXPORTS for m in ENGINES)
           + f"{'op/nbits target':>17}{'op/nbits ngram':>16}")
     for category in sorted(summary, key=lambda c: (c == "overall", c)):
         row = summary[category]
-        rate = {(e, m): row[f"{e} {m}"]["tok_s"] for e in EXPORTS for m in MODES}
-        print(f"{category:<16}" + "".join(f"{rate[e, m]:>14.1f}" for e in EXPORTS for m in MODES)
+        rate = {(e, m): row[f"{e} {m}"]["tok_s"] for e in EXPORTS for m in ENGINES}
+        print(f"{category:<16}" + "".join(f"{rate[e, m]:>14.1f}" for e in EXPORTS for m in ENGINES)
               + f"{rate['op', 'target'] / rate['nbits', 'target']:>16.3f}×"
               + f"{rate['op', 'ngram'] / rate['nbits', 'ngram']:>15.3f}×")
     print(f"prefill tok/s over first turns: nbits {prefill['nbits']:.0f}, op {prefill['op']:.0f} "

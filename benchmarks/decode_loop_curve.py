@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,28 +55,33 @@ def time_passes(engine: Engine, passes: dict[int, list[float]]) -> None:
     arena.extend = timed  # type: ignore[method-assign]
 
 
-def play(engines: dict[str, Engine], questions: list[dict], max_tokens: int) -> list[dict]:
-    records = []
-    turn_index = 0
+def play(engines: dict[str, Engine], questions: list[dict], max_tokens: int,
+         reference: Callable[[str], str] = lambda name: "target") -> list[dict]:
+    """Every engine answers every turn, in an order that rotates from one turn to the next (so the shared machine's
+    load falls on all); each answer is checked equal to its ``reference`` engine's (a target alone), whose answers
+    carry the conversation. One record per engine and turn."""
+    records, order = [], list(engines)
     for q in questions:
-        messages: list[dict[str, str]] = []
+        messages: dict[str, list[dict[str, str]]] = {ref: [] for ref in map(reference, engines)}
         for turn, user in enumerate(q["turns"]):
-            messages.append({"role": "user", "content": user})
-            prompt = engines["target"].chat_tokens(messages)
-            order = ENGINES if turn_index % 2 == 0 else ENGINES[::-1]
-            turn_index += 1
-            results = {}
-            for name in order:
-                results[name] = engines[name].generate(prompt, max_tokens=max_tokens)
-            target = results["target"]
+            prompts = {}
+            for ref, conversation in messages.items():
+                conversation.append({"role": "user", "content": user})
+                prompts[ref] = engines[ref].chat_tokens(conversation)
+            results = {name: engines[name].generate(prompts[reference(name)], max_tokens=max_tokens)
+                       for name in order}
+            order = order[1:] + order[:1]
             for name, r in results.items():
-                if r.tokens != target.tokens:
-                    raise SystemExit(f"{name} wrote another answer than the target alone to question "
+                if r.tokens != results[reference(name)].tokens:
+                    raise SystemExit(f"{name} wrote another answer than {reference(name)} to question "
                                      f"{q['question_id']} turn {turn}: a lossless contract broken")
                 records.append({"engine": name, "question_id": q["question_id"], "category": q["category"],
-                                "turn": turn, "tokens": len(r.tokens), "decode_s": r.stats.decode_s,
+                                "turn": turn, "tokens": len(r.tokens),
+                                "computed_prompt_tokens": r.stats.prompt_tokens - r.stats.cached_tokens,
+                                "prefill_s": r.stats.prefill_s, "decode_s": r.stats.decode_s,
                                 "steps": r.stats.steps, "drafted": r.stats.drafted, "accepted": r.stats.accepted})
-            messages.append({"role": "assistant", "content": target.text})
+            for ref, conversation in messages.items():
+                conversation.append({"role": "assistant", "content": results[ref].text})
     return records
 
 
