@@ -1,7 +1,7 @@
 """edgespec.BlockInt8MatMul (edgespec/kernels/block_int8_matmul.cc) as onnxruntime runs it, and the export's
 rewrite of MatMulNBits into it (export/block_int8.py): MatMulNBits' 8-bit products within float rounding, the
 exact arithmetic against a NumPy reference (weights of −128 included), every row bit-identical alone or in any
-call, the portable path (a build without AVX2) giving the same bits, and a graph off the contract refused with a
+call, the portable, AVX2 and VNNI loops giving the same bits, and a graph off the contract refused with a
 clear error."""
 
 from __future__ import annotations
@@ -99,19 +99,26 @@ def test_rows_are_bit_identical_alone_and_in_any_call(rows: int) -> None:
     assert np.array_equal(session.run(None, {"x": x[:, 1:4]})[0], together[:, 1:4])
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 is an x86 extension")
-def test_the_portable_path_gives_the_same_bits(tmp_path: Path) -> None:
-    """The library built for a baseline x86-64 (no AVX2, no FMA: the loop every CPU without AVX2 runs) against this
-    machine's build, on calls of 1, 4, 7 and 40 rows."""
-    portable = tmp_path / "portable.so"
-    custom_ops.compile_library(portable, ["-march=x86-64"])
+def _has_avx2() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and "avx2" in Path("/proc/cpuinfo").read_text()
+
+
+# Each build's integer loop against this machine's build (-march=native: the VNNI loop where the CPU has a dot
+# product instruction, else the AVX2 one): a baseline x86-64 (no AVX2, no FMA: what every CPU without AVX2 runs)
+# and x86-64-v3 (AVX2 + FMA, no VNNI).
+@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3"])
+def test_every_path_gives_the_same_bits(tmp_path: Path, march: str) -> None:
+    if not _has_avx2():
+        pytest.skip("the x86 builds need an x86 CPU with AVX2 to run beside this one's")
+    other = tmp_path / f"{march}.so"
+    custom_ops.compile_library(other, [f"-march={march}"])
     rng = np.random.default_rng(3)
     model = _nbits(*_weights(rng))
     block_int8.rewrite(model)
-    native, baseline = _session(model), _session(model, kernels=portable)
+    native, built = _session(model), _session(model, kernels=other)
     for rows in (1, 4, 7, 40):
         x = rng.standard_normal((1, rows, K)).astype(np.float32)
-        assert np.array_equal(native.run(None, {"x": x})[0], baseline.run(None, {"x": x})[0]), f"{rows} rows"
+        assert np.array_equal(native.run(None, {"x": x})[0], built.run(None, {"x": x})[0]), f"{rows} rows"
 
 
 def test_rewrite_carries_a_zero_point_and_leaves_other_products() -> None:

@@ -8,12 +8,14 @@
 // Why: MatMulNBits takes each row through the weights on its own, and its single-row path is slower than this one
 // on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py: one layer's products 0.86× its time at one row). Weights
 // are packed at export, 8 columns × 4 k per 32-byte vector; a row's 4 activations are broadcast against it (an
-// outer product: vpmaddubsw + vpmaddwd), so 8 columns' integer sums accumulate in one register with no horizontal
-// sums, and up to 4 rows use each weight vector while it is in a register.
+// outer product), so 8 columns' integer sums accumulate in one register with no horizontal sums, and up to 4 rows
+// use each weight vector while it is in a register. Per row and vector that is 4 instructions on AVX2 (vpsignb,
+// vpmaddubsw, vpmaddwd, vpaddd) and 1 where the CPU has VNNI's dot product (vpdpbusd, AVX512-VNNI or AVX-VNNI):
+// a verify batch's extra rows are what the CPU's integer units compute, so this is what makes them cheap.
 //
 // Exactness: a block's integer sum is exact whatever the order, and every (row, column) then runs the same float
 // operations in the same order, whatever the call's row count, tile or thread: a row has the same bits alone or
-// in a verify batch, and the portable path below gives the same bits as the AVX2 one.
+// in a verify batch, and the portable path below gives the same bits as the AVX2 and VNNI ones.
 //
 // Inputs: A float [..., K]; B int8 [N/8, K/4, 32] (columns n0..n0+7 × k..k+3 per 32 bytes, k fastest);
 // scales float [K/32, N]. Output: float [..., N].
@@ -22,6 +24,11 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define EDGESPEC_VNNI(sum, u, s) _mm256_dpbusd_epi32(sum, u, s)
+#elif defined(__AVXVNNI__)
+#define EDGESPEC_VNNI(sum, u, s) _mm256_dpbusd_avx_epi32(sum, u, s)
+#endif
 #endif
 
 #include <algorithm>
@@ -64,29 +71,60 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, float* scales) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Rows m0 … m0 + R − 1 against columns n0 … n0 + 7. vpmaddubsw multiplies unsigned by signed bytes: the unsigned
-// side is |w| (≤ 128: a weight of −128 is 128 as unsigned), the signed side the activation with w's sign (|a| ≤
-// 127), so a pair's sum is at most 2 · 128 · 127, inside int16.
+#ifdef EDGESPEC_VNNI
+// One block's integer sums for R rows against columns n0 … n0 + 7 (lane j: column n0 + j). vpdpbusd multiplies
+// unsigned by signed bytes, four per lane, into int32 without saturating: the unsigned side is each activation
+// plus 128 (its code with the top bit flipped), the signed side the weights, and the 128 · Σ w that this adds is
+// taken off once per block, the same for every row (|sum| ≤ 32 · 255 · 128, inside int32).
+template <int R>
+void block_sums(const int8_t* packed, const int8_t* const* codes, __m256i (&sum)[R]) {
+  const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i bias = _mm256_setzero_si256();
+  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < kBlock; k += kDepth) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + k * kColumns));
+    bias = EDGESPEC_VNNI(bias, offset, w);
+    for (int r = 0; r < R; ++r) {
+      uint32_t a4;
+      std::memcpy(&a4, codes[r] + k, sizeof a4);
+      sum[r] = EDGESPEC_VNNI(sum[r], _mm256_set1_epi32(static_cast<int>(a4 ^ 0x80808080u)), w);
+    }
+  }
+  for (int r = 0; r < R; ++r) sum[r] = _mm256_sub_epi32(sum[r], bias);
+}
+#else
+// The same sums with AVX2's byte products: vpmaddubsw multiplies unsigned by signed bytes into saturating int16
+// pairs, so the unsigned side is |w| (≤ 128: a weight of −128 is 128 as unsigned), the signed side the activation
+// with w's sign (|a| ≤ 127): a pair's sum is at most 2 · 128 · 127, inside int16.
+template <int R>
+void block_sums(const int8_t* packed, const int8_t* const* codes, __m256i (&sum)[R]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < kBlock; k += kDepth) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + k * kColumns));
+    const __m256i magnitude = _mm256_abs_epi8(w);
+    for (int r = 0; r < R; ++r) {
+      int32_t a4;
+      std::memcpy(&a4, codes[r] + k, sizeof a4);
+      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(a4), w));
+      sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, ones));
+    }
+  }
+}
+#endif
+
+// Rows m0 … m0 + R − 1 against columns n0 … n0 + 7: each block's exact integer sums, then the float steps.
 template <int R>
 void panel(const Call& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* packed = c.weights + n0 * c.k;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    __m256i sum[R];  // lane j: column n0 + j's integer dot product over this block
-    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
-    for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += kDepth) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + k * kColumns));
-      const __m256i magnitude = _mm256_abs_epi8(w);
-      for (int r = 0; r < R; ++r) {
-        int32_t a4;
-        std::memcpy(&a4, c.rows.codes + (m0 + r) * c.k + k, sizeof a4);
-        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(a4), w));
-        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, ones));
-      }
-    }
+    const int8_t* codes[R];
+    for (int r = 0; r < R; ++r) codes[r] = c.rows.codes + (m0 + r) * c.k + b * kBlock;
+    __m256i sum[R];
+    block_sums<R>(packed + b * kBlock * kColumns, codes, sum);
     const __m256 column_scales = _mm256_loadu_ps(c.scales + b * c.n + n0);
     for (int r = 0; r < R; ++r) {
       const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(c.rows.scales[(m0 + r) * blocks + b]), column_scales);
