@@ -8,10 +8,11 @@
 // Why: MatMulNBits takes each row through the weights on its own, and its single-row path is slower than this one
 // on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py: one layer's products 0.86× its time at one row). Weights
 // are packed at export, 8 columns × 4 k per 32-byte vector; a row's 4 activations are broadcast against it (an
-// outer product), so 8 columns' integer sums accumulate in one register with no horizontal sums, and up to 4 rows
-// use each weight vector while it is in a register. Per row and vector that is 4 instructions on AVX2 (vpsignb,
-// vpmaddubsw, vpmaddwd, vpaddd) and 1 where the CPU has VNNI's dot product (vpdpbusd, AVX512-VNNI or AVX-VNNI):
-// a verify batch's extra rows are what the CPU's integer units compute, so this is what makes them cheap.
+// outer product), so 8 columns' integer sums accumulate in one register with no horizontal sums, and the rows of
+// a tile (up to 4, or 8 with AVX-512's registers) use each weight vector while it is in a register. Per row and
+// vector that is 4 instructions on AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) and 1 where the CPU has VNNI's
+// dot product (vpdpbusd, AVX512-VNNI or AVX-VNNI): a verify batch's extra rows cost what the CPU's integer units
+// compute, the weights being read once per tile.
 //
 // Exactness: a block's integer sum is exact whatever the order, and every (row, column) then runs the same float
 // operations in the same order, whatever the call's row count, tile or thread: a row has the same bits alone or
@@ -134,17 +135,25 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(c.out + (m0 + r) * c.n + n0, acc[r]);
 }
 
-// Columns n0 … n0 + 7 for every row, in tiles of up to 4 rows of near-equal size (5 rows: 3 + 2, not 4 + 1).
+// Rows per tile: each tile reads the weights once, so a verify batch up to this size costs one pass over them.
+// A tile keeps 2 vectors per row in registers (its integer and float sums): AVX2's 16 hold 4 rows, AVX-512's 32
+// hold 8 (at 5 rows the AVX2 loop reads the weights twice, and a 5-token verify costs ~1.5× a 4-token one).
+#if defined(__AVX512VL__)
+constexpr int64_t kTileRows = 8;
+#else
+constexpr int64_t kTileRows = 4;
+#endif
+
+// Columns n0 … n0 + 7 for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2, not 4 + 1).
 void columns(const Call& c, int64_t n0) {
-  const int64_t tiles = (c.m + 3) / 4;
+  using Panel = void (*)(const Call&, int64_t, int64_t);
+  static constexpr Panel panels[] = {panel<1>, panel<2>, panel<3>, panel<4>,
+                                     panel<5>, panel<6>, panel<7>, panel<8>};
+  static_assert(kTileRows <= static_cast<int64_t>(sizeof panels / sizeof panels[0]));
+  const int64_t tiles = (c.m + kTileRows - 1) / kTileRows;
   for (int64_t i = 0, m = 0; i < tiles; ++i) {
     const int64_t rows = (c.m - m) / (tiles - i);
-    switch (rows) {
-      case 4: panel<4>(c, m, n0); break;
-      case 3: panel<3>(c, m, n0); break;
-      case 2: panel<2>(c, m, n0); break;
-      default: panel<1>(c, m, n0); break;
-    }
+    panels[rows - 1](c, m, n0);
     m += rows;
   }
 }
