@@ -38,6 +38,25 @@ def test_only_variants_that_pass_the_quality_bar_are_candidates() -> None:
         assert top1 >= DEFAULT_MIN_TOP1 and kl <= DEFAULT_MAX_KL
 
 
+def _row(target: str, mode: str, reply_s: float, identical: str = "4/4") -> dict:
+    return {"target": target, "mode": mode, "gamma": "auto" if mode == "ngram" else 0, "reply_s": reply_s,
+            "identical": identical}
+
+
+def test_a_model_runs_lookup_unless_plain_decoding_won_by_the_margin() -> None:
+    """γ auto declines drafts that would not pay: a tie on the race's texts (noise) keeps it; plain decoding
+    must answer more than ``tune.MARGIN`` quicker to be chosen, and a lookup run that changed the output never is."""
+    assert choose.pick([_row("a", "none", 3.83), _row("a", "ngram", 3.84)])["mode"] == "ngram"
+    assert choose.pick([_row("a", "none", 3.0), _row("a", "ngram", 3.0 * 1.06)])["mode"] == "none"
+    assert choose.pick([_row("a", "none", 3.83), _row("a", "ngram", 3.0, "3/4")])["mode"] == "none"
+    # Models compete with the row each would run: b's lookup (4.0 s) loses to a's plain decoding (3.5 s), though
+    # b's plain decoding (3.9 s) was quicker than its lookup.
+    rows = [_row("a", "none", 3.5), _row("a", "ngram", 3.8), _row("b", "none", 3.9), _row("b", "ngram", 4.0)]
+    assert (choose.pick(rows)["target"], choose.pick(rows)["mode"]) == ("a", "none")
+    rows[1] = _row("a", "ngram", 3.6)
+    assert (choose.pick(rows)["target"], choose.pick(rows)["mode"]) == ("a", "ngram")
+
+
 def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # variants, verdicts and the choice land here
     monkeypatch.setenv("EDGESPEC_TUNING", "on")
@@ -52,7 +71,7 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
     raced = {r["target"] for r in choice.candidates}
     assert raced | set(choice.skipped) == {f"smollm2-135m:{q}" for q in key["candidates"]}  # each raced or skipped
     assert {(r["mode"], r["gamma"]) for r in choice.candidates} == {("none", 0), ("ngram", "auto")}
-    best = min((r for r in choice.candidates), key=lambda r: r["reply_s"])
+    best = choose.pick(choice.candidates)
     assert (choice.target, choice.mode) == (best["target"], best["mode"])  # every row here is lossless
     for r in choice.candidates:  # the first text is the document: prefill is part of what a user waits for
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0

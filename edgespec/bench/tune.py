@@ -45,6 +45,9 @@ CALIBRATION_PROMPTS = [
     "List five fruits and, for each, one country where it is widely grown.",
 ]
 _ACCEPTANCE_GAMMA = 8
+# What a fixed choice must win by, on a few built-in texts, over one that adapts to the text (γ auto) to be chosen:
+# a few percent is the race's noise (choose.pick, _preference).
+MARGIN = 1.05
 _MIN_TRIALS = 3  # draft positions tried fewer times than this take the previous position's rate
 
 
@@ -117,9 +120,9 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
 
 
 def _preference(candidate: tuple[str, int | str]) -> float:
-    """A fixed γ must beat γ auto by more than 5% on the calibration set to be chosen: auto adapts to the text
-    being generated, a γ fitted to a few calibration prompts does not."""
-    return 1.0 if candidate[1] in ("auto", 0) else 1 / 1.05
+    """A fixed γ must beat γ auto by more than ``MARGIN`` on the calibration set to be chosen: auto adapts to the
+    text being generated, a γ fitted to a few calibration prompts does not."""
+    return 1.0 if candidate[1] in ("auto", 0) else 1 / MARGIN
 
 
 def _measured(stats: list[GenerationStats]) -> tuple[list[float], float, float]:
