@@ -179,7 +179,7 @@ def test_row_cost_times_the_block_int8_products(smol_int8_cli: tuple[Path, dict]
 def test_summary_line(smol_int8_cli: tuple[Path, dict]) -> None:
     line = summary(*smol_int8_cli)
     assert line.startswith(f"wrote {smol_int8_cli[0]}: llama 30 layers, int8")
-    assert re.search(r"top-1 (0\.99|1\.000) .* quality gate passed", line)
+    assert re.search(r"top-1 (0\.99\d|1\.000) .* quality gate passed", line)  # the gate: top-1 ≥ 0.99
 
 
 def test_an_onnx_directory_is_not_a_source(smol_onnx: dict[str, Path], capsys: pytest.CaptureFixture[str],
