@@ -6,9 +6,9 @@
 // dot product, then, blocks in ascending order, acc = fma(float(dot), row scale · column scale, acc).
 //
 // Why: MatMulNBits takes each row through the weights on its own, and its single-row path is slower than this one
-// on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py: one layer's products 0.86× its time at one row). Weights
-// are packed at export, 8 columns × 4 k per 32-byte vector; a row's 4 activations are broadcast against it (an
-// outer product), so 8 columns' integer sums accumulate in one register with no horizontal sums, and the rows of
+// on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py at 90c5f3f: one layer's products 0.86× its time at one row).
+// Weights are packed at export, 8 columns × 4 k per 32-byte vector; a row's 4 activations are broadcast against it
+// (an outer product), so 8 columns' integer sums accumulate in one register with no horizontal sums, and the rows of
 // a tile (up to 4, or 8 with AVX-512's registers) use each weight vector while it is in a register. Per row and
 // vector that is 4 instructions on AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) and 1 where the CPU has VNNI's
 // dot product (vpdpbusd, AVX512-VNNI or AVX-VNNI): a verify batch's extra rows cost what the CPU's integer units
@@ -33,10 +33,12 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -137,23 +139,29 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
 
 // Rows per tile: each tile reads the weights once, so a verify batch up to this size costs one pass over them.
 // A tile keeps 2 vectors per row in registers (its integer and float sums): AVX2's 16 hold 4 rows, AVX-512's 32
-// hold 8 (at 5 rows the AVX2 loop reads the weights twice, and a 5-token verify costs ~1.5× a 4-token one).
+// hold 8 (with 4, the whole model's 5-token verify cost 1.76× one token's against 1.17× for 4 tokens, and 1.36×
+// with 8: the AVX-512 EPYC's Spec-Bench references, benchmarks/reference/spec_bench-2026-11-24-epyc-avx512-*).
 #if defined(__AVX512VL__)
 constexpr int64_t kTileRows = 8;
 #else
 constexpr int64_t kTileRows = 4;
 #endif
 
+using Panel = void (*)(const Call&, int64_t, int64_t);
+
+// panel<1> … panel<kTileRows>: a tile of r rows runs panels[r − 1].
+template <size_t... I>
+constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>) {
+  return {panel<static_cast<int>(I) + 1>...};
+}
+constexpr auto kPanels = panel_table(std::make_index_sequence<kTileRows>());
+
 // Columns n0 … n0 + 7 for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2, not 4 + 1).
 void columns(const Call& c, int64_t n0) {
-  using Panel = void (*)(const Call&, int64_t, int64_t);
-  static constexpr Panel panels[] = {panel<1>, panel<2>, panel<3>, panel<4>,
-                                     panel<5>, panel<6>, panel<7>, panel<8>};
-  static_assert(kTileRows <= static_cast<int64_t>(sizeof panels / sizeof panels[0]));
   const int64_t tiles = (c.m + kTileRows - 1) / kTileRows;
   for (int64_t i = 0, m = 0; i < tiles; ++i) {
     const int64_t rows = (c.m - m) / (tiles - i);
-    panels[rows - 1](c, m, n0);
+    kPanels[static_cast<size_t>(rows - 1)](c, m, n0);
     m += rows;
   }
 }
