@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from . import custom_ops
+from .errors import EdgespecError
 from .models import DEFAULT_MODEL, families
 from .tuning import DefaultChoice, TuningError, default_choice_key, find_default_choice, tuning_enabled
 
@@ -34,9 +35,8 @@ def onnx_identity() -> str | None:
 def current_export(export: Path) -> bool:
     """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix) with the
     attention op this machine runs best (edgespec's kernel where it can be built, else GroupQueryAttention)."""
-    from .errors import EdgespecError
     from .export.onnx_graphs import GRAPHS_REVISION
-    from .onnx_backend import read_manifest
+    from .onnx_backend import read_manifest  # here: importing the package loads no concrete backend
 
     try:
         manifest = read_manifest(export)
