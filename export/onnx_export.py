@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -95,16 +96,28 @@ def _save(model, path: Path) -> None:
     require("onnx").save_model(model, str(path))
 
 
+def nbits_quantizer() -> ModuleType:
+    """onnxruntime's MatMulNBits quantizer module. Importing it calls ``logging.basicConfig(level=INFO)``: in a
+    program that has not set up logging (the Python API, the bench's workers) every library's INFO lines would
+    then print, llama.cpp's hundreds of loader lines among them. The root logger is the application's: it is put
+    back as it was."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    module = require("onnxruntime.quantization.matmul_nbits_quantizer", "onnx")
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.getLogger(module.__name__).setLevel(logging.WARNING)
+    return module
+
+
 def _quantized(model: object, bits: int, block_size: int, accuracy_level: int, symmetric: bool) -> object:
     """``model`` with its float weight products as MatMulNBits (carried GGUF blocks are already)."""
-    nbits = require("onnxruntime.quantization.matmul_nbits_quantizer", "onnx")
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     # Q4_1's minima products are part of a carried weight's exact form: never re-quantized
     graph = model.graph  # type: ignore[attr-defined]
     minima = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1].endswith("_minima")]
     if all(n.op_type != "MatMul" or n.name in minima for n in graph.node):
         return model  # every weight was carried from a GGUF
-    quantizer = nbits.MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
+    quantizer = nbits_quantizer().MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
                                            accuracy_level=accuracy_level, nodes_to_exclude=minima)
     quantizer.process()
     quantizer.model.topological_sort()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -290,3 +292,13 @@ def test_row_cost_times_every_kernel_of_a_layer(smol_onnx: dict[str, Path], tmp_
     assert "--rows needs positive integers" in capsys.readouterr().err
     assert main(["row-cost", str(smol_onnx[quant]), "--context", str(CONTEXT)]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+def test_loading_the_quantizer_leaves_the_applications_logging_alone() -> None:
+    """onnxruntime's quantizer module calls logging.basicConfig(level=INFO) when imported: a program that had not
+    set up logging printed every library's INFO lines from then on (llama.cpp's loader: 1,632 lines in a bench
+    log). Run in a fresh interpreter, where nothing has configured logging yet."""
+    code = ("import logging; from edgespec.export.onnx_export import nbits_quantizer; nbits_quantizer(); "
+            "root = logging.getLogger(); print(len(root.handlers), root.level)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", str(logging.WARNING)]
