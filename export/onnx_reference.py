@@ -53,6 +53,11 @@ class OnnxReference:
 
     def forward(self, ids: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
         """Logits [len(ids), vocab] for ``ids`` appended after the current length."""
+        return self.head.run(None, {"hidden": self.hidden(ids, skip)})[0][0]
+
+    def hidden(self, ids: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:
+        """The last layer's output [1, len(ids), hidden size] (the head's input) for ``ids`` appended after the
+        current length."""
         total = self.length + len(ids)
         if not ids or total > self.manifest["context_length"]:
             raise ModelLoadError(f"{total} positions: empty call or beyond the export's context length "
@@ -75,7 +80,7 @@ class OnnxReference:
             layer.run_with_iobinding(binding)
             hidden = binding.get_outputs()[0].numpy()
         self.length = total
-        return self.head.run(None, {"hidden": hidden})[0][0]
+        return hidden
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)

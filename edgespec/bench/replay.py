@@ -162,17 +162,23 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
 
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
-             controller: Callable[[CostCurve], GammaController] = GammaController) -> dict[str, dict[str, float]]:
-    """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller plays every stream in
-    order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token passes.
-    ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded)."""
+             controller: Callable[[CostCurve], GammaController] = GammaController,
+             drafter: Callable[[], NgramDrafter] = NgramDrafter) -> dict[str, dict[str, float]]:
+    """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller and one drafter play
+    every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token
+    passes. ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine;
+    seeded). ``drafter``: a free drafter proposing as n-gram lookup does (benchmarks/draft_ceiling.py's)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
-    drafter = NgramDrafter()
+    proposer = drafter()
     tallies: dict[str, Tally] = defaultdict(Tally)
     counts: dict[str, int] = defaultdict(int)
+
+    def seen() -> float:  # the factor on a pass's time that the controller sees
+        return float(np.exp(noise * rng.standard_normal()))
+
     for stream in streams:
-        tally = _replay_one(stream, drafter, ctl, shape, overhead, lambda: float(np.exp(noise * rng.standard_normal())))
+        tally = _replay_one(stream, proposer, ctl, shape, overhead, seen)
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1
