@@ -117,8 +117,9 @@ def _quantized(model: object, bits: int, block_size: int, accuracy_level: int, s
     minima = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1].endswith("_minima")]
     if all(n.op_type != "MatMul" or n.name in minima for n in graph.node):
         return model  # every weight was carried from a GGUF
-    quantizer = nbits_quantizer().MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
-                                           accuracy_level=accuracy_level, nodes_to_exclude=minima)
+    quantizer = nbits_quantizer().MatMulNBitsQuantizer(model, bits=bits, block_size=block_size,
+                                                       is_symmetric=symmetric, accuracy_level=accuracy_level,
+                                                       nodes_to_exclude=minima)
     quantizer.process()
     quantizer.model.topological_sort()
     return quantizer.model.model
