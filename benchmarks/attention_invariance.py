@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
 from onnx import TensorProto, helper, numpy_helper
 
 from edgespec import custom_ops
@@ -229,8 +228,8 @@ def cache_session(threads: int, max_positions: int, op: str) -> ort.InferenceSes
         node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
                                 domain="com.microsoft", do_rotary=1, **attrs)
     else:
-        node = helper.make_node(EXACT_OP, names, ["out", "present_key", "present_value"], domain=EXACT_DOMAIN,
-                                local_window_size=-1, softcap=0.0, **attrs)
+        node = helper.make_node(custom_ops.ATTENTION_OP, names, ["out", "present_key", "present_value"],
+                                domain=custom_ops.DOMAIN, local_window_size=-1, softcap=0.0, **attrs)
     inputs = [_value("qkv", F, [1, "S", (HEADS + 2 * KV_HEADS) * HEAD_DIM]), _value("past_key", F, kv),
               _value("past_value", F, kv), _value("seqlens_k", TensorProto.INT32, [1]),
               _value("total", TensorProto.INT32, [])]

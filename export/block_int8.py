@@ -21,7 +21,6 @@ from edgespec.cpu import physical_cores
 from edgespec.onnx_backend import session_options
 
 from . import require
-from .onnx_graphs import EXACT_DOMAIN
 
 OP = custom_ops.PRODUCTS_OP
 PRODUCTS = ("auto", "edgespec", "nbits")  # export_onnx's choices: time both here, the op, MatMulNBits
@@ -86,13 +85,13 @@ def rewrite(model: object) -> int:
         unused.update(node.input[1:])
         graph.node.remove(node)
         graph.node.insert(position, helper.make_node(OP, [node.input[0], f"{name}_int8", f"{name}_block_scales"],
-                                                     list(node.output), name=name, domain=EXACT_DOMAIN))
+                                                     list(node.output), name=name, domain=custom_ops.DOMAIN))
         replaced += 1
     still_read = {i for n in graph.node for i in n.input}
     for t in [t for t in graph.initializer if t.name in unused - still_read]:
         graph.initializer.remove(t)
-    if replaced and all(o.domain != EXACT_DOMAIN for o in model.opset_import):  # type: ignore[attr-defined]
-        model.opset_import.append(helper.make_opsetid(EXACT_DOMAIN, 1))  # type: ignore[attr-defined]
+    if replaced and all(o.domain != custom_ops.DOMAIN for o in model.opset_import):  # type: ignore[attr-defined]
+        model.opset_import.append(helper.make_opsetid(custom_ops.DOMAIN, 1))  # type: ignore[attr-defined]
     return replaced
 
 

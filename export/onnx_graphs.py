@@ -25,9 +25,6 @@ from .hf import UnsupportedArchitectureError, check_architecture
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
-# edgespec's own attention op (edgespec/kernels/exact_attention.cc): GroupQueryAttention's inputs, outputs and
-# masks, exact for any number of rows, so nothing is padded around it.
-EXACT_DOMAIN, EXACT_OP = custom_ops.DOMAIN, custom_ops.ATTENTION_OP
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
 GRAPHS_REVISION = 7  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
@@ -160,7 +157,7 @@ class GraphBuilder:
     def model(self, inputs: list, outputs: list):
         h = self.onnx.helper
         graph = h.make_graph(self.nodes, self.name, inputs, outputs, self.initializers)
-        domains = [MS_DOMAIN] + ([EXACT_DOMAIN] if any(n.domain == EXACT_DOMAIN for n in self.nodes) else [])
+        domains = [MS_DOMAIN] + ([custom_ops.DOMAIN] if any(n.domain == custom_ops.DOMAIN for n in self.nodes) else [])
         model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), *(h.make_opsetid(d, 1) for d in domains)],
                              producer_name="edgespec")
         model.ir_version = 10
@@ -353,8 +350,9 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
                   # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;
                   # window − 1 differs from position 511 on.
                   local_window_size=window or -1)
-    if exact:  # the rotary embedding (non-interleaved) is part of the op
-        op, domain, attrs = EXACT_OP, EXACT_DOMAIN, {**common, "softcap": float(spec.attn_softcap)}
+    if exact:  # edgespec's attention op: GroupQueryAttention's inputs, outputs and masks, exact for any number of
+        # rows, so nothing is padded around it; the rotary embedding (non-interleaved) is part of the op
+        op, domain, attrs = custom_ops.ATTENTION_OP, custom_ops.DOMAIN, {**common, "softcap": float(spec.attn_softcap)}
     else:
         op, domain = "GroupQueryAttention", MS_DOMAIN
         attrs = {**common, "do_rotary": 1, "rotary_interleaved": 0,

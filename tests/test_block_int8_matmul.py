@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.onnx_graphs import EXACT_DOMAIN
 
 from edgespec import custom_ops
 from edgespec.export import block_int8
@@ -77,7 +76,7 @@ def test_matches_matmulnbits_and_the_exact_arithmetic() -> None:
     assert block_int8.rewrite(ours) == 1
     assert [n.op_type for n in ours.graph.node] == [block_int8.OP]
     assert {t.name for t in ours.graph.initializer} == {"y_int8", "y_block_scales"}  # MatMulNBits' inputs gone
-    assert any(o.domain == EXACT_DOMAIN for o in ours.opset_import)
+    assert any(o.domain == custom_ops.DOMAIN for o in ours.opset_import)
     x = rng.standard_normal((1, 7, K)).astype(np.float32)
     x[0, 0, :32] = -np.abs(x[0, 0, :32])  # negative activations against weights of −128
     y_nbits, y_ours = _session(nbits).run(None, {"x": x})[0], _session(ours).run(None, {"x": x})[0]
@@ -159,7 +158,7 @@ def test_a_graph_off_the_contract_is_a_clear_error() -> None:
     rng = np.random.default_rng(2)
     wrong = numpy_helper.from_array(rng.integers(-127, 128, (N // 8, K // 4, 32), dtype=np.int8), "b")
     scales = numpy_helper.from_array(np.ones((K // 32 + 1, N), np.float32), "s")
-    node = helper.make_node(block_int8.OP, ["x", "b", "s"], ["y"], domain=EXACT_DOMAIN)
-    session = _session(_model([node], [wrong, scales], opsets=(EXACT_DOMAIN,)))
+    node = helper.make_node(block_int8.OP, ["x", "b", "s"], ["y"], domain=custom_ops.DOMAIN)
+    session = _session(_model([node], [wrong, scales], opsets=(custom_ops.DOMAIN,)))
     with pytest.raises(Exception, match="BlockInt8MatMul: K must be a multiple of 32"):
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})

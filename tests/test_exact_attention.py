@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.onnx_graphs import EXACT_DOMAIN, EXACT_OP
 
 from edgespec import custom_ops
 from edgespec.errors import ModelLoadError
@@ -52,8 +51,9 @@ class _Op:
         self.s = s
         kv = [1, s.kv_heads, LENGTH, s.dim]
         names = ["q", "k", "v"] if not s.packed else ["q", "", ""]
-        node = helper.make_node(EXACT_OP, [*names, "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
-                                ["out", "present_key", "present_value"], domain=EXACT_DOMAIN, num_heads=s.heads,
+        node = helper.make_node(custom_ops.ATTENTION_OP,
+                                [*names, "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+                                ["out", "present_key", "present_value"], domain=custom_ops.DOMAIN, num_heads=s.heads,
                                 kv_num_heads=s.kv_heads, scale=s.dim ** -0.5, local_window_size=s.window,
                                 softcap=s.softcap)
         width = (s.heads + 2 * s.kv_heads) * s.dim if s.packed else s.heads * s.dim
@@ -69,7 +69,7 @@ class _Op:
         constants = [onnx.numpy_helper.from_array(cos, "cos"), onnx.numpy_helper.from_array(sin, "sin")]
         graph = helper.make_graph([node], "attention", inputs, outputs, constants)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                        helper.make_opsetid(EXACT_DOMAIN, 1)])
+                                                        helper.make_opsetid(custom_ops.DOMAIN, 1)])
         model.ir_version = 10
         so, _ = session_options(1, make_shared=False)
         self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -151,7 +151,7 @@ def test_a_graph_off_the_contract_is_a_clear_error() -> None:
 
 def test_an_export_needing_the_kernels_says_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gqa = "com.microsoft.GroupQueryAttention"
-    attention = {"quant_options": {"attention": f"{EXACT_DOMAIN}.{EXACT_OP}"}}
+    attention = {"quant_options": {"attention": custom_ops.ATTENTION}}
     products = {"quant_options": {"attention": gqa, "weights": "edgespec.BlockInt8MatMul (MatMulNBits' 8-bit blocks)"}}
     for manifest in (attention, products):
         with pytest.raises(ModelLoadError, match="run on the CPU only"):
