@@ -17,46 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.bench.plots import line_chart
-from edgespec.bench.replay import CURVES, Stream, curve_shape, load_streams, simulate
-from edgespec.drafters.base import Draft
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.sampling import SamplingParams
+from edgespec.bench.replay import CURVES, LookupThenGuess, curve_shape, load_streams, simulate
 
 SLOPES = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
 ACCURACIES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-_OWN_KEY = 1000  # the γ controller tracks the second drafter's acceptance apart from lookup's match lengths
-_CHAIN = 8
-
-
-class LookupThenGuess(NgramDrafter):
-    """Lookup's draft where it has one, else a chain of tokens, each the recorded output's with probability p."""
-
-    def __init__(self, streams: Sequence[Stream], p: float) -> None:
-        super().__init__()
-        self.outputs = {tuple(s.prompt): s.output for s in streams}
-        self.p = p
-        self.rng = np.random.default_rng(0)
-        self.prompt_length = 0
-        self.output: list[int] = []
-
-    def begin(self, context: Sequence[int]) -> None:
-        super().begin(context)
-        self.prompt_length, self.output = len(context), self.outputs[tuple(context)]
-
-    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        draft = super().propose(context, max_tokens, params, rng)
-        if draft.tokens or max_tokens <= 0:
-            return draft
-        at = len(context) - self.prompt_length
-        truth = self.output[at:at + min(max_tokens, _CHAIN)]
-        return Draft([t if self.rng.random() < self.p else -1 for t in truth], key=_OWN_KEY)
 
 
 def straight(slope: float) -> np.ndarray:

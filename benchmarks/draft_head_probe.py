@@ -4,8 +4,8 @@
 
 EXPORT: an edgespec ONNX directory (the default model's: `~/.cache/edgespec/onnx/...`). TEST_STREAMS: recorded
 target-only Spec-Bench outputs of the same model (`edgespec replay --record`). The training text is the model's
-own greedy answers to prompts written from the templates and topics below (nothing from Spec-Bench), generated
-here with lookup (output identical to the target's).
+own greedy answers to prompts written from the templates and topics below (nothing from Spec-Bench), recorded
+here into DIR/draft_head_probe-answers.jsonl (a second run reuses them).
 
 The head: at the last verified position t the engine has the target's last hidden state h_t and the token the
 target chose next, x_{t+1}; the head maps [h_t / |h_t|, embedding(x_{t+1}), 1] linearly onto h_{t+1} / |h_{t+1}|
@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 from edgespec.export.onnx_reference import OnnxReference
 
-import edgespec
 from edgespec.bench.plots import line_chart
-from edgespec.bench.replay import Stream, load_streams
+from edgespec.bench.replay import Stream, load_streams, record
 from edgespec.tuning import cpu_identity
 
 TOPICS = ("the water cycle", "photosynthesis", "the French Revolution", "machine learning", "climate change",
@@ -48,18 +47,16 @@ SHARES = (0.125, 0.25, 0.5, 1.0)
 RIDGE = 1e-4  # × training positions, on the normal equations' diagonal
 
 
-def own_answers(export: Path, count: int, max_tokens: int = 256) -> list[Stream]:
+def own_answers(export: Path, count: int, path: Path, max_tokens: int = 256) -> list[Stream]:
+    """The target's greedy answers to ``count`` prompts from the templates (``replay.record``: resumes a file)."""
     rnd = random.Random(7)
     pairs = [(template, topic) for template in TEMPLATES for topic in TOPICS]
     rnd.shuffle(pairs)
-    engine = edgespec.load(str(export), mode="ngram", tuning=False)
-    streams = []
-    for i, (template, topic) in enumerate(pairs[:count]):
-        other = rnd.choice([t for t in TOPICS if t != topic])
-        prompt = engine.chat_tokens([{"role": "user", "content": template.format(t=topic, u=other)}])
-        streams.append(Stream(i, "own", 0, prompt, engine.generate(prompt, max_tokens=max_tokens).tokens))
-    engine.close()
-    return streams
+    questions = [{"question_id": i, "category": "own",
+                  "turns": [template.format(t=topic, u=rnd.choice([t for t in TOPICS if t != topic]))]}
+                 for i, (template, topic) in enumerate(pairs[:count])]
+    record(str(export), questions, max_tokens, path, log=lambda _: None)
+    return load_streams(path)
 
 
 class Probe:
@@ -89,8 +86,8 @@ class Probe:
             h, choice = self.hidden(ids)
             t = np.arange(len(s.prompt) - 1 if generated_only else 0, len(ids) - 2)
             t = t[np.asarray(ids)[t + 1] == choice[t]]
-            features.append(np.concatenate([h[t], self.embedding[:, np.asarray(ids)[t + 1]].T,
-                                            np.ones((len(t), 1), np.float32)], 1))
+            features.append(np.concatenate([h[t], self.embedding[:, choice[t]].T, np.ones((len(t), 1), np.float32)],
+                                           1))
             targets.append(h[t + 1])
             labels.append(choice[t + 1])
         return np.concatenate(features), np.concatenate(targets), np.concatenate(labels)
@@ -103,7 +100,9 @@ def main() -> None:
     parser.add_argument("--answers", type=int, default=160, help="own answers to generate for training")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
-    train = own_answers(args.export, args.answers)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train = own_answers(args.export, args.answers, out / "draft_head_probe-answers.jsonl")
     probe = Probe(args.export)
     x, y, _ = probe.pairs(train, generated_only=False)
     test_x, _, test_labels = probe.pairs(load_streams(args.test_streams), generated_only=True)
@@ -116,8 +115,6 @@ def main() -> None:
         agree = float(np.mean(((test_x @ head) @ probe.rows).argmax(1) == test_labels))
         rows.append({"training_positions": len(pick), "top1": agree})
         print(f"{len(pick):>8} training positions: top-1 {agree:.3f} on {len(test_labels)} test positions")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "draft_head_probe.json").write_text(json.dumps(
         {"cpu": cpu_identity(), "export": str(args.export), "test_streams": args.test_streams,
          "answers": args.answers, "training_tokens": int(sum(len(s.output) for s in train)),

@@ -8,11 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.bench.replay import CURVES, Stream, curve_shape, load_streams, simulate
+from edgespec.bench.replay import CURVES, LookupThenGuess, Stream, curve_shape, load_streams, simulate
 from edgespec.cli import main
-from edgespec.drafters.base import Draft
-from edgespec.drafters.ngram import NgramDrafter
-from edgespec.sampling import SamplingParams
 
 
 def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
@@ -58,31 +55,16 @@ def test_the_controller_never_loses_on_a_steep_curve_and_drafts_where_it_pays() 
     assert simulate(streams, curve_shape(CURVES["flat"])) == flat  # deterministic
 
 
-class _KnowsTheAnswer(NgramDrafter):
-    """Lookup's draft where it has one, else the recorded continuation: a second drafter that is always right."""
-
-    def __init__(self, streams: list[Stream]) -> None:
-        super().__init__()
-        self.outputs = {tuple(s.prompt): (len(s.prompt), s.output) for s in streams}
-
-    def begin(self, context: list[int]) -> None:
-        super().begin(context)
-        self.prompt_length, self.output = self.outputs[tuple(context)]
-
-    def propose(self, context: list[int], max_tokens: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        draft = super().propose(context, max_tokens, params, rng)
-        at = len(context) - self.prompt_length
-        return draft if draft.tokens else Draft(self.output[at:at + min(max_tokens, 4)], key=1000)
-
-
 def test_the_replayed_drafter_can_be_another_one() -> None:
-    """benchmarks/draft_ceiling.py replays lookup plus a second drafter: the drafter given is the one played."""
+    """benchmarks/draft_ceiling.py replays lookup plus a second drafter of a given accuracy: the drafter given is
+    the one played; one always right pays where lookup has nothing, one never right costs next to nothing."""
     streams = [s for s in _scripted_streams() if s.category == "fresh"]
     amd = curve_shape(CURVES["amd-q4_1"])
     alone = simulate(streams, amd)["overall"]
-    helped = simulate(streams, amd, drafter=lambda: _KnowsTheAnswer(streams))["overall"]
+    helped = simulate(streams, amd, drafter=lambda: LookupThenGuess(streams, 1.0, chain=4))["overall"]
     assert alone["speedup"] < 1.1 < 1.5 < helped["speedup"] and helped["tau"] > 3 * alone["tau"]
+    misled = simulate(streams, amd, drafter=lambda: LookupThenGuess(streams, 0.0))["overall"]
+    assert misled["speedup"] >= 0.99 * alone["speedup"]  # free drafts are judged before any is verified
 
 
 def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

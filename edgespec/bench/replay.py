@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..drafters.base import Draft
 from ..drafters.ngram import NgramDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
 from ..sampling import SamplingParams
@@ -37,6 +38,7 @@ CURVES: dict[str, dict[int, float]] = {
     "avx512-onnx-int8": {1: 1.0, 2: 1.18, 3: 1.19, 4: 1.24, 5: 1.36, 6: 1.50, 7: 1.80, 8: 2.05, 9: 2.57},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
+GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
 
 
 def curve_shape(points: dict[int, float]) -> np.ndarray:
@@ -161,13 +163,41 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
     return tally
 
 
+class LookupThenGuess(NgramDrafter):
+    """What-if drafter (benchmarks/draft_ceiling.py): lookup's draft where it has one, else up to ``chain`` tokens
+    of the recorded output, each kept with probability ``p`` (independently; a wrong one is the id −1, so the chain
+    is accepted up to its first wrong token), at no cost: a second drafter of a given accuracy for the text lookup
+    cannot copy."""
+
+    def __init__(self, streams: Iterable[Stream], p: float, chain: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        self.outputs = {tuple(s.prompt): s.output for s in streams}
+        self.p, self.chain = p, chain
+        self.rng = np.random.default_rng(seed)
+        self.prompt_length = 0
+        self.output: list[int] = []
+
+    def begin(self, context: Sequence[int]) -> None:
+        super().begin(context)
+        self.prompt_length, self.output = len(context), self.outputs[tuple(context)]
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        draft = super().propose(context, max_tokens, params, rng)
+        if draft.tokens or max_tokens <= 0:
+            return draft
+        at = len(context) - self.prompt_length
+        truth = self.output[at:at + min(max_tokens, self.chain)]
+        return Draft([t if self.rng.random() < self.p else -1 for t in truth], key=GUESS_KEY)
+
+
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
              drafter: Callable[[], NgramDrafter] = NgramDrafter) -> dict[str, dict[str, float]]:
     """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller and one drafter play
     every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token
     passes. ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine;
-    seeded). ``drafter``: a free drafter proposing as n-gram lookup does (benchmarks/draft_ceiling.py's)."""
+    seeded). ``drafter``: a free drafter proposing as n-gram lookup does (``LookupThenGuess``)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
     proposer = drafter()
