@@ -24,7 +24,7 @@ from . import require
 
 OP = custom_ops.PRODUCTS_OP
 PRODUCTS = ("auto", "edgespec", "nbits")  # export_onnx's choices: time both here, the op, MatMulNBits
-BLOCK, COLUMNS, DEPTH = 32, 8, 4  # the op's blocks along K, and its packing: 8 columns × 4 k per 32 bytes
+BLOCK, COLUMNS, DEPTH = 32, 16, 4  # the op's blocks along K, and its packing: 16 columns × 4 k per 64 bytes
 TIMED_ROWS = (1, 4)  # a decoded token, and a verify batch
 ROUNDS = 30
 
@@ -45,7 +45,7 @@ def _zero_point(node: object, initializers: dict) -> int | None:
 
 def eligible(node: object, initializers: dict) -> bool:
     """A MatMulNBits the op computes alike: 8 bits, blocks of 32, level 4, constant weights, one zero point that
-    leaves every weight in int8's range, no bias or group index, N a multiple of 8."""
+    leaves every weight in int8's range, no bias or group index, N a multiple of 16."""
     if node.op_type != "MatMulNBits" or len(node.input) > 4:  # type: ignore[attr-defined]
         return False
     a = _attributes(node)
@@ -58,8 +58,8 @@ def eligible(node: object, initializers: dict) -> bool:
 
 
 def pack(codes: np.ndarray, scales: np.ndarray, zero_point: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits' B (uint8 [N, K/32, 32]) and scales ([N·K/32]) → the op's B (int8 [N/8, K/4, 32]: columns
-    n..n+7 × k..k+3 per 32 bytes, k fastest) and scales (float32 [K/32, N]). Nothing is rounded."""
+    """MatMulNBits' B (uint8 [N, K/32, 32]) and scales ([N·K/32]) → the op's B (int8 [N/16, K/4, 64]: columns
+    n..n+15 × k..k+3 per 64 bytes, k fastest) and scales (float32 [K/32, N]). Nothing is rounded."""
     w = (codes.reshape(n, k).astype(np.int16) - zero_point).astype(np.int8)
     packed = w.reshape(n // COLUMNS, COLUMNS, k // DEPTH, DEPTH).transpose(0, 2, 1, 3)
     return (np.ascontiguousarray(packed.reshape(n // COLUMNS, k // DEPTH, COLUMNS * DEPTH)),

@@ -27,11 +27,12 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 7  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 8  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
-# edgespec.BlockInt8MatMul where the export timed it faster (export/block_int8.py)
+# edgespec.BlockInt8MatMul where the export timed it faster (export/block_int8.py); 8: that op's weights packed
+# 16 columns × 4 k per 64 bytes (was 8 × 4 per 32)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ ort = pytest.importorskip("onnxruntime")
 helper, numpy_helper, F = onnx.helper, onnx.numpy_helper, onnx.TensorProto.FLOAT
 pytestmark = pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
 
-K, N = 96, 48  # 3 blocks along K, 6 column groups
+K, N = 96, 48  # 3 blocks along K, 3 packed column groups
 
 
 def _session(model: object, kernels: Path | None = None) -> object:
@@ -145,20 +145,26 @@ def test_rewrite_carries_a_zero_point_and_leaves_other_products() -> None:
     assert [block_int8.rewrite(m) for m in (four_bit, other_level, mixed)] == [0, 0, 0]
 
 
-def test_pack_puts_four_k_of_eight_columns_in_each_32_bytes() -> None:
-    codes = np.arange(16 * 64, dtype=np.int64).reshape(16, 2, 32) % 251
-    packed, block_scales = block_int8.pack(codes.astype(np.uint8), np.ones((16, 2), np.float32), 0, 16, 64)
-    w = codes.reshape(16, 64)
-    assert packed.shape == (2, 16, 32) and block_scales.shape == (2, 16)
-    for n, k in [(0, 0), (3, 5), (9, 63), (15, 33)]:
-        assert packed[n // 8, k // 4, (n % 8) * 4 + k % 4] == np.int8(np.uint8(w[n, k]))
+def test_pack_puts_four_k_of_sixteen_columns_in_each_64_bytes() -> None:
+    codes = np.arange(32 * 64, dtype=np.int64).reshape(32, 2, 32) % 251
+    packed, block_scales = block_int8.pack(codes.astype(np.uint8), np.ones((32, 2), np.float32), 0, 32, 64)
+    w = codes.reshape(32, 64)
+    assert packed.shape == (2, 16, 64) and block_scales.shape == (2, 32)
+    for n, k in [(0, 0), (3, 5), (9, 63), (15, 33), (20, 7), (31, 62)]:
+        assert packed[n // 16, k // 4, (n % 16) * 4 + k % 4] == np.int8(np.uint8(w[n, k]))
 
 
 def test_a_graph_off_the_contract_is_a_clear_error() -> None:
     rng = np.random.default_rng(2)
-    wrong = numpy_helper.from_array(rng.integers(-127, 128, (N // 8, K // 4, 32), dtype=np.int8), "b")
+    wrong = numpy_helper.from_array(rng.integers(-127, 128, (N // 16, K // 4, 64), dtype=np.int8), "b")
     scales = numpy_helper.from_array(np.ones((K // 32 + 1, N), np.float32), "s")
     node = helper.make_node(block_int8.OP, ["x", "b", "s"], ["y"], domain=custom_ops.DOMAIN)
     session = _session(_model([node], [wrong, scales], opsets=(custom_ops.DOMAIN,)))
     with pytest.raises(Exception, match="BlockInt8MatMul: K must be a multiple of 32"):
+        session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
+    # weights packed 8 columns wide, as exports before graphs revision 8 wrote them
+    old = numpy_helper.from_array(rng.integers(-127, 128, (N // 8, K // 4, 32), dtype=np.int8), "b")
+    scales = numpy_helper.from_array(np.ones((K // 32, N), np.float32), "s")
+    session = _session(_model([node], [old, scales], opsets=(custom_ops.DOMAIN,)))
+    with pytest.raises(Exception, match=r"B \[N/16, K/4, 64\].*export it again"):
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})

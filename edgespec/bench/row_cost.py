@@ -80,9 +80,9 @@ def _weight_products(graph: object) -> list[tuple[object, int, int]]:
         if node.op_type == "MatMulNBits":
             attrs = {a.name: a.i for a in node.attribute}
             found.append((node, int(attrs["K"]), int(attrs["N"])))
-        elif node.op_type == "BlockInt8MatMul":  # B packed [N/8, K/4, 32]
-            n_panels, k_quads, _ = weights[node.input[1]]
-            found.append((node, int(k_quads) * 4, int(n_panels) * 8))
+        elif node.op_type == "BlockInt8MatMul":  # B packed [N/C, K/4, 4·C]: C columns × 4 k per row of B
+            groups, k_quads, step = weights[node.input[1]]
+            found.append((node, int(k_quads) * 4, int(groups) * int(step) // 4))
         elif node.op_type == "MatMul" and len(weights.get(node.input[1], [])) == 2:
             k_in, n_out = weights[node.input[1]]
             found.append((node, int(k_in), int(n_out)))

@@ -7,18 +7,20 @@
 //
 // Why: MatMulNBits takes each row through the weights on its own, and its single-row path is slower than this one
 // on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py at 90c5f3f: one layer's products 0.86× its time at one row).
-// Weights are packed at export, 8 columns × 4 k per 32-byte vector; a row's 4 activations are broadcast against it
-// (an outer product), so 8 columns' integer sums accumulate in one register with no horizontal sums, and the rows of
-// a tile (up to 4, or 8 with AVX-512's registers) use each weight vector while it is in a register. Per row and
-// vector that is 4 instructions on AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) and 1 where the CPU has VNNI's
-// dot product (vpdpbusd, AVX512-VNNI or AVX-VNNI): a verify batch's extra rows cost what the CPU's integer units
-// compute, the weights being read once per tile.
+// Weights are packed at export, 16 columns × 4 k per 64 bytes; a row's 4 activations are broadcast against a vector
+// of them (an outer product), so the columns' integer sums accumulate in one register with no horizontal sums, and
+// the rows of a tile (up to 4, or 8 with AVX-512's registers) use each weight vector while it is in a register. Per
+// row and vector that is 4 instructions on AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd, 8 columns) and 1 where the
+// CPU has VNNI's dot product (vpdpbusd: 8 columns with AVX-VNNI, all 16 with AVX512-VNNI): a verify batch's extra
+// rows cost what the CPU's integer units compute, the weights being read once per tile and in order (a 512-bit
+// loop over two 8-column groups packed apart read memory at two thirds of the rate of one stream: one row's
+// products took 1.5× as long from memory on the AVX-512 EPYC).
 //
 // Exactness: a block's integer sum is exact whatever the order, and every (row, column) then runs the same float
 // operations in the same order, whatever the call's row count, tile or thread: a row has the same bits alone or
 // in a verify batch, and the portable path below gives the same bits as the AVX2 and VNNI ones.
 //
-// Inputs: A float [..., K]; B int8 [N/8, K/4, 32] (columns n0..n0+7 × k..k+3 per 32 bytes, k fastest);
+// Inputs: A float [..., K]; B int8 [N/16, K/4, 64] (columns n0..n0+15 × k..k+3 per 64 bytes, k fastest);
 // scales float [K/32, N]. Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
@@ -44,13 +46,13 @@
 namespace {
 
 constexpr int64_t kBlock = 32;  // weights and activations share their blocks along K
-constexpr int64_t kColumns = 8;  // per task and per packed vector
-constexpr int64_t kDepth = 4;    // k per packed column
+constexpr int64_t kColumns = 16;  // per packed group of weights, and per task
+constexpr int64_t kDepth = 4;     // k per packed column
 constexpr int64_t kParallelRows = 16;  // rows from which their quantization is shared between threads
 
 // Activation rows quantized per block: the codes, and one scale per row and block.
 struct Rows {
-  const int8_t* codes;  // [M][K]
+  const uint8_t* codes;  // [M][K]: each int8 code's bits, the top one flipped where VNNI reads them (kCodeFlip)
   const float* scales;  // [M][K/32]
 };
 
@@ -62,79 +64,143 @@ struct Call {
   int64_t m, k, n;
 };
 
-void quantize_row(const float* x, int64_t k, int8_t* codes, float* scales) {
+// VNNI's dot product takes one side unsigned: there the codes are stored as code + 128 (the top bit flipped), so
+// the loop broadcasts them from memory as they are (flipping them in the loop cost a third of its time).
+#ifdef EDGESPEC_VNNI
+constexpr uint8_t kCodeFlip = 0x80;
+#else
+constexpr uint8_t kCodeFlip = 0;
+#endif
+
+void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scales) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* v = x + b * kBlock;
     float amax = 0.0f;
     for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
     const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
     scales[b] = scale;
-    for (int64_t i = 0; i < kBlock; ++i) codes[b * kBlock + i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+    for (int64_t i = 0; i < kBlock; ++i) {
+      const auto code = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+      codes[b * kBlock + i] = static_cast<uint8_t>(code) ^ kCodeFlip;
+    }
   }
 }
 
+// Where column n's weights start in B (k = 0): its packed group's start, then its place in each 64 bytes.
+const int8_t* packed_column(const int8_t* weights, int64_t n, int64_t k_all) {
+  return weights + n / kColumns * kColumns * k_all + n % kColumns * kDepth;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
-#ifdef EDGESPEC_VNNI
-// One block's integer sums for R rows against columns n0 … n0 + 7 (lane j: column n0 + j). vpdpbusd multiplies
-// unsigned by signed bytes, four per lane, into int32 without saturating: the unsigned side is each activation
-// plus 128 (its code with the top bit flipped), the signed side the weights, and the 128 · Σ w that this adds is
-// taken off once per block, the same for every row (|sum| ≤ 32 · 255 · 128, inside int32).
-template <int R>
-void block_sums(const int8_t* packed, const int8_t* const* codes, __m256i (&sum)[R]) {
-  const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
-  __m256i bias = _mm256_setzero_si256();
-  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < kBlock; k += kDepth) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + k * kColumns));
-    bias = EDGESPEC_VNNI(bias, offset, w);
-    for (int r = 0; r < R; ++r) {
-      uint32_t a4;
-      std::memcpy(&a4, codes[r] + k, sizeof a4);
-      sum[r] = EDGESPEC_VNNI(sum[r], _mm256_set1_epi32(static_cast<int>(a4 ^ 0x80808080u)), w);
-    }
+// One vector's worth of output columns and the operations the tile loop needs on it: 8 columns (half a packed
+// group) in 256-bit vectors, and with AVX512-VNNI all 16 in 512-bit ones: one broadcast of a row's four codes then
+// feeds 16 columns' dot products, and the CPU's integer units run at their full rate (on the AVX-512 EPYC one
+// 8-row call took half the time of the 256-bit loop's).
+struct Lanes8 {
+  using Int = __m256i;
+  using Float = __m256;
+  static constexpr int64_t kWidth = 8;
+  static Int weights(const int8_t* packed) {  // k … k + 3 of the vector's columns
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed));
   }
-  for (int r = 0; r < R; ++r) sum[r] = _mm256_sub_epi32(sum[r], bias);
+  static Int broadcast(const uint8_t* codes) {  // four codes into every lane, read straight from memory
+    uint32_t a4;
+    std::memcpy(&a4, codes, sizeof a4);
+    return _mm256_set1_epi32(static_cast<int>(a4));
+  }
+  static Int zero() { return _mm256_setzero_si256(); }
+  static Int sub(Int a, Int b) { return _mm256_sub_epi32(a, b); }
+#ifdef EDGESPEC_VNNI
+  static Int dot(Int sum, Int u, Int s) { return EDGESPEC_VNNI(sum, u, s); }
+  static Int bytes(uint8_t v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+#endif
+  static Float zero_float() { return _mm256_setzero_ps(); }
+  static Float load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
+  // acc + float(sum) · (row_scale · column_scales), rounded as the portable path rounds it
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(_mm256_set1_ps(row_scale), column_scales), acc);
+  }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+struct Lanes16 {
+  using Int = __m512i;
+  using Float = __m512;
+  static constexpr int64_t kWidth = 16;
+  static Int weights(const int8_t* packed) { return _mm512_loadu_si512(packed); }
+  static Int broadcast(const uint8_t* codes) {
+    uint32_t a4;
+    std::memcpy(&a4, codes, sizeof a4);
+    return _mm512_set1_epi32(static_cast<int>(a4));
+  }
+  static Int zero() { return _mm512_setzero_si512(); }
+  static Int sub(Int a, Int b) { return _mm512_sub_epi32(a, b); }
+  static Int dot(Int sum, Int u, Int s) { return _mm512_dpbusd_epi32(sum, u, s); }
+  static Int bytes(uint8_t v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+  static Float zero_float() { return _mm512_setzero_ps(); }
+  static Float load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
+  }
+};
+using WidestLanes = Lanes16;
+#else
+using WidestLanes = Lanes8;
+#endif
+
+#ifdef EDGESPEC_VNNI
+// One block's integer sums for R rows against the tile's columns (lane j: column n0 + j). vpdpbusd multiplies
+// unsigned by signed bytes, four per lane, into int32 without saturating: the unsigned side is each activation
+// plus 128 (the codes as quantize_row stores them for this loop), the signed side the weights, and the 128 · Σ w
+// that this adds is taken off once per block, the same for every row (|sum| ≤ 32 · 255 · 128, inside int32).
+template <class V, int R>
+void block_sums(const int8_t* packed, const uint8_t* codes, int64_t k_all, typename V::Int (&sum)[R]) {
+  const typename V::Int offset = V::bytes(0x80);
+  typename V::Int bias = V::zero();
+  for (int r = 0; r < R; ++r) sum[r] = V::zero();
+  for (int64_t k = 0; k < kBlock; k += kDepth) {
+    const typename V::Int w = V::weights(packed + k * kColumns);
+    bias = V::dot(bias, offset, w);
+    for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], V::broadcast(codes + r * k_all + k), w);
+  }
+  for (int r = 0; r < R; ++r) sum[r] = V::sub(sum[r], bias);
 }
 #else
 // The same sums with AVX2's byte products: vpmaddubsw multiplies unsigned by signed bytes into saturating int16
 // pairs, so the unsigned side is |w| (≤ 128: a weight of −128 is 128 as unsigned), the signed side the activation
 // with w's sign (|a| ≤ 127): a pair's sum is at most 2 · 128 · 127, inside int16.
-template <int R>
-void block_sums(const int8_t* packed, const int8_t* const* codes, __m256i (&sum)[R]) {
+template <class V, int R>
+void block_sums(const int8_t* packed, const uint8_t* codes, int64_t k_all, __m256i (&sum)[R]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
   for (int64_t k = 0; k < kBlock; k += kDepth) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + k * kColumns));
+    const __m256i w = V::weights(packed + k * kColumns);
     const __m256i magnitude = _mm256_abs_epi8(w);
     for (int r = 0; r < R; ++r) {
-      int32_t a4;
-      std::memcpy(&a4, codes[r] + k, sizeof a4);
-      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_set1_epi32(a4), w));
+      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(V::broadcast(codes + r * k_all + k), w));
       sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, ones));
     }
   }
 }
 #endif
 
-// Rows m0 … m0 + R − 1 against columns n0 … n0 + 7: each block's exact integer sums, then the float steps.
-template <int R>
+// Rows m0 … m0 + R − 1 against columns n0 … n0 + V::kWidth − 1: each block's exact integer sums, then the float
+// steps.
+template <class V, int R>
 void panel(const Call& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const int8_t* packed = c.weights + n0 * c.k;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int8_t* packed = packed_column(c.weights, n0, c.k);
+  typename V::Float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
   for (int64_t b = 0; b < blocks; ++b) {
-    const int8_t* codes[R];
-    for (int r = 0; r < R; ++r) codes[r] = c.rows.codes + (m0 + r) * c.k + b * kBlock;
-    __m256i sum[R];
-    block_sums<R>(packed + b * kBlock * kColumns, codes, sum);
-    const __m256 column_scales = _mm256_loadu_ps(c.scales + b * c.n + n0);
-    for (int r = 0; r < R; ++r) {
-      const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(c.rows.scales[(m0 + r) * blocks + b]), column_scales);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), scales, acc[r]);
-    }
+    typename V::Int sum[R];
+    block_sums<V, R>(packed + b * kBlock * kColumns, c.rows.codes + m0 * c.k + b * kBlock, c.k, sum);
+    const typename V::Float column_scales = V::load(c.scales + b * c.n + n0);
+    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], c.rows.scales[(m0 + r) * blocks + b], column_scales);
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(c.out + (m0 + r) * c.n + n0, acc[r]);
+  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
 }
 
 // Rows per tile: each tile reads the weights once, so a verify batch up to this size costs one pass over them.
@@ -149,36 +215,39 @@ constexpr int64_t kTileRows = 4;
 
 using Panel = void (*)(const Call&, int64_t, int64_t);
 
-// panel<1> … panel<kTileRows>: a tile of r rows runs panels[r − 1].
-template <size_t... I>
+// panel<V, 1> … panel<V, kTileRows>: a tile of r rows runs panels<V>[r − 1].
+template <class V, size_t... I>
 constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>) {
-  return {panel<static_cast<int>(I) + 1>...};
+  return {panel<V, static_cast<int>(I) + 1>...};
 }
-constexpr auto kPanels = panel_table(std::make_index_sequence<kTileRows>());
+template <class V>
+constexpr auto kPanels = panel_table<V>(std::make_index_sequence<kTileRows>());
 
-// Columns n0 … n0 + 7 for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2, not 4 + 1).
+// Columns n0 … n0 + 15 (one packed group: its 16 · K bytes stay in cache while 8-column vectors take it in two
+// halves) for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2, not 4 + 1).
 void columns(const Call& c, int64_t n0) {
   const int64_t tiles = (c.m + kTileRows - 1) / kTileRows;
-  for (int64_t i = 0, m = 0; i < tiles; ++i) {
-    const int64_t rows = (c.m - m) / (tiles - i);
-    kPanels[static_cast<size_t>(rows - 1)](c, m, n0);
-    m += rows;
-  }
+  for (int64_t n = n0; n < n0 + kColumns; n += WidestLanes::kWidth)
+    for (int64_t i = 0, m = 0; i < tiles; ++i) {
+      const int64_t rows = (c.m - m) / (tiles - i);
+      kPanels<WidestLanes>[static_cast<size_t>(rows - 1)](c, m, n);
+      m += rows;
+    }
 }
 #else
-// The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the AVX2
-// path's (the product of the two scales rounded, then one fused multiply-add per block).
+// The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the SIMD
+// paths' (the product of the two scales rounded, then one fused multiply-add per block).
 void columns(const Call& c, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const int8_t* packed = c.weights + n0 * c.k;
   for (int64_t m = 0; m < c.m; ++m)
     for (int64_t j = 0; j < kColumns; ++j) {
+      const int8_t* packed = packed_column(c.weights, n0 + j, c.k);
       float acc = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
         int32_t dot = 0;
         for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k)
-          dot += int32_t(packed[k / kDepth * kColumns * kDepth + j * kDepth + k % kDepth]) *
-                 int32_t(c.rows.codes[m * c.k + k]);
+          dot += int32_t(packed[k / kDepth * kColumns * kDepth + k % kDepth]) *
+                 int32_t(static_cast<int8_t>(c.rows.codes[m * c.k + k]));
         const float scale = c.rows.scales[m * blocks + b] * c.scales[b * c.n + n0 + j];
         acc = std::fma(static_cast<float>(dot), scale, acc);
       }
@@ -194,7 +263,7 @@ void columns_task(void* data, size_t task) {
 
 struct QuantizeCall {
   const float* x;
-  int8_t* codes;
+  uint8_t* codes;
   float* scales;
   int64_t k;
 };
@@ -219,7 +288,8 @@ struct BlockInt8MatMulKernel {
     };
     // A graph that does not match the contract (a corrupt or hand-edited export) is an error, not a stray read.
     if (shape.empty() || b_shape.size() != 3 || b_shape[2] != kColumns * kDepth || s_shape.size() != 2)
-      fail("A must be [..., K], B [N/8, K/4, 32], scales [K/32, N]");
+      fail("A must be [..., K], B [N/16, K/4, 64], scales [K/32, N] (an export by an older edgespec packed B "
+           "otherwise: export it again)");
     const int64_t k = shape.back(), n = b_shape[0] * kColumns;
     if (k % kBlock != 0 || b_shape[1] * kDepth != k || s_shape[0] != k / kBlock || s_shape[1] != n)
       fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
@@ -230,7 +300,7 @@ struct BlockInt8MatMulKernel {
     if (m == 0) return;
 
     // Each row quantized once, then read by every column task (kept by the calling thread between calls).
-    thread_local std::vector<int8_t> codes;
+    thread_local std::vector<uint8_t> codes;
     thread_local std::vector<float> row_scales;
     QuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock), k};
     if (m < kParallelRows) {  // a verify batch: fewer rows than a thread hand-off costs
