@@ -37,8 +37,13 @@ class NativeRunner:
 
     def info(self) -> dict[str, object]:
         e = self.engine
-        return {"engine": f"edgespec {edgespec.__version__}", "mode": e.mode, "gamma": e.gamma,
-                "tuned": e.tuning is not None, "model_file": str(getattr(e.target, "path", self.model))}
+        info: dict[str, object] = {"engine": f"edgespec {edgespec.__version__}", "mode": e.mode, "gamma": e.gamma,
+                                   "tuned": e.tuning is not None,
+                                   "model_file": str(getattr(e.target, "path", self.model))}
+        manifest = getattr(e.target, "manifest", None)
+        if isinstance(manifest, dict):  # an ONNX export: which products it runs (its export timed them here)
+            info["onnx_weights"] = manifest.get("quant_options", {}).get("weights")
+        return info
 
     def verify_curve(self) -> dict[str, float]:
         # The fastest pass seen for each k, after a 2-token context (longer contexts only cost more): the cost
