@@ -71,6 +71,9 @@ class OnnxOptions:
     # Run the layers between skipped ones as one session each (edgespec/onnx_segments.py); False: one session
     # per layer, so that any layer subset can run (skip-set calibration).
     fuse_layers: bool = True
+    # A file prefix: onnxruntime's profiler on, every session writing its events to <prefix>_<time>.json, handed
+    # over by ``end_profiling`` (benchmarks/pass_profile.py). Costs time per node: for measurement only.
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
@@ -229,6 +232,8 @@ class OnnxModel:
         custom_ops.require_for(m, self.path, self.device_type)
 
         so, self.n_threads = session_options(self.n_threads)
+        if self.options.profile:
+            so.enable_profiling, so.profile_file_prefix = True, self.options.profile
 
         def session(name: str, where: Path) -> ort.InferenceSession:
             try:
@@ -327,6 +332,11 @@ class OnnxModel:
         return stages if [i for stage in stages for i in stage.layers] == list(layers) else None
 
     # -- lifetime / metadata ----------------------------------------------------------------------------
+    def end_profiling(self) -> list[Path]:
+        """Stop the profiler (``OnnxOptions.profile``) and return the files of the sessions in use."""
+        sessions = [self._embed, *(stage.session for stage in self._stages), self._head]
+        return [Path(session.end_profiling()) for session in sessions]
+
     def close(self) -> None:
         """Release the sessions (the view shares them, so it is closed too)."""
         self._stages, self._plans, self._stage_of = [], {}, {}

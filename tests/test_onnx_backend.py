@@ -269,3 +269,24 @@ def test_every_session_in_the_process_runs_on_the_one_shared_pool(onnx_engine: E
     finally:
         other.close()
     assert np.array_equal(OnnxReference(onnx_export_dir()).logits(ids)[-1], logits)
+
+
+def test_profiling_writes_each_sessions_kernels(tmp_path: Path) -> None:
+    """`OnnxOptions.profile` (benchmarks/pass_profile.py): every session in use writes its runs and kernel times
+    under the prefix, and the logits are the unprofiled model's."""
+    plain = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1))
+    profiled = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, profile=str(tmp_path / "pass")))
+    try:
+        expected = plain.decode([1, 504, 3], 0, 2).copy()
+        assert np.array_equal(profiled.decode([1, 504, 3], 0, 2), expected)
+        sessions = len(profiled.segments) + 2  # the embedding, the layer segments, the head
+        files = profiled.end_profiling()
+    finally:
+        plain.close()
+        profiled.close()
+    assert len(files) == sessions and all(f.parent == tmp_path and f.name.startswith("pass") for f in files)
+    events = [json.loads(f.read_text()) for f in files]
+    assert all(sum(e.get("name") == "model_run" for e in session) == 1 for session in events)
+    kernels = {e["args"]["op_name"] for session in events for e in session
+               if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")}
+    assert {"Gather", "MatMul"} <= kernels

@@ -1,0 +1,105 @@
+"""Where a target pass's time goes, by operator, at each row count: onnxruntime's profiler on an ONNX export.
+
+    python benchmarks/pass_profile.py [--model DIR] [--context 300] [--rows 1,2,4,8] [--passes 40] [--out DIR]
+
+One model (default: the export `edgespec generate` loads, as this machine's race chose it) with onnxruntime's
+profiler on. After a prompt of ``--context`` tokens, passes of each row count take turns (a pass over k rows keeps
+one token and the rest are rolled back, as a verify that accepts nothing does), so the shared machine's load falls
+on every row count alike. Per operator type: µs per pass of its kernels at each row count (the embedding, every
+layer and the head); and each pass's wall time in the sessions (``model_run``) beside its kernels' sum. The profiler
+costs time per node, so read differences between row counts, not totals. Prints a table, writes pass_profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.default_model import default_choice
+from edgespec.onnx_backend import OnnxModel, OnnxOptions
+from edgespec.tuning import cpu_identity
+
+
+def profile_passes(model: OnnxModel, context: int, rows: list[int], passes: int, seed: int = 0) -> None:
+    """``passes`` rounds of one pass per row count, each at the end of the cache, keeping one token."""
+    rng = np.random.default_rng(seed)
+    vocab = model.n_vocab
+
+    def tokens(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(1000, vocab, n)]
+
+    model.decode(tokens(context), 0, 1)
+    end = context
+    for _ in range(passes):
+        for k in rows:
+            model.decode(tokens(k), end, k)
+            model.truncate(end + 1)
+            end += 1
+        if end + max(rows) >= model.n_ctx:
+            model.truncate(context)
+            end = context
+
+
+def per_operator(files: list[Path], rows: list[int], passes: int) -> tuple[dict, dict]:
+    """(µs per pass of each operator type's kernels at each row count, µs per pass in model_run at each row count).
+    Each session's last ``passes · len(rows)`` runs are the rotation's, in its order."""
+    kernels: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    wall: dict[int, float] = defaultdict(float)
+    for file in files:
+        events = json.loads(file.read_text())
+        runs = [e for e in events if e.get("name") == "model_run"][-passes * len(rows):]
+        for i, run in enumerate(runs):
+            k = rows[i % len(rows)]
+            wall[k] += run["dur"] / passes
+            begin, end = run["ts"], run["ts"] + run["dur"]
+            for e in events:
+                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and begin <= e["ts"] <= end:
+                    kernels[e["args"]["op_name"]][k] += e["dur"] / passes
+    return {op: dict(by_rows) for op, by_rows in kernels.items()}, dict(wall)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="an ONNX export (default: what this machine's race chose)")
+    parser.add_argument("--context", type=int, default=300, help="tokens in the cache before the passes")
+    parser.add_argument("--rows", default="1,2,4,8", help="row counts, comma-separated")
+    parser.add_argument("--passes", type=int, default=40, help="passes per row count")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for pass_profile.json")
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    model_path = args.model or default_choice(args.threads, "cpu").target
+    with tempfile.TemporaryDirectory(prefix="edgespec-profile-") as scratch:
+        model = OnnxModel(model_path, OnnxOptions(n_threads=args.threads, profile=str(Path(scratch) / "pass")))
+        try:
+            profile_passes(model, args.context, rows, args.passes)
+            files = model.end_profiling()
+            kernels, wall = per_operator(files, rows, args.passes)
+        finally:
+            model.close()
+
+    order = sorted(kernels, key=lambda op: -kernels[op].get(rows[0], 0.0))
+    print(f"{Path(model_path).name}, {args.context} tokens of context, {args.passes} passes per row count, "
+          f"{cpu_identity()[:60]}, {args.threads} threads; µs per pass (profiled)")
+    print(f"{'operator':<34}" + "".join(f"{f'{k} rows':>11}" for k in rows))
+    for op in order:
+        print(f"{op:<34}" + "".join(f"{kernels[op].get(k, 0.0):>11.0f}" for k in rows))
+    total = {k: sum(by_rows.get(k, 0.0) for by_rows in kernels.values()) for k in rows}
+    print(f"{'kernels, all':<34}" + "".join(f"{total[k]:>11.0f}" for k in rows))
+    print(f"{'model_run, all sessions':<34}" + "".join(f"{wall.get(k, 0.0):>11.0f}" for k in rows))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "pass_profile.json"
+    out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model_path),
+                               "context": args.context, "passes": args.passes, "rows": rows,
+                               "kernels_us": kernels, "model_run_us": wall}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
