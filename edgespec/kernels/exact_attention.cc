@@ -212,7 +212,8 @@ void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores,
     inverse[i] = 1.0f / fold(sum);
   }
   // Σ_j p_j·v_j, keys in ascending order: per tile of keys, up to 64 dimensions at a time.
-  alignas(64) float acc[kMaxBlock][kMaxDim] = {};
+  alignas(64) float acc[kMaxBlock][kMaxDim];  // only the task's vectors' dimensions are zeroed (not all 32 KB)
+  for (int64_t i = 0; i < count; ++i) std::fill(acc[i], acc[i] + c.dim, 0.0f);
   for (int64_t t = first_key; t <= last_key; t += kTile) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
