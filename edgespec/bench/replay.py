@@ -36,6 +36,11 @@ CURVES: dict[str, dict[int, float]] = {
     # AMD EPYC with AVX-512 and VNNI, edgespec's ops in tiles of 8 rows: the calibration (fastest of two) that
     # benchmarks/reference/spec_bench-2026-11-24-epyc-avx512-2core-default-race-tie.json recorded
     "avx512-onnx-int8": {1: 1.0, 2: 1.18, 3: 1.19, 4: 1.24, 5: 1.36, 6: 1.50, 7: 1.80, 8: 2.05, 9: 2.57},
+    # The same machine with the 16-column products: the start-up calibration (~100 tokens of context) and the curve
+    # the decode loop paid at Spec-Bench's contexts (k = 2 from 1431 passes, k ≥ 3 from 3-7 each), both from
+    # benchmarks/reference/decode_loop_curve-2026-11-24-epyc-avx512-2core-16col.json
+    "avx512-16col-calibration": {1: 1.0, 2: 1.07, 3: 1.19, 4: 1.19, 5: 1.19, 6: 1.19, 7: 1.25},
+    "avx512-16col-loop": {1: 1.0, 2: 1.28, 3: 1.31, 4: 1.34, 5: 1.40, 6: 1.44, 7: 1.54},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
 GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
