@@ -405,12 +405,14 @@ class OnnxModel:
         if clock is not None and any(len(stage.layers) > 1 for stage in stages):
             raise EdgespecError("internal: per-layer clocks need a model loaded with fuse_layers=False")
         out, last = self._ping[0], 0
-        for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
-            out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo, clock)
-            last = hi - lo
-        if n_logits == 0:
-            return self._logits[:0]
-        return self._run_head(out, last, n_logits)
+        try:
+            for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
+                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo,
+                                      clock)
+                last = hi - lo
+            return self._logits[:0] if n_logits == 0 else self._run_head(out, last, n_logits)
+        except RuntimeError as e:  # a graph off its ops' contracts (a corrupt export, or one for another edgespec)
+            raise ModelLoadError(f"onnxruntime cannot run {self.path}: {e}") from e
 
     def _run_chunk(self, stages: list[_Stage], ids: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
         n = ids.shape[1]

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,25 @@ def test_row_cost_times_the_block_int8_products(smol_int8_cli: tuple[Path, dict]
     timed = json.loads(path.read_text())["us"]
     for shape in ("576×960", "576×576", "576×3072", "1536×576"):  # q|k|v, o, gate|up, down
         assert min(timed[f"BlockInt8MatMul {shape}"].values()) > 0 and f"MatMulInteger {shape}" in timed
+
+
+@pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
+def test_an_export_packed_for_an_older_kernel_is_a_clear_error(smol_int8_cli: tuple[Path, dict], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Weights packed 8 columns wide (graphs revision 7) refused by the op when the model runs: `generate` says
+    to export again, with no traceback."""
+    onnx = pytest.importorskip("onnx")
+    old = tmp_path / "int8"
+    shutil.copytree(smol_int8_cli[0], old)
+    layer = onnx.load(str(old / "layer_00.onnx"))
+    packed = next(t for t in layer.graph.initializer if t.name.endswith("_int8"))
+    groups, quads, step = packed.dims
+    packed.dims[:] = [groups * 2, quads, step // 2]  # the same bytes as an 8-column B
+    onnx.save(layer, str(old / "layer_00.onnx"))
+    assert main(["generate", "--model", str(old), "--max-tokens", "2", "--threads", "1", "Hello"]) == 2
+    err = capsys.readouterr().err
+    assert "edgespec: error: onnxruntime cannot run" in err and "export it again" in err
+    assert "Traceback" not in err
 
 
 def test_summary_line(smol_int8_cli: tuple[Path, dict]) -> None:
