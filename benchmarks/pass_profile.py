@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 
@@ -54,12 +55,13 @@ def per_operator(files: list[Path], rows: list[int], passes: int) -> tuple[dict,
         events = json.loads(file.read_text())
         runs = [e for e in events if e.get("name") == "model_run"][-passes * len(rows):]
         for i, run in enumerate(runs):
-            k = rows[i % len(rows)]
-            wall[k] += run["dur"] / passes
-            begin, end = run["ts"], run["ts"] + run["dur"]
-            for e in events:
-                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and begin <= e["ts"] <= end:
-                    kernels[e["args"]["op_name"]][k] += e["dur"] / passes
+            wall[rows[i % len(rows)]] += run["dur"] / passes
+        starts = [run["ts"] for run in runs]
+        for e in events:  # each kernel to the run it falls in (runs are in time order)
+            i = bisect_right(starts, e["ts"]) - 1
+            if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and i >= 0
+                    and e["ts"] <= runs[i]["ts"] + runs[i]["dur"]):
+                kernels[e["args"]["op_name"]][rows[i % len(rows)]] += e["dur"] / passes
     return {op: dict(by_rows) for op, by_rows in kernels.items()}, dict(wall)
 
 
