@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tarfile
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -201,14 +201,24 @@ def _ar_member(archive: bytes, name: str) -> bytes:
 def compile_library(out: Path, cpu_flags: list[str], say=print) -> None:
     """Compile the sources into ``out`` with ``cpu_flags`` (``build`` uses this CPU's; the tests also build one
     without AVX2, to hold the portable paths to the same bits)."""
+    _compile([*FLAGS, *cpu_flags, f"-I{_headers(say)}"], SOURCES, out)
+
+
+def compile_program(out: Path, sources: Sequence[Path], cpu_flags: list[str] | None = None, say=print) -> None:
+    """An executable of ``sources`` with the kernels' flags (``cpu_flags``: default this CPU's), not as a library:
+    a benchmark that includes a kernel's source (benchmarks/products_kernel.py)."""
+    flags = [*(f for f in FLAGS if f not in ("-shared", "-fPIC")), *(cpu_flags or _cpu_flags())]
+    _compile([*flags, f"-I{_headers(say)}"], sources, out)
+
+
+def _compile(flags: list[str], sources: Sequence[Path], out: Path) -> None:
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         raise KernelBuildError("no C++ compiler found (set CXX)")
-    command = [compiler, *FLAGS, *cpu_flags, f"-I{_headers(say)}", *map(str, SOURCES), "-o", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run([compiler, *flags, *map(str, sources), "-o", str(out)], capture_output=True, text=True)
     if done.returncode != 0:
         out.unlink(missing_ok=True)
-        raise KernelBuildError(f"compiling {KERNELS} failed:\n{done.stderr.strip()[-2000:]}")
+        raise KernelBuildError(f"compiling {', '.join(map(str, sources))} failed:\n{done.stderr.strip()[-2000:]}")
 
 
 def build(say=print) -> Path:

@@ -109,8 +109,8 @@ def _cpu_has(flag: str) -> bool:
 
 # Each build's integer loop against this machine's build (-march=native: the VNNI loop where the CPU has a dot
 # product instruction, 16 columns wide with AVX512-VNNI, else the AVX2 one): a baseline x86-64 (no AVX2, no FMA:
-# what every CPU without AVX2 runs), x86-64-v3 (AVX2 + FMA, no VNNI: tiles of 4 rows) and x86-64-v4 (AVX-512
-# without VNNI: the AVX2 loop in tiles of 8 rows).
+# what every CPU without AVX2 runs), x86-64-v3 (AVX2 + FMA, no VNNI: pairs of 8-column vectors, tiles of 2 rows)
+# and x86-64-v4 (AVX-512 without VNNI: the same loop in tiles of 4 rows).
 @pytest.mark.parametrize(("march", "needs"), [("x86-64", "avx2"), ("x86-64-v3", "avx2"), ("x86-64-v4", "avx512vl")])
 def test_every_path_gives_the_same_bits(tmp_path: Path, march: str, needs: str) -> None:
     if not _cpu_has(needs):

@@ -9,12 +9,12 @@
 // on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py at 90c5f3f: one layer's products 0.86× its time at one row).
 // Weights are packed at export, 16 columns × 4 k per 64 bytes; a row's 4 activations are broadcast against a vector
 // of them (an outer product), so the columns' integer sums accumulate in one register with no horizontal sums, and
-// the rows of a tile (up to 4, or 8 with AVX-512's registers) use each weight vector while it is in a register. Per
+// the rows of a tile (kTileRows: 2 to 8 by the registers) use each weight vector while it is in a register. Per
 // row and vector that is 4 instructions on AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd, 8 columns) and 1 where the
 // CPU has VNNI's dot product (vpdpbusd: 8 columns with AVX-VNNI, all 16 with AVX512-VNNI): a verify batch's extra
-// rows cost what the CPU's integer units compute, the weights being read once per tile and in order (a 512-bit
-// loop over two 8-column groups packed apart read memory at two thirds of the rate of one stream: one row's
-// products took 1.5× as long from memory on the AVX-512 EPYC).
+// rows cost what the CPU's integer units compute, the weights being read once per tile and in order. (The 16
+// columns are packed side by side because a 512-bit loop over two 8-column groups packed apart read memory more
+// slowly, one row 1.5× as long on the AVX-512 EPYC: measured with a scratch program, not kept.)
 //
 // Exactness: a block's integer sum is exact whatever the order, and every (row, column) then runs the same float
 // operations in the same order, whatever the call's row count, tile or thread: a row has the same bits alone or
@@ -93,7 +93,8 @@ const int8_t* packed_column(const int8_t* weights, int64_t n, int64_t k_all) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 // A weight vector loaded once into a register for every row of the tile: left to itself the compiler folds the load
-// into each row's vpdpbusd, and tiles of 1–3 rows then ran 1.3–1.8× slower (AVX-512 EPYC, weights in cache).
+// into each row's vpdpbusd (against 97168ba, which had neither this nor prefetch_ahead, weights in cache: tiles of 1
+// and 2 rows 1.07–1.38× faster; same reference as prefetch_ahead's).
 template <class T>
 T in_register(T v) {
   asm("" : "+v"(v));
@@ -102,22 +103,22 @@ T in_register(T v) {
 
 // The weights 8 KB ahead, asked for into L2: while a tile computes, the hardware prefetcher alone let the memory
 // stream stall, and a call cost the weights' read time plus its products' time instead of the longer of the two
-// (AVX-512 EPYC, a 576 × 1536 product from memory: 4 rows 1.8×, 8 rows 2.1× faster than without, with the weights
-// in registers). Not for a lone row of 16-column vectors, memory-bound, where the hardware keeps up; but a group
-// taken in two 8-column halves needs it for one row too (without, the first half's pass waits on memory with half
-// the products to do and the second's does its products with nothing to wait for: 1.5× slower than 8-column
-// packing was; with it, faster).
+// (benchmarks/products_kernel.py against 97168ba, without this and in_register, AVX-512 EPYC, weights from memory:
+// 8 rows 1.21–1.53× faster, 4 rows up to 1.59×; reference products_kernel-2026-11-25-epyc-avx512-vs-97168ba).
+// For a lone row only where the lanes ask for it (kPrefetchAlone): the 512-bit loop's one row is faster without,
+// the 256-bit pairs' much slower (benchmarks/products_kernel.py --march x86-64-v3 shows either with the flag
+// changed).
 constexpr int64_t kPrefetchBytes = 8192;
 template <class V, int R>
 void prefetch_ahead(const int8_t* p) {
-  if constexpr (R >= 2 || V::kWidth < kColumns)
+  if constexpr (R >= 2 || V::kPrefetchAlone)
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T1);
 }
 
-// One vector's worth of output columns and the operations the tile loop needs on it: 8 columns (half a packed
-// group) in 256-bit vectors, and with AVX512-VNNI all 16 in 512-bit ones: one broadcast of a row's four codes then
-// feeds 16 columns' dot products, and the CPU's integer units run at their full rate (on the AVX-512 EPYC one
-// 8-row call took half the time of the 256-bit loop's).
+// A vector of output columns and the operations the tile loop needs on it: 8 columns (half a packed group) in 256
+// bits, and with AVX512-VNNI all 16 in 512: one broadcast of a row's four codes then feeds 16 columns' dot products
+// (against the 8-column kernel, 1419b52, on the AVX-512 EPYC, weights in cache: 1.3–2.1× faster at 1–8 rows; from
+// memory 1.4–2.5× at 4–8 rows, 0.88–1.19× at one; reference products_kernel-2026-11-25-epyc-avx512-vs-1419b52).
 struct Lanes8 {
   using Int = __m256i;
   using Float = __m256;
@@ -135,6 +136,13 @@ struct Lanes8 {
 #ifdef EDGESPEC_VNNI
   static Int dot(Int sum, Int u, Int s) { return EDGESPEC_VNNI(sum, u, s); }
   static Int bytes(uint8_t v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+#else
+  static Int magnitude(Int w) { return _mm256_abs_epi8(w); }
+  // sum + the four-byte dot products of a and w, lane by lane, with AVX2's byte products (block_sums)
+  static Int signed_dot(Int sum, Int a, Int w, Int magnitude) {
+    const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, w));
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
 #endif
   static Float zero_float() { return _mm256_setzero_ps(); }
   static Float load(const float* p) { return _mm256_loadu_ps(p); }
@@ -150,6 +158,7 @@ struct Lanes16 {
   using Int = __m512i;
   using Float = __m512;
   static constexpr int64_t kWidth = 16;
+  static constexpr bool kPrefetchAlone = false;
   static Int weights(const int8_t* packed) { return in_register(_mm512_loadu_si512(packed)); }
   static Int broadcast(const uint8_t* codes) {
     uint32_t a4;
@@ -167,9 +176,49 @@ struct Lanes16 {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
   }
 };
-using WidestLanes = Lanes16;
+using GroupLanes = Lanes16;
 #else
-using WidestLanes = Lanes8;
+// Two 8-column vectors side by side: the whole 16-column group in one pass where vectors are 256 bits, each
+// 64-byte line of weights read once and in order. Taking the group in two 8-column passes instead (8b22f42) made a
+// lone row's products slower than with the 8-column packing (benchmarks/products_kernel.py -march=x86-64-v3, AVX2
+// without VNNI, on the AVX-512 EPYC; references products_kernel-2026-11-25-epyc-x86-64-v3-*).
+template <class V>
+struct Pair {
+  struct Int {
+    typename V::Int lo, hi;
+  };
+  struct Float {
+    typename V::Float lo, hi;
+  };
+  static constexpr int64_t kWidth = 2 * V::kWidth;
+  static constexpr bool kPrefetchAlone = true;
+  static Int weights(const int8_t* packed) { return {V::weights(packed), V::weights(packed + 4 * V::kWidth)}; }
+  static Int broadcast(const uint8_t* codes) {
+    const typename V::Int a = V::broadcast(codes);
+    return {a, a};
+  }
+  static Int zero() { return {V::zero(), V::zero()}; }
+  static Int sub(Int a, Int b) { return {V::sub(a.lo, b.lo), V::sub(a.hi, b.hi)}; }
+#ifdef EDGESPEC_VNNI
+  static Int dot(Int sum, Int u, Int s) { return {V::dot(sum.lo, u.lo, s.lo), V::dot(sum.hi, u.hi, s.hi)}; }
+  static Int bytes(uint8_t v) { return {V::bytes(v), V::bytes(v)}; }
+#else
+  static Int magnitude(Int w) { return {V::magnitude(w.lo), V::magnitude(w.hi)}; }
+  static Int signed_dot(Int sum, Int a, Int w, Int m) {
+    return {V::signed_dot(sum.lo, a.lo, w.lo, m.lo), V::signed_dot(sum.hi, a.hi, w.hi, m.hi)};
+  }
+#endif
+  static Float zero_float() { return {V::zero_float(), V::zero_float()}; }
+  static Float load(const float* p) { return {V::load(p), V::load(p + V::kWidth)}; }
+  static void store(float* p, Float v) {
+    V::store(p, v.lo);
+    V::store(p + V::kWidth, v.hi);
+  }
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return {V::step(acc.lo, sum.lo, row_scale, column_scales.lo), V::step(acc.hi, sum.hi, row_scale, column_scales.hi)};
+  }
+};
+using GroupLanes = Pair<Lanes8>;
 #endif
 
 #ifdef EDGESPEC_VNNI
@@ -195,17 +244,12 @@ void block_sums(const int8_t* packed, const uint8_t* codes, int64_t k_all, typen
 // pairs, so the unsigned side is |w| (≤ 128: a weight of −128 is 128 as unsigned), the signed side the activation
 // with w's sign (|a| ≤ 127): a pair's sum is at most 2 · 128 · 127, inside int16.
 template <class V, int R>
-void block_sums(const int8_t* packed, const uint8_t* codes, int64_t k_all, __m256i (&sum)[R]) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+void block_sums(const int8_t* packed, const uint8_t* codes, int64_t k_all, typename V::Int (&sum)[R]) {
+  for (int r = 0; r < R; ++r) sum[r] = V::zero();
   for (int64_t k = 0; k < kBlock; k += kDepth) {
     prefetch_ahead<V, R>(packed + k * kColumns);
-    const __m256i w = V::weights(packed + k * kColumns);
-    const __m256i magnitude = _mm256_abs_epi8(w);
-    for (int r = 0; r < R; ++r) {
-      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(V::broadcast(codes + r * k_all + k), w));
-      sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, ones));
-    }
+    const typename V::Int w = V::weights(packed + k * kColumns), magnitude = V::magnitude(w);
+    for (int r = 0; r < R; ++r) sum[r] = V::signed_dot(sum[r], V::broadcast(codes + r * k_all + k), w, magnitude);
   }
 }
 #endif
@@ -228,35 +272,37 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
 }
 
 // Rows per tile: each tile reads the weights once, so a verify batch up to this size costs one pass over them.
-// A tile keeps 2 vectors per row in registers (its integer and float sums): AVX2's 16 hold 4 rows, AVX-512's 32
-// hold 8 (with 4, the whole model's 5-token verify cost 1.76× one token's against 1.17× for 4 tokens, and 1.36×
-// with 8: the AVX-512 EPYC's Spec-Bench references, benchmarks/reference/spec_bench-2026-11-24-epyc-avx512-*).
-#if defined(__AVX512VL__)
+// A tile keeps 2 registers per row and vector (its integer and float sums): 16-column vectors use one each, pairs of
+// 8-column ones two; AVX2's 16 registers hold 2 rows of pairs, AVX-512's 32 hold 8 rows of 16-column vectors or 4
+// of pairs (with 8 columns and 4 rows, the whole model's 5-token verify cost 1.76× one token's against 1.17× for 4
+// tokens, and 1.36× with 8: the AVX-512 EPYC's Spec-Bench references, spec_bench-2026-11-24-epyc-avx512-*).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr int64_t kTileRows = 8;
-#else
+#elif defined(__AVX512VL__)
 constexpr int64_t kTileRows = 4;
+#else
+constexpr int64_t kTileRows = 2;
 #endif
 
 using Panel = void (*)(const Call&, int64_t, int64_t);
 
-// panel<V, 1> … panel<V, kTileRows>: a tile of r rows runs panels<V>[r − 1].
-template <class V, size_t... I>
+// panel<GroupLanes, 1> … panel<GroupLanes, kTileRows>: a tile of r rows runs kPanels[r − 1].
+template <size_t... I>
 constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>) {
-  return {panel<V, static_cast<int>(I) + 1>...};
+  return {panel<GroupLanes, static_cast<int>(I) + 1>...};
 }
-template <class V>
-constexpr auto kPanels = panel_table<V>(std::make_index_sequence<kTileRows>());
+constexpr auto kPanels = panel_table(std::make_index_sequence<kTileRows>());
+static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
-// Columns n0 … n0 + 15 (one packed group: its 16 · K bytes stay in cache while 8-column vectors take it in two
-// halves) for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2, not 4 + 1).
+// Columns n0 … n0 + 15 (one packed group) for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2,
+// not 4 + 1).
 void columns(const Call& c, int64_t n0) {
   const int64_t tiles = (c.m + kTileRows - 1) / kTileRows;
-  for (int64_t n = n0; n < n0 + kColumns; n += WidestLanes::kWidth)
-    for (int64_t i = 0, m = 0; i < tiles; ++i) {
-      const int64_t rows = (c.m - m) / (tiles - i);
-      kPanels<WidestLanes>[static_cast<size_t>(rows - 1)](c, m, n);
-      m += rows;
-    }
+  for (int64_t i = 0, m = 0; i < tiles; ++i) {
+    const int64_t rows = (c.m - m) / (tiles - i);
+    kPanels[static_cast<size_t>(rows - 1)](c, m, n0);
+    m += rows;
+  }
 }
 #else
 // The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the SIMD
