@@ -198,10 +198,12 @@ def _ar_member(archive: bytes, name: str) -> bytes:
     raise KernelBuildError(f"the package has no {name}")
 
 
-def compile_library(out: Path, cpu_flags: list[str], say=print) -> None:
-    """Compile the sources into ``out`` with ``cpu_flags`` (``build`` uses this CPU's; the tests also build one
-    without AVX2, to hold the portable paths to the same bits)."""
-    _compile([*FLAGS, *cpu_flags, f"-I{_headers(say)}"], SOURCES, out)
+def compile_library(out: Path, cpu_flags: list[str] | None = None, say=print,
+                    sources: Sequence[Path] = tuple(SOURCES)) -> None:
+    """Compile the sources (default: the installed ones; another revision's copies, to compare kernels) into
+    ``out`` with ``cpu_flags`` (default this CPU's, as ``build``; the tests also build one without AVX2, to hold the
+    portable paths to the same bits)."""
+    _compile([*FLAGS, *(cpu_flags or _cpu_flags()), f"-I{_headers(say)}"], sources, out)
 
 
 def compile_program(out: Path, sources: Sequence[Path], cpu_flags: list[str] | None = None, say=print) -> None:
@@ -229,7 +231,7 @@ def build(say=print) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     say(f"building {target.name}: {' '.join(FLAGS + _cpu_flags())}")
-    compile_library(staging, _cpu_flags(), say)
+    compile_library(staging, say=say)
     staging.replace(target)
     for older in [*target.parent.glob(f"{LIBRARY}-*"), *target.parent.glob("exact_attention-*")]:
         if older != target:  # earlier builds (another source, flags or CPU; before the library had two ops)

@@ -74,6 +74,9 @@ class OnnxOptions:
     # A file prefix: onnxruntime's profiler on, every session writing its events to <prefix>_<time>.json, handed
     # over by ``end_profiling`` (benchmarks/pass_profile.py). Costs time per node: for measurement only.
     profile: str | None = None
+    # Another build of edgespec's ops than this machine's, e.g. of another revision's sources, to compare kernels in
+    # the whole model (benchmarks/kernels_in_model.py). None: this machine's build of the installed sources.
+    kernels: Path | None = None
 
     def __post_init__(self) -> None:
         check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
@@ -231,7 +234,7 @@ class OnnxModel:
         self.device_type = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
         custom_ops.require_for(m, self.path, self.device_type)
 
-        so, self.n_threads = session_options(self.n_threads)
+        so, self.n_threads = session_options(self.n_threads, kernels=self.options.kernels)
         if self.options.profile:
             so.enable_profiling, so.profile_file_prefix = True, self.options.profile
 

@@ -166,7 +166,7 @@ def test_an_export_needing_the_kernels_says_how_to_get_them(tmp_path: Path, monk
     custom_ops.require_for({"quant_options": {"attention": gqa, "weights": "MatMulNBits"}}, tmp_path, "cpu")
 
 
-def _no_compiler(out: Path, cpu_flags: list[str], say: object = None) -> None:
+def _no_compiler(out: Path, cpu_flags: list[str] | None = None, say: object = None, sources: object = None) -> None:
     raise custom_ops.KernelBuildError("no C++ compiler found (set CXX)")
 
 

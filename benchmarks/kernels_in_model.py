@@ -1,0 +1,124 @@
+"""edgespec's kernels in the whole model: the working tree's build against another git revision's, pass by pass.
+
+    python benchmarks/kernels_in_model.py --against REV [--model DIR] [--context 100] [--rows 1,2,3,4]
+                                          [--rounds 300] [--threads 2] [--out DIR]
+
+benchmarks/products_kernel.py times one loop on one thread with the caches to itself; in a decode pass two threads
+stream the weights together between the other operators, and a verify row costs another share there (on the
+AVX-512 EPYC a second row's products: ~free standalone, +11–20% of a pass in the model). Here both revisions'
+kernel sources are compiled as `edgespec build-kernel` builds them, one export (default: what `edgespec generate`
+loads) is loaded twice in one process, once on each build, and at ``--context`` tokens the two take turns: per
+round each runs one pass of every row count on the same tokens (a pass over k rows keeps one token, as a verify
+that accepts nothing), which build goes first alternating, so the shared machine's load falls on both. Per build
+and row count: median ms of a pass and its ratio to the same build's one-row pass; and whether the two builds gave
+the same logits, bit for bit. The export must be one both revisions can run (the same graphs revision).
+Prints a table, writes kernels_in_model.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgespec import custom_ops
+from edgespec.bench.plots import line_chart
+from edgespec.default_model import default_choice
+from edgespec.onnx_backend import OnnxModel, OnnxOptions
+from edgespec.tuning import cpu_identity
+
+
+def build_revision(rev: str, folder: Path) -> Path:
+    """REV's kernel sources, as git has them, compiled for this CPU into ``folder``."""
+    root = Path(__file__).resolve().parents[1]
+    for path in [*custom_ops.SOURCES, *custom_ops.HEADERS]:
+        name = path.relative_to(root).as_posix()
+        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{name}"], capture_output=True, text=True,
+                              check=True).stdout
+        (folder / path.name).write_text(text)
+    library = folder / "edgespec_ops.so"
+    custom_ops.compile_library(library, sources=[folder / path.name for path in custom_ops.SOURCES])
+    return library
+
+
+def take_turns(models: dict[str, OnnxModel], context: int, rows: list[int], rounds: int,
+               seed: int = 0) -> tuple[dict[str, dict[int, list[float]]], bool]:
+    """(seconds of each model's passes by row count, whether every pass gave both models the same logits)."""
+    rng = np.random.default_rng(seed)
+    vocab = next(iter(models.values())).n_vocab
+    prompt = [int(t) for t in rng.integers(1000, vocab, context)]
+    for model in models.values():
+        model.decode(prompt, 0, 1)
+    end, same = context, True
+    seconds: dict[str, dict[int, list[float]]] = {name: {k: [] for k in rows} for name in models}
+    for r in range(rounds):
+        order = list(models) if r % 2 == 0 else list(reversed(models))
+        for k in rows:
+            tokens = [int(t) for t in rng.integers(1000, vocab, k)]
+            logits = []
+            for name in order:
+                start = time.perf_counter()
+                logits.append(models[name].decode(tokens, end, k).copy())
+                seconds[name][k].append(time.perf_counter() - start)
+                models[name].truncate(end + 1)
+            same = same and all(np.array_equal(logits[0], other) for other in logits[1:])
+            end += 1
+        if end + max(rows) >= min(m.n_ctx for m in models.values()):
+            for model in models.values():
+                model.truncate(context)
+            end = context
+    return seconds, same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", required=True, help="the git revision whose kernels to compare with")
+    parser.add_argument("--model", default=None, help="an ONNX export (default: what this machine's race chose)")
+    parser.add_argument("--context", type=int, default=100, help="tokens in the cache before the passes")
+    parser.add_argument("--rows", default="1,2,3,4", help="row counts, comma-separated")
+    parser.add_argument("--rounds", type=int, default=300, help="passes per row count and build")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for kernels_in_model.json/.png")
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    model_path = args.model or default_choice(args.threads, "cpu").target
+    working_tree = custom_ops.ensure()
+    if working_tree is None:
+        raise SystemExit(f"edgespec's kernels cannot be built here: {custom_ops.build_failure()}")
+    with tempfile.TemporaryDirectory(prefix="edgespec-kernels-") as scratch:
+        builds = {args.against: build_revision(args.against, Path(scratch)), "working tree": working_tree}
+        models = {name: OnnxModel(model_path, OnnxOptions(n_threads=args.threads, kernels=library))
+                  for name, library in builds.items()}
+        try:
+            seconds, same = take_turns(models, args.context, rows, args.rounds)
+        finally:
+            for model in models.values():
+                model.close()
+
+    ms = {name: {k: 1e3 * float(np.median(s)) for k, s in by_rows.items()} for name, by_rows in seconds.items()}
+    print(f"{Path(model_path).name}, {args.context} tokens of context, {args.rounds} rounds, {args.threads} threads, "
+          f"{cpu_identity()[:60]}; median ms of a pass (× the same build's one-row pass)")
+    print(f"{'build':<16}" + "".join(f"{f'{k} rows':>16}" for k in rows))
+    for name, by_rows in ms.items():
+        print(f"{name:<16}" + "".join(f"{by_rows[k]:>8.2f} ({by_rows[k] / by_rows[rows[0]]:.3f})" for k in rows))
+    print(f"same logits, every pass: {'yes' if same else 'NO'}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "kernels_in_model.json"
+    out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model_path),
+                               "against": args.against, "context": args.context, "rounds": args.rounds,
+                               "rows": rows, "median_ms": ms, "same_logits": same}, indent=1))
+    line_chart(args.out / "kernels_in_model.png", rows,
+               [(name, [ms[name][k] for k in rows], color, style)
+                for (name, color, style) in ((args.against, "C0", "--"), ("working tree", "C1", "-"))],
+               "rows in the pass", "median ms per pass", f"one pass at {args.context} tokens of context, two builds")
+    print(f"wrote {out} and kernels_in_model.png")
+
+
+if __name__ == "__main__":
+    main()
