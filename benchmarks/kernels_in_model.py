@@ -5,7 +5,7 @@
 
 benchmarks/products_kernel.py times one loop on one thread with the caches to itself; in a decode pass two threads
 stream the weights together between the other operators, and a verify row costs another share there (on the
-AVX-512 EPYC a second row's products: ~free standalone, +11–20% of a pass in the model). Here both revisions'
+AVX-512 EPYC a second row: +2–21% of one product standalone, +18–25% of a whole pass in the model). Here both revisions'
 kernel sources are compiled as `edgespec build-kernel` builds them, one export (default: what `edgespec generate`
 loads) is loaded twice in one process, once on each build, and at ``--context`` tokens the two take turns: per
 round each runs one pass of every row count on the same tokens (a pass over k rows keeps one token, as a verify
@@ -28,6 +28,7 @@ import numpy as np
 
 from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
+from edgespec.bench.turns import add_pass_arguments, passes_taking_turns
 from edgespec.default_model import default_choice
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
 from edgespec.tuning import cpu_identity
@@ -46,44 +47,27 @@ def build_revision(rev: str, folder: Path) -> Path:
     return library
 
 
-def take_turns(models: dict[str, OnnxModel], context: int, rows: list[int], rounds: int,
-               seed: int = 0) -> tuple[dict[str, dict[int, list[float]]], bool]:
-    """(seconds of each model's passes by row count, whether every pass gave both models the same logits)."""
-    rng = np.random.default_rng(seed)
-    vocab = next(iter(models.values())).n_vocab
-    prompt = [int(t) for t in rng.integers(1000, vocab, context)]
-    for model in models.values():
-        model.decode(prompt, 0, 1)
-    end, same = context, True
-    seconds: dict[str, dict[int, list[float]]] = {name: {k: [] for k in rows} for name in models}
-    for r in range(rounds):
-        order = list(models) if r % 2 == 0 else list(reversed(models))
-        for k in rows:
-            tokens = [int(t) for t in rng.integers(1000, vocab, k)]
-            logits = []
-            for name in order:
-                start = time.perf_counter()
-                logits.append(models[name].decode(tokens, end, k).copy())
-                seconds[name][k].append(time.perf_counter() - start)
-                models[name].truncate(end + 1)
-            same = same and all(np.array_equal(logits[0], other) for other in logits[1:])
-            end += 1
-        if end + max(rows) >= min(m.n_ctx for m in models.values()):
-            for model in models.values():
-                model.truncate(context)
-            end = context
+def take_turns(models: dict[str, OnnxModel], context: int, rows: list[int], rounds: int
+               ) -> tuple[dict[str, dict[int, list[float]]], bool]:
+    """(seconds of each model's passes by row count, whether every pass gave all models the same logits)."""
+    names = list(models)
+    seconds: dict[str, dict[int, list[float]]] = {name: {k: [] for k in rows} for name in names}
+    same = True
+    for k, tokens, start, order in passes_taking_turns(list(models.values()), context, rows, rounds):
+        logits = []
+        for i in order:
+            began = time.perf_counter()
+            logits.append(models[names[i]].decode(tokens, start, k).copy())
+            seconds[names[i]][k].append(time.perf_counter() - began)
+        same = same and all(np.array_equal(logits[0], other) for other in logits[1:])
     return seconds, same
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, help="the git revision whose kernels to compare with")
-    parser.add_argument("--model", default=None, help="an ONNX export (default: what this machine's race chose)")
-    parser.add_argument("--context", type=int, default=100, help="tokens in the cache before the passes")
-    parser.add_argument("--rows", default="1,2,3,4", help="row counts, comma-separated")
+    add_pass_arguments(parser, context=100, rows="1,2,3,4", out="kernels_in_model.json/.png")
     parser.add_argument("--rounds", type=int, default=300, help="passes per row count and build")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for kernels_in_model.json/.png")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     model_path = args.model or default_choice(args.threads, "cpu").target

@@ -19,31 +19,10 @@ from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
+from edgespec.bench.turns import add_pass_arguments, passes_taking_turns
 from edgespec.default_model import default_choice
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
 from edgespec.tuning import cpu_identity
-
-
-def profile_passes(model: OnnxModel, context: int, rows: list[int], passes: int, seed: int = 0) -> None:
-    """``passes`` rounds of one pass per row count, each at the end of the cache, keeping one token."""
-    rng = np.random.default_rng(seed)
-    vocab = model.n_vocab
-
-    def tokens(n: int) -> list[int]:
-        return [int(t) for t in rng.integers(1000, vocab, n)]
-
-    model.decode(tokens(context), 0, 1)
-    end = context
-    for _ in range(passes):
-        for k in rows:
-            model.decode(tokens(k), end, k)
-            model.truncate(end + 1)
-            end += 1
-        if end + max(rows) >= model.n_ctx:
-            model.truncate(context)
-            end = context
 
 
 def per_operator(files: list[Path], rows: list[int], passes: int) -> tuple[dict, dict]:
@@ -67,19 +46,16 @@ def per_operator(files: list[Path], rows: list[int], passes: int) -> tuple[dict,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="an ONNX export (default: what this machine's race chose)")
-    parser.add_argument("--context", type=int, default=300, help="tokens in the cache before the passes")
-    parser.add_argument("--rows", default="1,2,4,8", help="row counts, comma-separated")
+    add_pass_arguments(parser, context=300, rows="1,2,4,8", out="pass_profile.json")
     parser.add_argument("--passes", type=int, default=40, help="passes per row count")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for pass_profile.json")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     model_path = args.model or default_choice(args.threads, "cpu").target
     with tempfile.TemporaryDirectory(prefix="edgespec-profile-") as scratch:
         model = OnnxModel(model_path, OnnxOptions(n_threads=args.threads, profile=str(Path(scratch) / "pass")))
         try:
-            profile_passes(model, args.context, rows, args.passes)
+            for k, tokens, start, _ in passes_taking_turns([model], args.context, rows, args.passes):
+                model.decode(tokens, start, k)
             files = model.end_profiling()
             kernels, wall = per_operator(files, rows, args.passes)
         finally:

@@ -80,6 +80,8 @@ class OnnxOptions:
 
     def __post_init__(self) -> None:
         check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
+        if self.kernels is not None and not Path(self.kernels).is_file():
+            raise InvalidParameterError(f"kernels must be a built library of edgespec's ops, got {self.kernels}")
 
 
 def read_manifest(folder: Path) -> dict:

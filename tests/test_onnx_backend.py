@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import edgespec
+from edgespec import custom_ops
 from edgespec import onnx_segments as segments
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
@@ -290,3 +291,22 @@ def test_profiling_writes_each_sessions_kernels(tmp_path: Path) -> None:
     kernels = {e["args"]["op_name"] for session in events for e in session
                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")}
     assert {"Gather", "MatMul"} <= kernels
+
+
+def test_a_model_runs_on_the_kernel_build_it_is_given(tmp_path: Path) -> None:
+    """`OnnxOptions.kernels` (benchmarks/kernels_in_model.py): a copy of this machine's build, by path, gives the
+    default build's logits; a path with no library is a clear error before any session exists."""
+    with pytest.raises(InvalidParameterError, match="kernels must be a built library"):
+        OnnxOptions(kernels=tmp_path / "missing.so")
+    built = custom_ops.library()
+    if built is None:
+        pytest.skip("the kernel library is not built here")
+    copy = tmp_path / built.name
+    copy.write_bytes(built.read_bytes())
+    plain = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1))
+    other = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, kernels=copy))
+    try:
+        assert np.array_equal(other.decode([1, 504, 3], 0, 2), plain.decode([1, 504, 3], 0, 2))
+    finally:
+        plain.close()
+        other.close()
