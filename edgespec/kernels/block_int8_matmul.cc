@@ -105,13 +105,18 @@ T in_register(T v) {
 // stream stall, and a call cost the weights' read time plus its products' time instead of the longer of the two
 // (benchmarks/products_kernel.py against 97168ba, without this and in_register, AVX-512 EPYC, weights from memory:
 // 8 rows 1.21–1.53× faster, 4 rows up to 1.59×; reference products_kernel-2026-11-25-epyc-avx512-vs-97168ba).
-// For a lone row only where the lanes ask for it (kPrefetchAlone): the 512-bit loop's one row is faster without,
-// the 256-bit pairs' much slower (benchmarks/products_kernel.py --march x86-64-v3 shows either with the flag
-// changed).
+// From the row count the lanes ask for (kPrefetchFromRows). The 512-bit loop's one and two rows are faster without:
+// their loop is short, and the prefetches compete with the hardware's for the memory stream. Against 1fabee0, which
+// prefetched from two rows, one thread, weights from memory, two rows: SmolLM2's head (576×49152) 1.44× and gate|up
+// 1.37× as fast, the down projection (1536×576) 0.86× (reference products_kernel-2026-11-25-epyc-avx512-prefetch-
+// vs-1fabee0; it needs the prefetch from three rows: 0.6–0.7× without, a scratch build); in the model, two threads,
+// a two-row pass 1.26× a one-row pass instead of 1.33× at 300 tokens of context (kernels_in_model-2026-11-25-epyc-
+// avx512-prefetch-vs-1fabee0), 2–3 points less in six runs at 100–1000 tokens. The 256-bit pairs' lone row is much
+// slower without (benchmarks/products_kernel.py --march x86-64-v3 shows either with the constant changed).
 constexpr int64_t kPrefetchBytes = 8192;
 template <class V, int R>
 void prefetch_ahead(const int8_t* p) {
-  if constexpr (R >= 2 || V::kPrefetchAlone)
+  if constexpr (R >= V::kPrefetchFromRows)
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T1);
 }
 
@@ -158,7 +163,7 @@ struct Lanes16 {
   using Int = __m512i;
   using Float = __m512;
   static constexpr int64_t kWidth = 16;
-  static constexpr bool kPrefetchAlone = false;
+  static constexpr int kPrefetchFromRows = 3;
   static Int weights(const int8_t* packed) { return in_register(_mm512_loadu_si512(packed)); }
   static Int broadcast(const uint8_t* codes) {
     uint32_t a4;
@@ -191,7 +196,7 @@ struct Pair {
     typename V::Float lo, hi;
   };
   static constexpr int64_t kWidth = 2 * V::kWidth;
-  static constexpr bool kPrefetchAlone = true;
+  static constexpr int kPrefetchFromRows = 1;
   static Int weights(const int8_t* packed) { return {V::weights(packed), V::weights(packed + 4 * V::kWidth)}; }
   static Int broadcast(const uint8_t* codes) {
     const typename V::Int a = V::broadcast(codes);
