@@ -7,8 +7,11 @@ chose it): the target alone and n-gram lookup, γ auto, no tuning file. Spec-Ben
 multi-turn ones as conversations carrying the target's answers; both engines answer every turn, in an order that
 turns around from one turn to the next, so the shared machine's load falls on both; every speculative answer is
 checked equal to the target's. The speculative engine's target passes in the decode loop are timed by the rows
-they compute: the verify curve the loop pays (median seconds of a k-row pass over a 1-row one) beside a start-up
-calibration (best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from.
+they compute and the context they start at: the verify curve the loop pays (per k, the median of each k-row pass's
+seconds over the median 1-row pass at the same context, within ``CONTEXT_BIN`` tokens) beside a start-up calibration
+(best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from. Matching the
+context matters: lookup drafts most where the prompt is long (summaries, RAG), where every pass is dearer, so the
+median k-row pass over the median 1-row pass of all contexts (also printed) overstates what a row costs.
 Prints a table per category and the curves, writes decode_loop_curve.json and .png.
 """
 
@@ -32,6 +35,8 @@ from edgespec.tuning import cpu_identity
 
 ENGINES = ("target", "ngram")
 CURVE_ROWS = (1, 2, 3, 4, 5, 6, 7)
+CONTEXT_BIN = 128  # tokens: a k-row pass is set against the 1-row passes whose context is in the same bin
+Passes = dict[int, list[tuple[int, float]]]  # rows → (context the pass started at, seconds) of each pass
 
 
 def open_engines(model: str, threads: int) -> dict[str, Engine]:
@@ -39,17 +44,18 @@ def open_engines(model: str, threads: int) -> dict[str, Engine]:
             for name in ENGINES}
 
 
-def time_passes(engine: Engine, passes: dict[int, list[float]]) -> None:
+def time_passes(engine: Engine, passes: Passes) -> None:
     """Record every target pass of ``engine`` of up to 17 rows (decode steps, not prefill chunks) by its rows."""
     arena = engine.arena
     extend = arena.extend
 
     def timed(name: str, speculative: list[int], n_logits: int) -> np.ndarray:
-        rows = len(arena.tokens) - len(arena.held[name]) + len(speculative)
+        context = len(arena.held[name])
+        rows = len(arena.tokens) - context + len(speculative)
         began = time.perf_counter()
         logits = extend(name, speculative, n_logits)
         if name == "target" and rows <= 17:
-            passes[rows].append(time.perf_counter() - began)
+            passes[rows].append((context, time.perf_counter() - began))
         return logits
 
     arena.extend = timed  # type: ignore[method-assign]
@@ -103,11 +109,23 @@ def summarize(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def loop_curve(passes: dict[int, list[float]]) -> dict[int, dict[str, float]]:
-    """Median seconds of a k-row pass relative to a 1-row one, and how many passes each median is of."""
-    one = float(np.median(passes[1]))
-    return {k: {"relative": float(np.median(passes[k])) / one, "passes": len(passes[k])}
-            for k in sorted(passes) if passes[k]}
+def loop_curve(passes: Passes) -> dict[int, dict[str, float]]:
+    """Per row count k: the median of each k-row pass over the median 1-row pass at its context ("relative", of
+    "passes" passes that had 1-row passes in their context bin), and the median k-row pass over the median 1-row
+    pass of every context ("all_contexts")."""
+    bins: dict[int, list[float]] = defaultdict(list)
+    for context, seconds in passes[1]:
+        bins[context // CONTEXT_BIN].append(seconds)
+    one_at = {b: float(np.median(s)) for b, s in bins.items()}
+    one = float(np.median([seconds for _, seconds in passes[1]]))
+    curve = {}
+    for k in sorted(passes):
+        matched = [seconds / one_at[context // CONTEXT_BIN] for context, seconds in passes[k]
+                   if context // CONTEXT_BIN in one_at]
+        if matched:
+            curve[k] = {"relative": float(np.median(matched)), "passes": len(matched),
+                        "all_contexts": float(np.median([seconds for _, seconds in passes[k]])) / one}
+    return curve
 
 
 def main() -> None:
@@ -125,7 +143,7 @@ def main() -> None:
     try:
         curve = engines["ngram"].calibrate(rounds=5, statistic=np.min)
         calibrated = {k: curve.seconds(k) / curve.seconds(1) for k in CURVE_ROWS}
-        passes: dict[int, list[float]] = defaultdict(list)
+        passes: Passes = defaultdict(list)
         time_passes(engines["ngram"], passes)
         records = play(engines, questions, args.max_tokens)
     finally:
@@ -142,9 +160,10 @@ def main() -> None:
         print(f"{category:<16}{plain['tok_s']:>13.1f}{spec['tok_s']:>12.1f}{spec['tok_s'] / plain['tok_s']:>9.2f}×"
               f"{spec['tau']:>7.2f}{spec['alpha']:>7.2f}")
     print("verify curve, cost of a k-row pass / a 1-row pass (k = 1 + draft tokens):")
-    print(f"{'k':>4}{'calibration':>13}{'decode loop (passes)':>24}")
+    print(f"{'k':>4}{'calibration':>13}{'decode loop, same context (passes)':>37}{'all contexts':>14}")
     for k in CURVE_ROWS:
-        cell = f"{loop[k]['relative']:>15.2f} ({loop[k]['passes']:>5})" if k in loop else f"{'-':>24}"
+        cell = (f"{loop[k]['relative']:>28.2f} ({loop[k]['passes']:>5}){loop[k]['all_contexts']:>14.2f}" if k in loop
+                else f"{'-':>37}{'-':>14}")
         print(f"{k:>4}{calibrated[k]:>13.2f}{cell}")
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +174,8 @@ def main() -> None:
                                "records": records}, indent=1))
     ks = [k for k in CURVE_ROWS if k in loop]
     lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--"),
-             ("decode loop, ngram (medians)", [loop[k]["relative"] for k in ks], "tab:blue", "-")]
+             ("decode loop, ngram, same context", [loop[k]["relative"] for k in ks], "tab:blue", "-"),
+             ("decode loop, ngram, all contexts", [loop[k]["all_contexts"] for k in ks], "tab:blue", ":")]
     line_chart(args.out / "decode_loop_curve.png", ks, lines, "rows in the pass (1 + draft tokens)",
                "cost relative to one row", "Verify cost: decode loop vs calibration")
     print(f"wrote {out} and decode_loop_curve.png")
