@@ -109,10 +109,12 @@ T in_register(T v) {
 // their loop is short, and the prefetches compete with the hardware's for the memory stream. Against 1fabee0, which
 // prefetched from two rows, one thread, weights from memory, two rows: SmolLM2's head (576×49152) 1.44× and gate|up
 // 1.37× as fast, the down projection (1536×576) 0.86× (reference products_kernel-2026-11-25-epyc-avx512-prefetch-
-// vs-1fabee0; it needs the prefetch from three rows: 0.6–0.7× without, a scratch build); in the model, two threads,
-// a two-row pass 1.26× a one-row pass instead of 1.33× at 300 tokens of context (kernels_in_model-2026-11-25-epyc-
-// avx512-prefetch-vs-1fabee0), 2–3 points less in six runs at 100–1000 tokens. The 256-bit pairs' lone row is much
-// slower without (benchmarks/products_kernel.py --march x86-64-v3 shows either with the constant changed).
+// vs-1fabee0). Products with K = 1536 need it from three rows (0.66–0.86× without at 3–4 rows, also at 1536×3072),
+// those with K = 576 gain without it up to three (scratch builds; why K decides is not known). In the model, two
+// threads: a two-row pass 1.26× a one-row pass instead of 1.33× at 300 tokens of context (kernels_in_model-2026-11-
+// 25-epyc-avx512-prefetch-vs-1fabee0), 1.4–3.3 points less in six other runs at 100–1000 tokens. The 256-bit pairs'
+// lone row is much slower without (benchmarks/products_kernel.py --march x86-64-v3 shows either with the constant
+// changed).
 constexpr int64_t kPrefetchBytes = 8192;
 template <class V, int R>
 void prefetch_ahead(const int8_t* p) {
