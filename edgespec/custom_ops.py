@@ -124,8 +124,13 @@ def register(session_options: object, path: Path | None = None) -> None:
     """Make edgespec's ops known to sessions made with these options: from ``path``, by default this machine's
     build where there is one."""
     path = path or library()
-    if path is not None:
+    if path is None:
+        return
+    try:
         session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
+    except Exception as e:  # onnxruntime's Fail: not a loadable library (truncated, another CPU's or platform's)
+        raise ModelLoadError(f"cannot load edgespec's kernels from {path}: {e}; `edgespec build-kernel` builds "
+                             "them for this machine") from e
 
 
 def uses_exact_attention(manifest: dict) -> bool:

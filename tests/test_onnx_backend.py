@@ -295,9 +295,14 @@ def test_profiling_writes_each_sessions_kernels(tmp_path: Path) -> None:
 
 def test_a_model_runs_on_the_kernel_build_it_is_given(tmp_path: Path) -> None:
     """`OnnxOptions.kernels` (benchmarks/kernels_in_model.py): a copy of this machine's build, by path, gives the
-    default build's logits; a path with no library is a clear error before any session exists."""
+    default build's logits; a path with no library is a clear error before any session exists, and so is a file
+    onnxruntime cannot load as one."""
     with pytest.raises(InvalidParameterError, match="kernels must be a built library"):
         OnnxOptions(kernels=tmp_path / "missing.so")
+    garbage = tmp_path / "garbage.so"
+    garbage.write_bytes(b"not a library")
+    with pytest.raises(ModelLoadError, match=r"cannot load edgespec's kernels from .*build-kernel"):
+        OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, kernels=garbage))
     built = custom_ops.library()
     if built is None:
         pytest.skip("the kernel library is not built here")
