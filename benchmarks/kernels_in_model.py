@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 
 from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
+from edgespec.bench.revision import source_at
 from edgespec.bench.turns import add_pass_arguments, passes_taking_turns
 from edgespec.default_model import default_choice
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
@@ -38,12 +38,8 @@ from edgespec.tuning import cpu_identity
 
 def build_revision(rev: str, folder: Path) -> Path:
     """REV's kernel sources, as git has them, compiled for this CPU into ``folder``."""
-    root = Path(__file__).resolve().parents[1]
     for path in [*custom_ops.SOURCES, *custom_ops.HEADERS]:
-        name = path.relative_to(root).as_posix()
-        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{name}"], capture_output=True, text=True,
-                              check=True).stdout
-        (folder / path.name).write_text(text)
+        (folder / path.name).write_text(source_at(rev, path))
     library = folder / "edgespec_ops.so"
     custom_ops.compile_library(library, sources=[folder / path.name for path in custom_ops.SOURCES])
     return library

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
+from edgespec.bench.revision import source_at
 from edgespec.tuning import cpu_identity
 
-SOURCE = "edgespec/kernels/block_int8_matmul.cc"
+SOURCE = custom_ops.KERNELS / "block_int8_matmul.cc"
 HARNESS = Path(__file__).with_name("products_kernel.cc")
 # Each revision's loop behind the calls the harness makes: its codes' type and packing width are its own.
 ADAPTER = """
@@ -73,10 +74,7 @@ def main() -> None:
     parser.add_argument("--march", default=None, help="compile for this -march instead of this CPU's")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for products_kernel.json/.png")
     args = parser.parse_args()
-    root = Path(__file__).resolve().parents[1]
-    base = subprocess.run(["git", "-C", str(root), "show", f"{args.against}:{SOURCE}"], capture_output=True,
-                          text=True, check=True).stdout
-    head = (root / SOURCE).read_text()
+    base, head = source_at(args.against, SOURCE), SOURCE.read_text()
     rows = [int(r) for r in args.rows.split(",")]
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="edgespec-products-") as scratch:
