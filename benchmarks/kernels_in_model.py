@@ -84,7 +84,7 @@ def main() -> None:
 
     ms = {name: {k: 1e3 * float(np.median(s)) for k, s in by_rows.items()} for name, by_rows in seconds.items()}
     print(f"{Path(model_path).name}, {args.context} tokens of context, {args.rounds} rounds, {args.threads} threads, "
-          f"{cpu_identity()[:60]}; median ms of a pass (× the same build's one-row pass)")
+          f"{cpu_identity()[:60]}; median ms of a pass (× the same build's {rows[0]}-row pass)")
     print(f"{'build':<16}" + "".join(f"{f'{k} rows':>16}" for k in rows))
     for name, by_rows in ms.items():
         print(f"{name:<16}" + "".join(f"{by_rows[k]:>8.2f} ({by_rows[k] / by_rows[rows[0]]:.3f})" for k in rows))
