@@ -1,7 +1,8 @@
-"""edgespec's kernels in the whole model: the working tree's build against another git revision's, pass by pass.
+"""edgespec's kernels in the whole model: the working tree's build against another git revision's, or one export
+against another (their KV type, their graphs), pass by pass.
 
-    python benchmarks/kernels_in_model.py --against REV [--model DIR] [--context 100] [--rows 1,2,3,4]
-                                          [--rounds 300] [--threads 2] [--out DIR]
+    python benchmarks/kernels_in_model.py [--against REV] [--against-model DIR] [--model DIR] [--context 100]
+                                          [--rows 1,2,3,4] [--rounds 300] [--threads 2] [--out DIR]
 
 benchmarks/products_kernel.py times one loop on one thread with the caches to itself; in a decode pass two threads
 stream the weights together between the other operators, and a verify row costs another share there (on the
@@ -12,6 +13,8 @@ round each runs one pass of every row count on the same tokens (a pass over k ro
 that accepts nothing), which build goes first alternating, so the shared machine's load falls on both. Per build
 and row count: median ms of a pass and its ratio to the same build's one-row pass; and whether the two builds gave
 the same logits, bit for bit. The export must be one both revisions can run (the same graphs revision).
+With ``--against-model`` the baseline runs that export instead (on REV's build, or on the working tree's without
+``--against``); two exports' logits are not compared.
 Prints a table, writes kernels_in_model.json and .png. The working tree's build (loaded second) ran 1.5–1.8% faster
 than the same sources as REV in four runs on the AVX-512 EPYC (2026-11-25): a difference of a few percent holds
 only if it holds with the roles swapped (commit the variant, check out the other, compare against the commit).
@@ -63,18 +66,25 @@ def take_turns(models: dict[str, OnnxModel], context: int, rows: list[int], roun
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", required=True, help="the git revision whose kernels to compare with")
+    parser.add_argument("--against", default=None, help="the git revision whose kernels to compare with")
+    parser.add_argument("--against-model", type=Path, default=None,
+                        help="an export for the baseline to run instead of --model's (another KV type, graphs)")
     add_pass_arguments(parser, context=100, rows="1,2,3,4", out="kernels_in_model.json/.png")
     parser.add_argument("--rounds", type=int, default=300, help="passes per row count and build")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
+    if args.against is None and args.against_model is None:
+        parser.error("compare with a revision's kernels (--against), another export (--against-model) or both")
     model_path = args.model or default_choice(args.threads, "cpu").target
     working_tree = custom_ops.ensure()
     if working_tree is None:
         raise SystemExit(f"edgespec's kernels cannot be built here: {custom_ops.build_failure()}")
+    baseline = " ".join(filter(None, [args.against, args.against_model and Path(args.against_model).name]))
     with tempfile.TemporaryDirectory(prefix="edgespec-kernels-") as scratch:
-        builds = {args.against: build_revision(args.against, Path(scratch)), "working tree": working_tree}
-        models = {name: OnnxModel(model_path, OnnxOptions(n_threads=args.threads, kernels=library))
+        builds = {baseline: build_revision(args.against, Path(scratch)) if args.against else working_tree,
+                  "working tree": working_tree}
+        paths = {baseline: args.against_model or model_path, "working tree": model_path}
+        models = {name: OnnxModel(paths[name], OnnxOptions(n_threads=args.threads, kernels=library))
                   for name, library in builds.items()}
         try:
             seconds, same = take_turns(models, args.context, rows, args.rounds)
@@ -84,21 +94,23 @@ def main() -> None:
 
     ms = {name: {k: 1e3 * float(np.median(s)) for k, s in by_rows.items()} for name, by_rows in seconds.items()}
     print(f"{Path(model_path).name}, {args.context} tokens of context, {args.rounds} rounds, {args.threads} threads, "
-          f"{cpu_identity()[:60]}; median ms of a pass (× the same build's {rows[0]}-row pass)")
-    print(f"{'build':<16}" + "".join(f"{f'{k} rows':>16}" for k in rows))
+          f"{cpu_identity()[:60]}; median ms of a pass (× its own {rows[0]}-row pass)")
+    print(f"{'run':<32}" + "".join(f"{f'{k} rows':>16}" for k in rows))
     for name, by_rows in ms.items():
-        print(f"{name:<16}" + "".join(f"{by_rows[k]:>8.2f} ({by_rows[k] / by_rows[rows[0]]:.3f})" for k in rows))
-    print(f"same logits, every pass: {'yes' if same else 'NO'}")
+        print(f"{name:<32}" + "".join(f"{by_rows[k]:>8.2f} ({by_rows[k] / by_rows[rows[0]]:.3f})" for k in rows))
+    if args.against_model is None:
+        print(f"same logits, every pass: {'yes' if same else 'NO'}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "kernels_in_model.json"
     out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model_path),
-                               "against": args.against, "context": args.context, "rounds": args.rounds,
-                               "rows": rows, "median_ms": ms, "same_logits": same}, indent=1))
+                               "against": args.against, "against_model": args.against_model and str(args.against_model),
+                               "context": args.context, "rounds": args.rounds, "rows": rows, "median_ms": ms,
+                               "same_logits": same if args.against_model is None else None}, indent=1))
     line_chart(args.out / "kernels_in_model.png", rows,
                [(name, [ms[name][k] for k in rows], color, style)
-                for (name, color, style) in ((args.against, "C0", "--"), ("working tree", "C1", "-"))],
-               "rows in the pass", "median ms per pass", f"one pass at {args.context} tokens of context, two builds")
+                for (name, color, style) in ((baseline, "C0", "--"), ("working tree", "C1", "-"))],
+               "rows in the pass", "median ms per pass", f"one pass at {args.context} tokens of context")
     print(f"wrote {out} and kernels_in_model.png")
 
 

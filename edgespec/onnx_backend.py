@@ -3,10 +3,11 @@
 An exported directory (docs/onnx-format.md, written by ``edgespec export onnx``) holds ``embed.onnx``, one
 ``layer_NN.onnx`` per decoder layer and ``head.onnx``. One ``OnnxModel`` opens a session for the embedding,
 the head and each *segment* of layers (consecutive layers merged into one graph at load time, capped in size:
-edgespec/onnx_segments.py), and allocates the whole KV cache once: a single float32 buffer (layers × K/V ×
-kv_heads × context × head_dim). Each layer's ``past_key``/``present_key`` (and value) is bound through IO
-binding to the SAME slice of that buffer, so GroupQueryAttention writes the new positions in place: nothing
-is concatenated or reallocated per token, and rolling back is moving the committed boundary.
+edgespec/onnx_segments.py), and allocates the whole KV cache once: a single buffer (layers × K/V × kv_heads ×
+context × head_dim) of the export's ``kv_dtype`` (half under edgespec's attention, else float32). Each layer's
+``past_key``/``present_key`` (and value) is bound through IO binding to the SAME slice of that buffer, so the
+attention writes the new positions in place: nothing is concatenated or reallocated per token, and rolling back
+is moving the committed boundary.
 
 Because each layer's weights live in exactly one session, a layer-skip draft (``LayerSkipView``) is the
 same sessions chained without the skipped segments, writing into the same buffer: one copy of the weights
@@ -39,6 +40,7 @@ from .vocab import check_same_vocab
 
 MANIFEST = "edgespec-onnx.json"
 FORMAT = "edgespec-onnx/1"
+KV_DTYPES = ("float32", "float16")  # the manifest's kv_dtype: what the layer graphs' past/present tensors hold
 # Execution providers tried for each device, best first; the CPU provider always comes last.
 _PROVIDERS = {"cpu": (), "cuda": ("CUDAExecutionProvider",), "metal": ("CoreMLExecutionProvider",),
               "auto": ("CUDAExecutionProvider", "CoreMLExecutionProvider")}
@@ -99,11 +101,16 @@ def read_manifest(folder: Path) -> dict:
                            "embed", "layers", "head") if k not in manifest]
     if missing:
         raise ModelLoadError(f"{path}: missing {', '.join(missing)}")
-    if manifest.get("kv_dtype", "float32") != "float32":
-        raise ModelLoadError(f"{path}: kv_dtype {manifest['kv_dtype']!r} is not supported (float32 only)")
+    if manifest.get("kv_dtype", "float32") not in KV_DTYPES:
+        raise ModelLoadError(f"{path}: kv_dtype {manifest['kv_dtype']!r} is not supported ({' or '.join(KV_DTYPES)})")
     if len(manifest["layers"]) != manifest["num_layers"]:
         raise ModelLoadError(f"{path}: {len(manifest['layers'])} layer files for num_layers={manifest['num_layers']}")
     return manifest
+
+
+def kv_dtype_of(manifest: dict) -> np.dtype:
+    """The element type of an export's KV buffer (``read_manifest`` checked it)."""
+    return np.dtype(manifest.get("kv_dtype", "float32"))
 
 
 # onnxruntime's process-wide thread pool: its intra-op thread count once edgespec made it, -1 when another
@@ -164,22 +171,22 @@ def _providers(device: str) -> list[str]:
 
 
 class _Buffer:
-    """One preallocated float32 array the sessions read and write through raw pointers.
+    """One preallocated array the sessions read and write through raw pointers.
 
     On the CPU (and CoreML, which works on host memory) it is a numpy array; with CUDA it lives on the GPU
     as an OrtValue, and only the logits come back to the host.
     """
 
-    def __init__(self, shape: tuple[int, ...], device_type: str) -> None:
-        self.shape, self.device_type = shape, device_type
+    def __init__(self, shape: tuple[int, ...], device_type: str, dtype: np.dtype) -> None:
+        self.shape, self.device_type, self.dtype = shape, device_type, dtype
         if device_type == "cpu":
-            self.array: np.ndarray | None = np.zeros(shape, dtype=np.float32)
+            self.array: np.ndarray | None = np.zeros(shape, dtype=dtype)
             self.ptr = self.array.ctypes.data
         else:  # pragma: no cover - needs a GPU
             import onnxruntime as ort
 
             self.array = None
-            self._value = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.float32, device_type, 0)
+            self._value = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, device_type, 0)
             self.ptr = self._value.data_ptr()
 
 
@@ -258,8 +265,8 @@ class OnnxModel:
         self.skip = check_skip(skip, self.n_layer)
         # The KV arena, allocated once at the length the graphs declare.
         kv_shape = (self.n_layer, 2, 1, kv_heads, kv_length, head_dim)
-        self.kv = _Buffer(kv_shape, self.device_type)
-        self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * 4
+        self.kv = _Buffer(kv_shape, self.device_type, kv_dtype_of(m))
+        self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * self.kv.dtype.itemsize
         self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
         self._layer_files = files[1:-1]
@@ -271,7 +278,8 @@ class OnnxModel:
         self._split_at: list[int] = []
         self._open_stages()
         self._all_layers = tuple(range(self.n_layer))  # plans are keyed by tuples: no new one per token
-        self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type) for _ in range(2)]
+        self._ping = [_Buffer((1, self.n_batch, self._hidden), self.device_type, np.dtype(np.float32))
+                      for _ in range(2)]
         self._logits = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._embed_io = self._embed.io_binding()
         self._head_io = self._head.io_binding()
@@ -297,20 +305,20 @@ class OnnxModel:
                     where = f"{layer_files[layers[0]].name}..{layer_files[layers[-1]].name}"
                     sess = session(str(merged), self.path / where)
                 stage = _Stage(tuple(layers), sess, sess.io_binding())
-                _check_stage(stage, layer_files, self.kv.shape[2:])
+                _check_stage(stage, layer_files, self.kv.shape[2:], self.kv.dtype)
                 self._bind_stage(stage)
                 stages.append(stage)
         self._stages = stages
         self._stage_of = {stage.layers[0]: stage for stage in stages}
 
     def _bind_stage(self, stage: _Stage) -> None:
-        shape = list(self.kv.shape[2:])
+        shape, dtype = list(self.kv.shape[2:]), self.kv.dtype.type
         for layer in stage.layers:
             for j, (past, present) in enumerate((("past_key", "present_key"), ("past_value", "present_value"))):
                 ptr = self.kv.ptr + (2 * layer + j) * self._kv_bytes
-                stage.io.bind_input(stage.name(past, layer), self.device_type, 0, np.float32, shape, ptr)
-                # The same memory: GroupQueryAttention writes the new positions in place.
-                stage.io.bind_output(stage.name(present, layer), self.device_type, 0, np.float32, shape, ptr)
+                stage.io.bind_input(stage.name(past, layer), self.device_type, 0, dtype, shape, ptr)
+                # The same memory: the attention writes the new positions in place.
+                stage.io.bind_output(stage.name(present, layer), self.device_type, 0, dtype, shape, ptr)
         stage.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
         stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
 
@@ -558,7 +566,7 @@ def check_skip(skip: Sequence[int], n_layer: int) -> list[int]:
     return layers
 
 
-def _check_stage(stage: _Stage, files: Sequence[Path], kv_shape: tuple[int, ...]) -> None:
+def _check_stage(stage: _Stage, files: Sequence[Path], kv_shape: tuple[int, ...], dtype: np.dtype) -> None:
     """Refuse layer graphs whose inputs do not match the contract, naming the file and what is wrong."""
     inputs = {i.name: i for i in stage.session.get_inputs()}
     outputs = {o.name: o for o in stage.session.get_outputs()}
@@ -574,8 +582,9 @@ def _check_stage(stage: _Stage, files: Sequence[Path], kv_shape: tuple[int, ...]
             raise ModelLoadError(why)
         for name in segments.KV_NAMES:
             value = arg(name)
-            if value.type != "tensor(float)":  # type: ignore[attr-defined]
-                raise ModelLoadError(f"{file}: {name} is {value.type}, but the KV arena holds float32")  # type: ignore[attr-defined]
+            expected = "tensor(float)" if dtype == np.float32 else f"tensor({dtype.name})"
+            if value.type != expected:  # type: ignore[attr-defined]
+                raise ModelLoadError(f"{file}: {name} is {value.type}, but the manifest's KV is {dtype.name}")  # type: ignore[attr-defined]
             shape = list(value.shape)  # type: ignore[attr-defined]
             if len(shape) != len(kv_shape) or any(isinstance(d, int) and d != k for d, k in zip(shape, kv_shape,
                                                                                                    strict=False)):

@@ -6,7 +6,7 @@ default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMul
 Face folders, GGUFs of other architectures) go through transformers (``hf``, the ``export-hf`` extra).
 
 FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
-session loads, so compute and KV stay float32); ``int8``/``int4`` quantize every MatMul weight with
+session loads, so compute stays float32); ``int8``/``int4`` quantize every MatMul weight with
 onnxruntime's MatMulNBits quantizer (block-wise, symmetric). ``quantize_dynamic`` is never used: it quantizes
 activations per call, so a position's logits would depend on which other tokens share the call.
 """
@@ -42,6 +42,7 @@ from .onnx_graphs import (
     attention_min_total,
     embed_graph,
     head_graph,
+    kv_dtype,
     kv_length,
     layer_graph,
 )
@@ -208,7 +209,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         bar.update()
         timed: dict = {"op": block_int8.OP if products == "edgespec" else "MatMulNBits"}
         for i, name in enumerate(layers):
-            layer = layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention)
+            layer = layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention,
+                                kv_dtype(attention, quant))
             if bits:
                 layer = _quantized(layer, bits, block_size, accuracy_level, symmetric)
                 if i == 0 and attention == "exact" and products == "auto":  # the op is in the kernel's library
@@ -273,7 +275,8 @@ def _manifest(spec: ModelSpec, chat_template: str | None, quant: str, context_le
     return {"format": FORMAT, "architecture": spec.architecture, "num_layers": spec.num_layers,
             "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
             "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
-            "context_length": context_length, "kv_length": kv_length(context_length), "kv_dtype": "float32",
+            "context_length": context_length, "kv_length": kv_length(context_length),
+            "kv_dtype": kv_dtype(attention, quant),
             "quant": quant, "quant_options": options,
             "bos_token_id": spec.bos_token_id, "eos_token_ids": list(spec.eos_token_ids),
             "chat_template": chat_template, "layer_types": list(spec.layer_types),

@@ -27,12 +27,12 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 8  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 9  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
 # edgespec.BlockInt8MatMul where the export timed it faster (export/block_int8.py); 8: that op's weights packed
-# 16 columns × 4 k per 64 bytes (was 8 × 4 per 32)
+# 16 columns × 4 k per 64 bytes (was 8 × 4 per 32); 9: half KV under the exact attention (``kv_dtype``)
 
 
 @dataclass(frozen=True)
@@ -243,6 +243,15 @@ def drop_padding(g: GraphBuilder, y: str, seq: str, output: str | None = None) -
     return g.one("Slice", [y, g.ints(0), seq, g.ints(1)], output)
 
 
+def kv_dtype(attention: str, quant: str) -> str:
+    """The KV buffer's type (the manifest's ``kv_dtype``). Half under edgespec's attention, which rounds the new
+    keys and values once when it writes them and widens them exactly when it reads: reading them is most of the
+    attention's time (SmolLM2 INT8, 2 threads: a one-row pass 3–7% faster at 100 tokens of context, 15–18% at
+    1000), and llama.cpp's default KV is half too. float32 for an fp32 export (the reference precision, held to
+    transformers' logits within 1e-5) and under GroupQueryAttention (whose CPU kernel would compute in half)."""
+    return "float16" if attention == "exact" and quant != "fp32" else "float32"
+
+
 def kv_length(context_length: int) -> int:
     """KV buffer rows: every position plus the scratch slot a padded single-row call at the last position writes
     (padded calls write scratch slots past their last position, see ``layer_graph``)."""
@@ -291,8 +300,9 @@ def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
 
 
 def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, context_length: int,
-                weight_dtype: type = np.float32, pad_matmuls: bool = False, attention: str = "gqa"):
-    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer in place.
+                weight_dtype: type = np.float32, pad_matmuls: bool = False, attention: str = "gqa",
+                kv: str = "float32"):
+    """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer (of type ``kv``) in place.
 
     ``attention``: "gqa" (GroupQueryAttention: single-row calls padded to two rows around it, see
     ``single_row_padding``) or "exact" (edgespec.ExactAttention: exact for any row count, nothing padded). With
@@ -384,11 +394,12 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
         out = drop_padding(g, out, seq)
     g.one("Identity", [out], "hidden_out")
     kv_shape = [1, spec.num_kv_heads, kv_length(context_length), spec.head_dim]
-    inputs = [_tensor("hidden", f32, [1, "S", spec.hidden_size]), _tensor("past_key", f32, kv_shape),
-              _tensor("past_value", f32, kv_shape), _tensor("seqlens_k", onnx.TensorProto.INT32, [1]),
+    kv_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(kv))
+    inputs = [_tensor("hidden", f32, [1, "S", spec.hidden_size]), _tensor("past_key", kv_type, kv_shape),
+              _tensor("past_value", kv_type, kv_shape), _tensor("seqlens_k", onnx.TensorProto.INT32, [1]),
               _tensor("total_sequence_length", onnx.TensorProto.INT32, [])]
-    outputs = [_tensor("hidden_out", f32, [1, "S", spec.hidden_size]), _tensor("present_key", f32, kv_shape),
-               _tensor("present_value", f32, kv_shape)]
+    outputs = [_tensor("hidden_out", f32, [1, "S", spec.hidden_size]), _tensor("present_key", kv_type, kv_shape),
+               _tensor("present_value", kv_type, kv_shape)]
     return g.model(inputs, outputs)
 
 

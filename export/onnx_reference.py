@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import ModelLoadError
-from edgespec.onnx_backend import read_manifest
+from edgespec.onnx_backend import kv_dtype_of, read_manifest
 
 from . import require
 
@@ -47,8 +47,8 @@ class OnnxReference:
             raise ModelLoadError(f"{self.folder}: onnxruntime cannot load the graphs: {e}") from e
         # The KV buffers are bound as both past_* and present_* (the contract's in-place update).
         shape = (1, m["num_kv_heads"], m["kv_length"], m["head_dim"])
-        self.kv = [(ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)),
-                    ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))) for _ in m["layers"]]
+        self.kv = [(ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, kv_dtype_of(m))),
+                    ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, kv_dtype_of(m)))) for _ in m["layers"]]
         self.length = 0
 
     def forward(self, ids: list[int], skip: frozenset[int] = frozenset()) -> np.ndarray:

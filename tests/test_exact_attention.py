@@ -1,10 +1,12 @@
 """edgespec's attention kernel (edgespec/kernels/exact_attention.cc) as onnxruntime runs it: built on this machine
 by `make setup`, every row of a call bit-identical to the same row computed alone, and the attention itself right
 (a float64 NumPy reference) for SmolLM2's shape, Gemma's (head_dim 256, sliding window, q/k/v apart), Gemma 2's
-soft-capping and Phi-3's head_dim 96."""
+soft-capping and Phi-3's head_dim 96; over a float32 KV buffer and over a float16 one (keys and values rounded
+to half as NumPy rounds them, every build alike)."""
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from edgespec.onnx_backend import session_options
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 helper, F, I32 = onnx.helper, onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+KV_TYPES = {np.float32: F, np.float16: onnx.TensorProto.FLOAT16}
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,8 @@ def _rope(dim: int) -> tuple[np.ndarray, np.ndarray]:
 class _Op:
     """The op alone in a session, over one KV buffer updated in place (as the exported layers bind it)."""
 
-    def __init__(self, s: Shape) -> None:
-        self.s = s
+    def __init__(self, s: Shape, kv_dtype: type = np.float32, library: Path | None = None) -> None:
+        self.s, self.kv_dtype = s, kv_dtype
         kv = [1, s.kv_heads, LENGTH, s.dim]
         names = ["q", "k", "v"] if not s.packed else ["q", "", ""]
         node = helper.make_node(custom_ops.ATTENTION_OP,
@@ -60,20 +63,20 @@ class _Op:
         inputs = [helper.make_tensor_value_info("q", F, [1, "S", width])]
         if not s.packed:
             inputs += [helper.make_tensor_value_info(n, F, [1, "S", s.kv_heads * s.dim]) for n in "kv"]
-        inputs += [helper.make_tensor_value_info(n, F, kv) for n in ("past_key", "past_value")]
+        inputs += [helper.make_tensor_value_info(n, KV_TYPES[kv_dtype], kv) for n in ("past_key", "past_value")]
         inputs += [helper.make_tensor_value_info("seqlens_k", I32, [1]),
                    helper.make_tensor_value_info("total", I32, [])]
         outputs = [helper.make_tensor_value_info("out", F, [1, "S", s.heads * s.dim])]
-        outputs += [helper.make_tensor_value_info(n, F, kv) for n in ("present_key", "present_value")]
+        outputs += [helper.make_tensor_value_info(n, KV_TYPES[kv_dtype], kv) for n in ("present_key", "present_value")]
         cos, sin = _rope(s.dim)
         constants = [onnx.numpy_helper.from_array(cos, "cos"), onnx.numpy_helper.from_array(sin, "sin")]
         graph = helper.make_graph([node], "attention", inputs, outputs, constants)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                         helper.make_opsetid(custom_ops.DOMAIN, 1)])
         model.ir_version = 10
-        so, _ = session_options(1, make_shared=False)
+        so, _ = session_options(1, make_shared=False, kernels=library)
         self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        self.kv = [np.zeros(kv, np.float32) for _ in range(2)]
+        self.kv = [np.zeros(kv, kv_dtype) for _ in range(2)]
 
     def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
         total = start + len(q)
@@ -88,56 +91,108 @@ class _Op:
         io.bind_output("out")
         for name, buffer in zip(("key", "value"), self.kv, strict=True):
             past, present = f"past_{name}", f"present_{name}"
-            io.bind_input(past, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
-            io.bind_output(present, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+            io.bind_input(past, "cpu", 0, self.kv_dtype, list(buffer.shape), buffer.ctypes.data)
+            io.bind_output(present, "cpu", 0, self.kv_dtype, list(buffer.shape), buffer.ctypes.data)
         self.session.run_with_iobinding(io)
         return io.get_outputs()[0].numpy()[0]
 
 
-def _reference(s: Shape, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Rotary embedding, causal (and windowed) softmax attention in float64, every position."""
+def _stored(s: Shape, k: np.ndarray, v: np.ndarray, kv_dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The KV buffer's contents after the kernel wrote positions 0 … n − 1 ([KV, n, D] each): the keys rotated in
+    float32 as the kernel rotates them (the same products and sums, each rounded), then both rounded to the KV
+    type by NumPy."""
+    cos, sin = _rope(s.dim)
+    n, half = len(k), s.dim // 2
+    x, c, si = k.reshape(n, s.kv_heads, s.dim), cos[:n, None], sin[:n, None]
+    rotated = np.concatenate([x[..., :half] * c - x[..., half:] * si, x[..., half:] * c + x[..., :half] * si], -1)
+    return tuple(a.astype(kv_dtype).transpose(1, 0, 2) for a in (rotated, v.reshape(n, s.kv_heads, s.dim)))
+
+
+def _reference(s: Shape, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv_dtype: type) -> np.ndarray:
+    """Rotary embedding, causal (and windowed) softmax attention in float64 over the stored keys and values, every
+    position."""
     cos, sin = (x.astype(np.float64) for x in _rope(s.dim))
     n, half = len(q), s.dim // 2
-
-    def rotate(x: np.ndarray, heads: int) -> np.ndarray:
-        x = x.reshape(n, heads, s.dim).astype(np.float64)
-        c, si = cos[:n, None], sin[:n, None]
-        return np.concatenate([x[..., :half] * c - x[..., half:] * si, x[..., half:] * c + x[..., :half] * si], -1)
-
-    qr, kr, vv = rotate(q, s.heads), rotate(k, s.kv_heads), v.reshape(n, s.kv_heads, s.dim).astype(np.float64)
+    x = q.reshape(n, s.heads, s.dim).astype(np.float64)
+    c, si = cos[:n, None], sin[:n, None]
+    qr = np.concatenate([x[..., :half] * c - x[..., half:] * si, x[..., half:] * c + x[..., :half] * si], -1)
+    kr, vv = (a.astype(np.float64) for a in _stored(s, k, v, kv_dtype))
     out = np.zeros((n, s.heads, s.dim))
     for h in range(s.heads):
         kv = h // (s.heads // s.kv_heads)
-        scores = qr[:, h] @ kr[:, kv].T * s.dim ** -0.5
+        scores = qr[:, h] @ kr[kv].T * s.dim ** -0.5
         if s.softcap:
             scores = s.softcap * np.tanh(scores / s.softcap)
         p, j = np.arange(n)[:, None], np.arange(n)[None]
         seen = (j <= p) & ((j > p - s.window) if s.window > 0 else True)
         scores = np.where(seen, scores, -np.inf)
         weights = np.exp(scores - scores.max(1, keepdims=True))
-        out[:, h] = (weights / weights.sum(1, keepdims=True)) @ vv[:, kv]
+        out[:, h] = (weights / weights.sum(1, keepdims=True)) @ vv[kv]
     return out.reshape(n, -1)
+
+
+def _inputs(s: Shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    q = (2 * rng.standard_normal((POSITIONS, s.heads * s.dim))).astype(np.float32)
+    k = (2 * rng.standard_normal((POSITIONS, s.kv_heads * s.dim))).astype(np.float32)
+    v = rng.standard_normal((POSITIONS, s.kv_heads * s.dim)).astype(np.float32)
+    return q, k, v
+
+
+def _check_right(op: _Op, s: Shape, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Every position alone, in order: the KV buffer as NumPy would store it, the outputs as the reference's;
+    returns the outputs."""
+    alone = np.stack([op.run(q[p:p + 1], k[p:p + 1], v[p:p + 1], p)[0] for p in range(POSITIONS)])
+    for buffer, expected in zip(op.kv, _stored(s, k, v, op.kv_dtype), strict=True):
+        np.testing.assert_array_equal(buffer[0, :, :POSITIONS].view(np.uint8), expected.view(np.uint8))
+    np.testing.assert_allclose(alone, _reference(s, q, k, v, op.kv_dtype), rtol=0, atol=2e-5 * np.abs(v).max())
+    return alone
 
 
 def test_the_kernel_is_built_here() -> None:
     assert custom_ops.library() is not None, "`make setup` builds it (edgespec build-kernel)"
 
 
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_rows_are_bit_identical_in_any_call_and_right(name: str) -> None:
+def test_rows_are_bit_identical_in_any_call_and_right(name: str, kv_dtype: type) -> None:
     s = SHAPES[name]
-    rng = np.random.default_rng(0)
-    q = (2 * rng.standard_normal((POSITIONS, s.heads * s.dim))).astype(np.float32)
-    k = (2 * rng.standard_normal((POSITIONS, s.kv_heads * s.dim))).astype(np.float32)
-    v = rng.standard_normal((POSITIONS, s.kv_heads * s.dim)).astype(np.float32)
-    op = _Op(s)
-    alone = np.stack([op.run(q[p:p + 1], k[p:p + 1], v[p:p + 1], p)[0] for p in range(POSITIONS)])
-    np.testing.assert_allclose(alone, _reference(s, q, k, v), rtol=0, atol=2e-5 * np.abs(v).max())
+    q, k, v = _inputs(s)
+    op = _Op(s, kv_dtype)
+    alone = _check_right(op, s, q, k, v)
     for rows in (2, 3, 5, 9, 17, 64):
         for start in (0, 7, POSITIONS - rows):
             got = op.run(q[start:start + rows], k[start:start + rows], v[start:start + rows], start)
             bad = [start + r for r in range(rows) if not np.array_equal(got[r], alone[start + r])]
             assert not bad, f"{rows} rows from {start}: positions {bad} differ from the same rows alone"
+
+
+# Values at half precision's edges, each rounded to nearest even as NumPy rounds them: the largest half and the
+# ties on either side of it and of infinity, infinities and a NaN, ties between subnormals and at the smallest
+# subnormal's half, float32 subnormals, a tie between two normals.
+EDGES = np.array([65504, 65519.99, 65520, 1e9, np.inf, -np.inf, np.nan, 2 ** -24, 2 ** -25, 3 * 2 ** -25,
+                  1.5 * 2 ** -25, 2 ** -26, 5 * 2 ** -25, 6.1e-5, 2 ** -14 - 2 ** -25, 1e-40, -1e-45, 1 + 2 ** -11,
+                  1 + 3 * 2 ** -11, -0.0, -(2 ** -24) * 1.5], np.float32)
+
+
+@pytest.mark.parametrize("march", [None, "x86-64"])
+def test_half_kv_is_rounded_as_numpy_rounds_in_every_build(tmp_path: Path, march: str | None) -> None:
+    """This CPU's build (F16C where the CPU has it) and the portable one (no F16C: the kernel's own conversions):
+    values at half's edges stored as NumPy's astype(float16), and attention over a half KV right."""
+    if march and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"the {march} build runs on x86 only")
+    library = None
+    if march:
+        library = tmp_path / f"{march}.so"
+        custom_ops.compile_library(library, [f"-march={march}"])
+    s = SHAPES["smollm2"]
+    edges = np.resize(EDGES, (1, s.kv_heads * s.dim))
+    op = _Op(s, np.float16, library)
+    op.run(np.zeros((1, s.heads * s.dim), np.float32), edges, edges, 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.testing.assert_array_equal(op.kv[1][0, :, 0].view(np.uint16), edges.astype(np.float16).reshape(
+            s.kv_heads, s.dim).view(np.uint16))
+    _check_right(_Op(s, np.float16, library), s, *_inputs(s))
 
 
 def test_a_graph_off_the_contract_is_a_clear_error() -> None:

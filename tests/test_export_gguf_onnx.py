@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgespec import custom_ops
 from edgespec.hf_tokenizer import HFTokenizer
 from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.onnx_backend import session_options
@@ -239,6 +240,7 @@ def test_smollm2_q4_1_carried_passes_the_gate(smol_carried: tuple[Path, dict, st
     assert manifest["quant"] == "gguf" and manifest["source"]["gguf_types"].get("Q4_1", 0) > 0
     assert q["top1_decided"] >= q["top1_agreement"] and q["source_tie"] >= 0
     assert q["top1_decided"] >= 0.99 and q["kl"] <= 0.01 and q["against"].startswith("llama.cpp")
+    assert manifest["kv_dtype"] == ("float16" if custom_ops.uses_exact_attention(manifest) else "float32")
     assert "quality gate passed" in printed and "beyond the source's own ties" in printed
 
 

@@ -215,9 +215,15 @@ def test_not_a_model_directory(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [({"num_kv_heads": 4}, "shape"), ({"head_dim": 32}, "shape"),
-                                                 ({"kv_dtype": "float16"}, "float32 only")])
+                                                 ({"kv_dtype": "bfloat16"}, "not supported"),
+                                                 ({"kv_dtype": "the other"}, "but the manifest's KV is")])
 def test_mismatched_arena_shape_or_dtype(tmp_path: Path, change: dict, message: str) -> None:
-    folder = _linked_copy(onnx_export_dir(), tmp_path / "m", change)
+    """A manifest that does not match its graphs (hand-edited, or graphs copied from another export)."""
+    source = onnx_export_dir()
+    if change.get("kv_dtype") == "the other":  # half under the exact attention, float32 under GroupQueryAttention
+        graphs = json.loads((source / MANIFEST).read_text())["kv_dtype"]
+        change = {"kv_dtype": "float32" if graphs == "float16" else "float16"}
+    folder = _linked_copy(source, tmp_path / "m", change)
     with pytest.raises(ModelLoadError, match=message):
         OnnxModel(folder, OnnxOptions(n_threads=1))
 

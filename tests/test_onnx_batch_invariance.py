@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from edgespec.export.onnx_export import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, _quantized, pads_every_product
-from edgespec.export.onnx_graphs import ATTENTIONS, ModelSpec, attention_min_total, kv_length, layer_graph
+from edgespec.export.onnx_graphs import ATTENTIONS, ModelSpec, attention_min_total, kv_dtype, kv_length, layer_graph
 
 from edgespec.export import block_int8
 from edgespec.onnx_backend import session_options
@@ -47,11 +47,11 @@ def _weights(seed: int = 0) -> dict[str, np.ndarray]:
 class _Layer:
     """One layer session over one in-place KV buffer (past_* and present_* bound to the same memory)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, kv: str) -> None:
         so, _ = session_options(1, make_shared=False)  # the runtime's settings (and its shared pool, if made)
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         shape = (1, 1, kv_length(CONTEXT), HEAD_DIM)
-        self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2)]
+        self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, kv)) for _ in range(2)]
 
     def run(self, rows: np.ndarray, start: int) -> np.ndarray:
         """Hidden rows at positions start.. → the layer's output rows (positions ≥ start are rewritten)."""
@@ -74,13 +74,14 @@ def test_gemma_shaped_layer_rows_do_not_depend_on_the_call(tmp_path: Path, quant
     path = tmp_path / "layer.onnx"
     bits = {"int4": 4, "fp32": None}.get(quant, 8)
     pad = pads_every_product(bits, quant == "int4", DEFAULT_ACCURACY_LEVEL)  # as the export decides
-    graph = layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT, pad_matmuls=pad, attention=attention)
+    kv = kv_dtype(attention, quant.split()[0])  # as the export decides: half under the exact attention, but fp32
+    graph = layer_graph(SPEC, _weights().__getitem__, 0, CONTEXT, pad_matmuls=pad, attention=attention, kv=kv)
     if bits:  # the export's defaults: symmetric MatMulNBits, block 32, accuracy_level 4
         graph = _quantized(graph, bits, DEFAULT_BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL, True)
     if quant.endswith(block_int8.OP):
         assert block_int8.rewrite(graph) == 4  # q|k|v, o, gate|up, down
     onnx.save_model(graph, str(path))
-    layer = _Layer(path)
+    layer = _Layer(path, kv)
     # Gemma-like residual stream: large magnitudes and a few outlier channels
     rng = np.random.default_rng(1)
     hidden = (30 * rng.standard_normal((POSITIONS, HIDDEN))).astype(np.float32)

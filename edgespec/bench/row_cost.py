@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InvalidParameterError
-from ..onnx_backend import read_manifest
+from ..onnx_backend import kv_dtype_of, read_manifest
 
 DEFAULT_ROWS = (1, 2, 3, 4, 5, 8, 12, 17)
 ATTENTION_OPS = ("GroupQueryAttention", "ExactAttention")
@@ -58,14 +58,16 @@ def _session(model: object, threads: int) -> object:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
 
 
-def _one_op_model(model: object, node: object, inputs: Sequence[tuple[str, int, list]]) -> object:
+def _one_op_model(model: object, node: object, inputs: Sequence[tuple[str, int, list]],
+                  output_types: dict[str, int] | None = None) -> object:
     """A model running just ``node`` of ``model``, with the initializers it reads and ``inputs`` as
-    (name, onnx element type, shape) for everything else it reads."""
+    (name, onnx element type, shape) for everything else it reads; its outputs float32 but for ``output_types``."""
     from onnx import TensorProto, helper
 
     names = set(node.input)  # type: ignore[attr-defined]
     initializers = [t for t in model.graph.initializer if t.name in names]  # type: ignore[attr-defined]
-    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output if o]  # type: ignore[attr-defined]
+    types = output_types or {}
+    outputs = [helper.make_tensor_value_info(o, types.get(o, TensorProto.FLOAT), None) for o in node.output if o]  # type: ignore[attr-defined]
     value_infos = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
     return helper.make_model(helper.make_graph([node], "one_op", value_infos, outputs, initializers),
                              opset_imports=model.opset_import, ir_version=model.ir_version)  # type: ignore[attr-defined]
@@ -92,17 +94,17 @@ def _weight_products(graph: object) -> list[tuple[object, int, int]]:
 class _KV:
     """One layer's KV buffers, bound as both past and present (in place, as the runtime binds them)."""
 
-    def __init__(self, kv_heads: int, length: int, head_dim: int) -> None:
+    def __init__(self, kv_heads: int, length: int, head_dim: int, dtype: np.dtype) -> None:
         self.shape = [1, kv_heads, length, head_dim]
-        self.key = np.zeros(self.shape, np.float32)
-        self.value = np.zeros(self.shape, np.float32)
+        self.key = np.zeros(self.shape, dtype)
+        self.value = np.zeros(self.shape, dtype)
         self.pos = np.zeros(1, np.int32)
         self.total = np.zeros((), np.int32)
 
     def bind(self, io: object, past: tuple[str, str], present: tuple[str, str], seqlens: str, total: str) -> None:
         for p, q, a in ((past[0], present[0], self.key), (past[1], present[1], self.value)):
-            io.bind_input(p, "cpu", 0, np.float32, self.shape, a.ctypes.data)  # type: ignore[attr-defined]
-            io.bind_output(q, "cpu", 0, np.float32, self.shape, a.ctypes.data)  # type: ignore[attr-defined]
+            io.bind_input(p, "cpu", 0, a.dtype.type, self.shape, a.ctypes.data)  # type: ignore[attr-defined]
+            io.bind_output(q, "cpu", 0, a.dtype.type, self.shape, a.ctypes.data)  # type: ignore[attr-defined]
         io.bind_input(seqlens, "cpu", 0, np.int32, [1], self.pos.ctypes.data)  # type: ignore[attr-defined]
         io.bind_input(total, "cpu", 0, np.int32, [], self.total.ctypes.data)  # type: ignore[attr-defined]
 
@@ -129,7 +131,7 @@ def measure(folder: Path, rows: Sequence[int] = DEFAULT_ROWS, context: int = 200
                                     "KV positions")
     hidden = m["hidden_size"]
     rng = np.random.default_rng(0)
-    kv = _KV(kv_heads, kv_length, head_dim)
+    kv = _KV(kv_heads, kv_length, head_dim, kv_dtype_of(m))
     results: dict[str, dict[int, float]] = {}
 
     # The layer as exported.
@@ -166,9 +168,11 @@ def measure(folder: Path, rows: Sequence[int] = DEFAULT_ROWS, context: int = 200
     # buffers), without any padding the layer adds around it.
     op = next(n for n in graph.node if n.op_type in ATTENTION_OPS)
     packed = (heads + 2 * kv_heads) * head_dim
-    inputs = [(op.input[0], elem.FLOAT, [1, "rows", packed]), (op.input[3], elem.FLOAT, kv.shape),
-              (op.input[4], elem.FLOAT, kv.shape), (op.input[5], elem.INT32, [1]), (op.input[6], elem.INT32, [])]
-    attention = _session(_one_op_model(graph_model, op, inputs), threads)
+    kv_elem = onnx.helper.np_dtype_to_tensor_dtype(kv_dtype_of(m))
+    inputs = [(op.input[0], elem.FLOAT, [1, "rows", packed]), (op.input[3], kv_elem, kv.shape),
+              (op.input[4], kv_elem, kv.shape), (op.input[5], elem.INT32, [1]), (op.input[6], elem.INT32, [])]
+    attention = _session(_one_op_model(graph_model, op, inputs, {op.output[1]: kv_elem, op.output[2]: kv_elem}),
+                         threads)
     io = attention.io_binding()  # type: ignore[attr-defined]
     kv.bind(io, (op.input[3], op.input[4]), (op.output[1], op.output[2]), op.input[5], op.input[6])
     results[op.op_type] = {}

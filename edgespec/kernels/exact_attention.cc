@@ -12,13 +12,17 @@
 // value [1, S, KV·D]; past_key, past_value [1, KV, L, D]; seqlens_k int32 [1] (total − 1); total_sequence_length
 // int32 []; cos_cache, sin_cache [≥ total, D/2]. Outputs: [1, S, H·D]; present_key, present_value (the past
 // buffers: bound to the same memory they are updated in place, otherwise copied first).
+// The KV buffers are float32 or float16 (two registrations of the op). Half KV: the new keys (rotated) and values
+// are rounded to half once, to nearest even, when written; every read widens them to float exactly, so all the
+// arithmetic is float32 as with float32 KV. Why: reading the keys and values is most of the attention's time
+// (46 KB a token of SmolLM2 in float32), and llama.cpp's default KV is half too.
 // Attributes: num_heads, kv_num_heads, scale (0: 1/√D), local_window_size (−1: none), softcap (0: none).
 
 #include "ops.h"  // onnxruntime's C++ API
 
 #include <algorithm>
 #include <cmath>
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <cstdint>
@@ -44,6 +48,70 @@ inline Vec load(const float* p) {
 }
 
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// Half-precision KV: IEEE binary16 as its bits.
+using Half = uint16_t;
+
+// binary16 → float32 is exact. The portable form: sign, exponent rebiased (15 → 127), mantissa shifted; a
+// subnormal half is m·2⁻²⁴ (an exact float product); infinities and NaNs keep their payload, quiet.
+inline float widen(Half h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    const float tiny = static_cast<float>(mantissa) * 0x1p-24f;
+    std::memcpy(&bits, &tiny, sizeof bits);
+  } else if (exponent == 31) {
+    bits = 0x7f800000u | (mantissa ? 0x400000u | mantissa << 13 : 0u);
+  } else {
+    bits = (exponent + 112) << 23 | mantissa << 13;
+  }
+  bits |= sign;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// float32 → binary16, rounded to nearest, ties to even (as F16C's vcvtps2ph with _MM_FROUND_TO_NEAREST_INT, and as
+// NumPy's astype(float16)): past 65504 an infinity; below 2⁻¹⁴ a subnormal; a NaN stays a quiet NaN.
+inline Half narrow(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u, magnitude = x & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<Half>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+  if (magnitude >= 0x477ff000u) return static_cast<Half>(sign | 0x7c00u);  // ≥ 65520 (and ∞): ∞
+  if (magnitude >= 0x38800000u) {  // a normal half: rebias the exponent, round off 13 mantissa bits
+    const uint32_t rebiased = magnitude - (112u << 23);
+    return static_cast<Half>(sign | (rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13);
+  }
+  const uint32_t exponent = magnitude >> 23;  // a subnormal half (or zero): round m·2^(e−150) to units of 2⁻²⁴
+  if (exponent < 102) return static_cast<Half>(sign);  // below 2⁻²⁵ (float subnormals too): rounds to zero
+  const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u, shift = 126 - exponent;  // 14 … 24
+  uint32_t units = mantissa >> shift;
+  const uint32_t rest = mantissa & ((1u << shift) - 1), half_unit = 1u << (shift - 1);
+  if (rest > half_unit || (rest == half_unit && (units & 1u))) ++units;  // may carry into the smallest normal
+  return static_cast<Half>(sign | units);
+}
+
+// Eight halves as floats (exactly), and n floats (a multiple of 8) written as halves.
+inline Vec load(const Half* p) {
+#if defined(__F16C__)
+  return reinterpret_cast<Vec>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  return Vec{widen(p[0]), widen(p[1]), widen(p[2]), widen(p[3]), widen(p[4]), widen(p[5]), widen(p[6]), widen(p[7])};
+#endif
+}
+
+inline void put(Half* out, const float* x, int64_t n) {
+#if defined(__F16C__)
+  for (int64_t i = 0; i < n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  for (int64_t i = 0; i < n; ++i) out[i] = narrow(x[i]);
+#endif
+}
+
+inline void put(float* out, const float* x, int64_t n) { std::memcpy(out, x, sizeof(float) * n); }
 
 inline Vec splat(float x) { return Vec{} + x; }
 
@@ -79,7 +147,8 @@ inline Vec fold8(const Vec* v) {
 }
 
 // q·k: lane l sums q[d]·k[d] over d ≡ l (mod 8) in ascending d, then the lanes fold.
-inline Vec products(const float* q, const float* k, int64_t dim) {
+template <typename KV>
+inline Vec products(const float* q, const KV* k, int64_t dim) {
   Vec acc = load(q) * load(k);
   for (int64_t d = kLanes; d < dim; d += kLanes) acc = fmadd(load(q + d), load(k + d), acc);
   return acc;
@@ -87,10 +156,11 @@ inline Vec products(const float* q, const float* k, int64_t dim) {
 
 // scores[j] = q·keys[j] for j < n; eight keys at a time, their sums interleaved (independent chains) and
 // folded together, each key's sum still in the order ``products`` takes.
-inline void dot_keys(const float* q, const float* keys, int64_t dim, int64_t n, float scale, float* scores) {
+template <typename KV>
+inline void dot_keys(const float* q, const KV* keys, int64_t dim, int64_t n, float scale, float* scores) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
-    const float* k = keys + j * dim;
+    const KV* k = keys + j * dim;
     Vec acc[kLanes];
     const Vec q0 = load(q);
     for (int64_t s = 0; s < kLanes; ++s) acc[s] = q0 * load(k + s * dim);
@@ -134,10 +204,11 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
   }
 }
 
+template <typename KV>  // float or Half
 struct Call {
   const float* queries;  // [S, H, D], rotated
-  const float* keys;     // [KV, L, D]
-  const float* values;   // [KV, L, D]
+  const KV* keys;        // [KV, L, D]
+  const KV* values;      // [KV, L, D]
   float* out;            // [S, H·D]
   int64_t rows, heads, kv_heads, dim, length, first;  // first: the position of row 0
   float scale, softcap;
@@ -156,8 +227,8 @@ constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while ev
 
 // acc[0 … 8W) += Σ_{j0 ≤ j ≤ j1} p[j] · values[j·dim + …], keys in ascending order; W independent sums in
 // registers (a compile-time width: a runtime one leaves them in memory).
-template <int W>
-inline void add_weighted(const float* p, const float* values, int64_t dim, int64_t j0, int64_t j1, float* acc) {
+template <int W, typename KV>
+inline void add_weighted(const float* p, const KV* values, int64_t dim, int64_t j0, int64_t j1, float* acc) {
   Vec a[W];
   for (int s = 0; s < W; ++s) a[s] = load(acc + s * kLanes);
   for (int64_t j = j0; j <= j1; ++j) {
@@ -170,10 +241,11 @@ inline void add_weighted(const float* p, const float* values, int64_t dim, int64
 // Query vectors v0 … v0 + count − 1 of one KV head. Each (row at position p, head) attends to keys lo(p) … p: its
 // scores, their softmax and the weighted sum of values are each computed in an order fixed by its own position,
 // so the result is the same bits alone or in any call; the vectors of a task only share the reads.
-void attend(const Call& c, int64_t kv, int64_t v0, int64_t count, float* scores, int64_t span) {
+template <typename KV>
+void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* scores, int64_t span) {
   const int64_t group = c.heads / c.kv_heads;
-  const float* keys = c.keys + kv * c.length * c.dim;
-  const float* values = c.values + kv * c.length * c.dim;
+  const KV* keys = c.keys + kv * c.length * c.dim;
+  const KV* values = c.values + kv * c.length * c.dim;
   int64_t lo[kMaxBlock], hi[kMaxBlock];  // keys lo … hi (inclusive)
   const float* queries[kMaxBlock];
   float* outs[kMaxBlock];
@@ -234,16 +306,19 @@ int64_t block_size(int64_t vectors) {
   return std::clamp((vectors + kTasksPerHead - 1) / kTasksPerHead, kMinBlock, kMaxBlock);
 }
 
-int64_t blocks(const Call& c) { return (c.vectors + c.block - 1) / c.block; }
+template <typename KV>
+int64_t blocks(const Call<KV>& c) { return (c.vectors + c.block - 1) / c.block; }
 
+template <typename KV>
 void attend_task(void* data, size_t task) {
-  const Call& c = *static_cast<const Call*>(data);
+  const Call<KV>& c = *static_cast<const Call<KV>*>(data);
   const int64_t kv = static_cast<int64_t>(task) / blocks(c), v0 = static_cast<int64_t>(task) % blocks(c) * c.block;
   const int64_t span = (c.first + c.rows + kLanes) / kLanes * kLanes;
   thread_local std::vector<float> scores;  // every score attend reads, it writes first
   attend(c, kv, v0, std::min(c.block, c.vectors - v0), scratch(scores, c.block * span), span);
 }
 
+template <typename KV>
 struct ExactAttentionKernel {
   int64_t heads, kv_heads, window;
   float scale, softcap;
@@ -290,11 +365,11 @@ struct ExactAttentionKernel {
 
     Ort::UnownedValue out = ctx.GetOutput(0, {1, rows, heads * dim});
     Ort::UnownedValue present_key = ctx.GetOutput(1, kv_shape), present_value = ctx.GetOutput(2, kv_shape);
-    float* keys = present_key.GetTensorMutableData<float>();
-    float* values = present_value.GetTensorMutableData<float>();
-    const size_t kv_bytes = sizeof(float) * static_cast<size_t>(kv_heads * length * dim);
-    if (keys != past_key.GetTensorData<float>()) std::memcpy(keys, past_key.GetTensorData<float>(), kv_bytes);
-    if (values != past_value.GetTensorData<float>()) std::memcpy(values, past_value.GetTensorData<float>(), kv_bytes);
+    KV* keys = present_key.GetTensorMutableData<KV>();
+    KV* values = present_value.GetTensorMutableData<KV>();
+    const size_t kv_bytes = sizeof(KV) * static_cast<size_t>(kv_heads * length * dim);
+    if (keys != past_key.GetTensorData<KV>()) std::memcpy(keys, past_key.GetTensorData<KV>(), kv_bytes);
+    if (values != past_value.GetTensorData<KV>()) std::memcpy(values, past_value.GetTensorData<KV>(), kv_bytes);
 
     // Where each row's q, k and v start (packed: one [H + 2·KV, D] row per token).
     const float* q_src = query.GetTensorData<float>();
@@ -308,33 +383,38 @@ struct ExactAttentionKernel {
     // The rotated queries; another buffer than the tasks' scores (this thread runs tasks of the ParallelFor too).
     thread_local std::vector<float> rotated;
     float* queries = scratch(rotated, rows * heads * dim);
+    float key[kMaxDim];
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = first + r;
       const float *c = cos + pos * half, *s = sin + pos * half;
       for (int64_t h = 0; h < heads; ++h)
         rotate(q_src + r * q_stride + h * dim, c, s, dim, queries + (r * heads + h) * dim);
       for (int64_t h = 0; h < kv_heads; ++h) {
-        rotate(k_src + r * kv_stride + h * dim, c, s, dim, keys + (h * length + pos) * dim);
-        std::memcpy(values + (h * length + pos) * dim, v_src + r * kv_stride + h * dim, sizeof(float) * dim);
+        rotate(k_src + r * kv_stride + h * dim, c, s, dim, key);
+        put(keys + (h * length + pos) * dim, key, dim);
+        put(values + (h * length + pos) * dim, v_src + r * kv_stride + h * dim, dim);
       }
     }
     const int64_t vectors = rows * (heads / kv_heads);
-    Call call{queries, keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
+    Call<KV> call{queries, keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
               length, first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap,
               window, vectors, block_size(vectors)};
     // 0 batches: as many as the pool has threads
-    ctx.ParallelFor(attend_task, static_cast<size_t>(kv_heads * blocks(call)), 0, &call);
+    ctx.ParallelFor(attend_task<KV>, static_cast<size_t>(kv_heads * blocks(call)), 0, &call);
   }
 };
 
-struct ExactAttentionOp : Ort::CustomOpBase<ExactAttentionOp, ExactAttentionKernel> {
+// One registration per KV type (onnxruntime picks the kernel by the graph's types); the other tensors are float32.
+template <typename KV, ONNXTensorElementDataType kKV>
+struct ExactAttentionOp : Ort::CustomOpBase<ExactAttentionOp<KV, kKV>, ExactAttentionKernel<KV>> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
-    return new ExactAttentionKernel(api, info);
+    return new ExactAttentionKernel<KV>(api, info);
   }
   const char* GetName() const { return "ExactAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 9; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
+    if (index == 3 || index == 4) return kKV;
     return index == 5 || index == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
@@ -342,12 +422,16 @@ struct ExactAttentionOp : Ort::CustomOpBase<ExactAttentionOp, ExactAttentionKern
                                     : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  ONNXTensorElementDataType GetOutputType(size_t index) const {
+    return index == 1 || index == 2 ? kKV : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
 };
 
 }  // namespace
 
 void add_exact_attention(Ort::CustomOpDomain& domain) {
-  static ExactAttentionOp op;
-  domain.Add(&op);
+  static ExactAttentionOp<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT> single;
+  static ExactAttentionOp<Half, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16> half;
+  domain.Add(&single);
+  domain.Add(&half);
 }
