@@ -5,6 +5,8 @@
 STREAMS: target-only greedy outputs (`edgespec replay --record`). Each row replays them with the engine's step and
 γ controller (`edgespec replay`, no engine overhead), so it is deterministic and names no CPU of its own:
   - n-gram lookup on the named measured curve (edgespec.bench.replay.CURVES);
+  - the same with each draft cut where it goes wrong (`LookupCutWhereWrong`): the controller then knows how much of
+    every draft is right, so the gap to the row above is all that better acceptance estimates could win;
   - n-gram lookup on straight curves, one pass over k tokens costing 1 + s·(k − 1) single-token passes: how flat
     verifying must be for lookup alone to reach a mark;
   - on the named curve, lookup plus a drafter for the steps where lookup has nothing to copy, whose tokens are each
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.bench.plots import line_chart
-from edgespec.bench.replay import CURVES, LookupThenGuess, curve_shape, load_streams, simulate
+from edgespec.bench.replay import CURVES, LookupCutWhereWrong, LookupThenGuess, curve_shape, load_streams, simulate
 
 SLOPES = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
 ACCURACIES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -46,7 +48,9 @@ def main() -> None:
     args = parser.parse_args()
     streams = load_streams(args.streams)
     measured = curve_shape(CURVES[args.curve])
-    rows = [row(f"lookup, {args.curve}", simulate(streams, measured))]
+    rows = [row(f"lookup, {args.curve}", simulate(streams, measured)),
+            row("lookup cut where wrong (oracle)", simulate(streams, measured,
+                                                            drafter=lambda: LookupCutWhereWrong(streams)))]
     rows += [row(f"lookup, straight +{s:.2f}/token", simulate(streams, straight(s))) for s in SLOPES]
     rows += [row(f"lookup + p={p:.1f} guesses, {args.curve}",
                  simulate(streams, measured, drafter=lambda p=p: LookupThenGuess(streams, p))) for p in ACCURACIES]
@@ -59,7 +63,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "draft_ceiling.json").write_text(json.dumps({"streams": str(args.streams), "curve": args.curve,
                                                         "points": CURVES[args.curve], "rows": rows}, indent=1))
-    slope_rows, guess_rows = rows[1:1 + len(SLOPES)], rows[1 + len(SLOPES):]
+    slope_rows, guess_rows = rows[2:2 + len(SLOPES)], rows[2 + len(SLOPES):]
     line_chart(out / "draft_ceiling-slope.png", list(SLOPES),
                [("lookup, straight curve", [r["speedup"] for r in slope_rows], "tab:blue", "-"),
                 (f"lookup, {args.curve}", [rows[0]["speedup"]] * len(SLOPES), "tab:gray", "--")],

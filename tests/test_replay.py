@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.bench.replay import CURVES, LookupThenGuess, Stream, curve_shape, load_streams, simulate
+from edgespec.bench.replay import (
+    CURVES,
+    LookupCutWhereWrong,
+    LookupThenGuess,
+    Stream,
+    curve_shape,
+    load_streams,
+    simulate,
+)
 from edgespec.cli import main
 
 
@@ -65,6 +73,19 @@ def test_the_replayed_drafter_can_be_another_one() -> None:
     assert alone["speedup"] < 1.1 < 1.5 < helped["speedup"] and helped["tau"] > 3 * alone["tau"]
     misled = simulate(streams, amd, drafter=lambda: LookupThenGuess(streams, 0.0))["overall"]
     assert misled["speedup"] >= 0.99 * alone["speedup"]  # free drafts are judged before any is verified
+
+
+def test_lookup_cut_where_wrong_is_the_controllers_ceiling() -> None:
+    """draft_ceiling's oracle row: lookup's drafts cut at their first wrong token are never rejected, lookup's own
+    drafts as far as they go, so the controller (which then only weighs the curve) does at least as well."""
+    streams = _scripted_streams()
+    amd = curve_shape(CURVES["amd-q4_1"])
+    lookup = simulate(streams, amd)
+    oracle = simulate(streams, amd, drafter=lambda: LookupCutWhereWrong(streams))
+    assert oracle["overall"]["alpha"] == 1.0
+    for category, own in lookup.items():
+        assert oracle[category]["speedup"] >= own["speedup"], (category, oracle[category], own)
+    assert oracle["mixed"]["speedup"] > 1.05 * lookup["mixed"]["speedup"]  # mixed text: when a copy ends is news
 
 
 def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -168,17 +168,12 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
     return tally
 
 
-class LookupThenGuess(NgramDrafter):
-    """What-if drafter (benchmarks/draft_ceiling.py): lookup's draft where it has one, else up to ``chain`` tokens
-    of the recorded output, each kept with probability ``p`` (independently; a wrong one is the id −1, so the chain
-    is accepted up to its first wrong token), at no cost: a second drafter of a given accuracy for the text lookup
-    cannot copy."""
+class _KnowsTheOutput(NgramDrafter):
+    """A what-if drafter (benchmarks/draft_ceiling.py): n-gram lookup that can read the recorded output ahead."""
 
-    def __init__(self, streams: Iterable[Stream], p: float, chain: int = 8, seed: int = 0) -> None:
+    def __init__(self, streams: Iterable[Stream]) -> None:
         super().__init__()
         self.outputs = {tuple(s.prompt): s.output for s in streams}
-        self.p, self.chain = p, chain
-        self.rng = np.random.default_rng(seed)
         self.prompt_length = 0
         self.output: list[int] = []
 
@@ -186,14 +181,42 @@ class LookupThenGuess(NgramDrafter):
         super().begin(context)
         self.prompt_length, self.output = len(context), self.outputs[tuple(context)]
 
+    def truth(self, context: Sequence[int], n: int) -> list[int]:
+        """The next ``n`` tokens the target commits after ``context``."""
+        at = len(context) - self.prompt_length
+        return self.output[at:at + n]
+
+
+class LookupThenGuess(_KnowsTheOutput):
+    """Lookup's draft where it has one, else up to ``chain`` tokens of the recorded output, each kept with
+    probability ``p`` (independently; a wrong one is the id −1, so the chain is accepted up to its first wrong
+    token), at no cost: a second drafter of a given accuracy for the text lookup cannot copy."""
+
+    def __init__(self, streams: Iterable[Stream], p: float, chain: int = 8, seed: int = 0) -> None:
+        super().__init__(streams)
+        self.p, self.chain = p, chain
+        self.rng = np.random.default_rng(seed)
+
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         draft = super().propose(context, max_tokens, params, rng)
         if draft.tokens or max_tokens <= 0:
             return draft
-        at = len(context) - self.prompt_length
-        truth = self.output[at:at + min(max_tokens, self.chain)]
+        truth = self.truth(context, min(max_tokens, self.chain))
         return Draft([t if self.rng.random() < self.p else -1 for t in truth], key=GUESS_KEY)
+
+
+class LookupCutWhereWrong(_KnowsTheOutput):
+    """Lookup's draft cut at its first wrong token: what the γ controller would make of lookup if it knew how much
+    of each draft is right (it then only weighs the verify curve); the gap to lookup's own replay is what better
+    acceptance estimates could still win."""
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        draft = super().propose(context, max_tokens, params, rng)
+        truth = self.truth(context, len(draft))
+        right = next((i for i, (a, b) in enumerate(zip(draft.tokens, truth, strict=False)) if a != b), len(truth))
+        return Draft(draft.tokens[:right], key=draft.key)
 
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
