@@ -12,7 +12,13 @@ target chose next, x_{t+1}; the head maps [h_t / |h_t|, embedding(x_{t+1}), 1] l
 (least squares, ridge), and the target's own output projection turns that into a guess for x_{t+2}. It would cost
 one small product per draft token. Scored on the test streams' generated positions where x_{t+1} is the greedy
 token (what drafting sees): top-1 agreement with the target's choice, for growing shares of the training text.
-benchmarks/draft_ceiling.py says what agreement a drafter needs (the 1.5× mark on the AVX-512 EPYC: ~0.4).
+benchmarks/draft_ceiling.py says what agreement a drafter needs (the 1.5× mark on the AVX-512 EPYC: ~0.4 at no
+cost on the start-up calibration's curve, ~0.5 on the decode loop's).
+
+``--mlp-epochs N`` (needs torch: the export-hf extra) also trains a nonlinear head on all the training text, with
+cross-entropy against the target's choices through the target's own output projection (its rows limited to the
+tokens the training answers choose, as a draft head's would be): [h_t, embedding(x_{t+1})] → a linear map to the
+hidden width, plus one residual MLP block (LayerNorm, SiLU, MLP_HIDDEN wide) → the direction of h_{t+1}.
 Prints a table, writes draft_head_probe.json and .png.
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +52,7 @@ TEMPLATES = ("Explain {t} in simple terms.", "Write a short essay about {t}.",
              "List five questions a student might ask about {t}, with answers.", "Why is {t} important?")
 SHARES = (0.125, 0.25, 0.5, 1.0)
 RIDGE = 1e-4  # × training positions, on the normal equations' diagonal
+MLP_HIDDEN = 1536  # the target's own MLP width
 
 
 def own_answers(export: Path, count: int, path: Path, max_tokens: int = 256) -> list[Stream]:
@@ -93,18 +101,62 @@ class Probe:
         return np.concatenate(features), np.concatenate(targets), np.concatenate(labels)
 
 
+def mlp_head_top1(x: np.ndarray, labels: np.ndarray, test_x: np.ndarray, test_labels: np.ndarray,
+                  rows: np.ndarray, epochs: int, log: Callable[[str], None] = print) -> float:
+    """Top-1 agreement on the test positions of an MLP head trained on (x, labels); x as ``Probe.pairs`` gives it."""
+    import torch
+
+    torch.manual_seed(0)
+    width = rows.shape[0]
+    vocab = np.unique(labels)  # the tokens the training answers choose: a draft head's output rows
+    index = np.full(rows.shape[1], -1)
+    index[vocab] = np.arange(len(vocab))
+    out = torch.tensor(rows[:, vocab])
+    inputs, targets = torch.tensor(x[:, :2 * width]), torch.tensor(index[labels])
+    first = torch.nn.Linear(2 * width, width)
+    block = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, MLP_HIDDEN), torch.nn.SiLU(),
+                                torch.nn.Dropout(0.3), torch.nn.Linear(MLP_HIDDEN, width))
+
+    def logits(features: torch.Tensor) -> torch.Tensor:
+        z = first(features)
+        return torch.nn.functional.normalize(z + block(z), dim=-1) @ out  # the target's head on h_{t+1}'s direction
+
+    params = [*first.parameters(), *block.parameters()]
+    batch = 256
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=epochs * (len(targets) // batch))
+    agree = 0.0
+    for epoch in range(epochs):
+        block.train()
+        order = torch.randperm(len(targets))
+        for i in range(0, len(targets) - batch + 1, batch):
+            pick = order[i:i + batch]
+            loss = torch.nn.functional.cross_entropy(logits(inputs[pick]), targets[pick])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+        block.eval()
+        with torch.no_grad():
+            guesses = vocab[logits(torch.tensor(test_x[:, :2 * width])).argmax(-1).numpy()]
+        agree = float(np.mean(guesses == test_labels))
+        log(f"  MLP head, epoch {epoch + 1}/{epochs}: top-1 {agree:.3f}")
+    return agree
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path)
     parser.add_argument("test_streams")
     parser.add_argument("--answers", type=int, default=160, help="own answers to generate for training")
+    parser.add_argument("--mlp-epochs", type=int, default=0, help="also train an MLP head (needs torch)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train = own_answers(args.export, args.answers, out / "draft_head_probe-answers.jsonl")
     probe = Probe(args.export)
-    x, y, _ = probe.pairs(train, generated_only=False)
+    x, y, labels = probe.pairs(train, generated_only=False)
     test_x, _, test_labels = probe.pairs(load_streams(args.test_streams), generated_only=True)
     order = np.random.default_rng(0).permutation(len(x))
     rows = []
@@ -115,10 +167,15 @@ def main() -> None:
         agree = float(np.mean(((test_x @ head) @ probe.rows).argmax(1) == test_labels))
         rows.append({"training_positions": len(pick), "top1": agree})
         print(f"{len(pick):>8} training positions: top-1 {agree:.3f} on {len(test_labels)} test positions")
+    mlp = None
+    if args.mlp_epochs > 0:
+        mlp = {"training_positions": len(x), "epochs": args.mlp_epochs,
+               "top1": mlp_head_top1(x, labels, test_x, test_labels, probe.rows, args.mlp_epochs)}
+        print(f"{len(x):>8} training positions: MLP head top-1 {mlp['top1']:.3f}")
     (out / "draft_head_probe.json").write_text(json.dumps(
         {"cpu": cpu_identity(), "export": str(args.export), "test_streams": args.test_streams,
          "answers": args.answers, "training_tokens": int(sum(len(s.output) for s in train)),
-         "test_positions": len(test_labels), "rows": rows}, indent=1))
+         "test_positions": len(test_labels), "rows": rows, "mlp": mlp}, indent=1))
     line_chart(out / "draft_head_probe.png", [r["training_positions"] for r in rows],
                [("linear head, top-1", [r["top1"] for r in rows], "tab:blue", "-")],
                "training positions (the model's own answers)", "top-1 agreement on Spec-Bench answers",
