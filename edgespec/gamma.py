@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .arena import common_prefix
 from .verify import positions_tested
 
 MAX_GAMMA = 16
@@ -290,8 +291,7 @@ class GammaController:
         """Score each free draft of this step against what the target committed: its position j was tested if
         all before it matched and the target's token at j is known. Returns the drafters judged."""
         for drafter, (stats_key, tokens) in self._shadows.items():
-            matched = next((i for i, (a, b) in enumerate(zip(tokens, committed, strict=False)) if a != b),
-                           min(len(tokens), len(committed)))
+            matched = common_prefix(tokens, committed)
             tested = min(len(tokens), matched + 1 if matched < len(committed) else matched)
             if tested:
                 self._learn(drafter, stats_key, tested, matched)

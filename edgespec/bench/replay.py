@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arena import common_prefix
 from ..drafters.base import Draft
 from ..drafters.ngram import NgramDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
@@ -153,7 +154,7 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
         if draft is not None:
             k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
         tokens = draft.tokens[:k] if draft is not None else []
-        accepted = next((i for i, (a, b) in enumerate(zip(tokens, out[pos:], strict=False)) if a != b), len(tokens))
+        accepted = common_prefix(tokens, out[pos:])
         committed = out[pos:pos + accepted + 1]
         seconds = float(shape[k + 1]) * _SCALE * noise()  # what the controller sees; the tally counts the curve
         controller.observe_overhead(overhead * _SCALE)
@@ -214,9 +215,7 @@ class LookupCutWhereWrong(_KnowsTheOutput):
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         draft = super().propose(context, max_tokens, params, rng)
-        truth = self.truth(context, len(draft))
-        right = next((i for i, (a, b) in enumerate(zip(draft.tokens, truth, strict=False)) if a != b), len(truth))
-        return Draft(draft.tokens[:right], key=draft.key)
+        return Draft(draft.tokens[:common_prefix(draft.tokens, self.truth(context, len(draft)))], key=draft.key)
 
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
