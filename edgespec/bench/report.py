@@ -4,7 +4,10 @@ acceptance, time split, memory, ratios against the baseline, losslessness, and t
 Bounds (where the time goes):
 - ``bound_tok_s``: what the configuration would decode if the engine's own overhead were zero — its
   observed γ sequence (steps by number of draft tokens) priced with its own measured verify-cost curve
-  (the fastest pass seen for each batch size), plus draft-model compute. Only engines with a curve.
+  (the fastest pass seen for each batch size), plus draft-model compute. Only engines with a curve. A
+  generation whose verify passes took less than the curve prices them (the machine got quieter after the
+  curve was timed, or the generation's context is shorter than the curve's) is priced at what they took:
+  the fastest passes seen include the run's own, so the bound is one.
 - ``verify_only_tok_s``: the same with the run's actual verify (and draft-model) time: the overhead-free
   rate at this run's contexts.
 - ``bandwidth_bound_tok_s`` (per category, for plain decoding): measured memory bandwidth / bytes read per
@@ -114,7 +117,10 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
     }
     model_draft_s = sum(r["model_draft_s"] for r in rs)
     if curve is not None and has["gamma_hist"]:
-        bound_s = sum(_curve_seconds(r["gamma_hist"], curve) for r in rs) + model_draft_s
+        priced = [_curve_seconds(r["gamma_hist"], curve) for r in rs]
+        if has["draft_s"]:  # the run's own passes count among the fastest seen
+            priced = [min(cost, r["verify_s"]) for cost, r in zip(priced, rs, strict=True)]
+        bound_s = sum(priced) + model_draft_s
         s["bound_tok_s"] = decoded / bound_s if bound_s else None
     else:
         s["bound_tok_s"] = None
