@@ -48,12 +48,13 @@ def main() -> None:
     args = parser.parse_args()
     streams = load_streams(args.streams)
     measured = curve_shape(CURVES[args.curve])
-    rows = [row(f"lookup, {args.curve}", simulate(streams, measured)),
-            row("lookup cut where wrong (oracle)", simulate(streams, measured,
-                                                            drafter=lambda: LookupCutWhereWrong(streams)))]
-    rows += [row(f"lookup, straight +{s:.2f}/token", simulate(streams, straight(s))) for s in SLOPES]
-    rows += [row(f"lookup + p={p:.1f} guesses, {args.curve}",
-                 simulate(streams, measured, drafter=lambda p=p: LookupThenGuess(streams, p))) for p in ACCURACIES]
+    lookup = row(f"lookup, {args.curve}", simulate(streams, measured))
+    oracle = row("lookup cut where wrong (oracle)",
+                 simulate(streams, measured, drafter=lambda: LookupCutWhereWrong(streams)))
+    slope_rows = [row(f"lookup, straight +{s:.2f}/token", simulate(streams, straight(s))) for s in SLOPES]
+    guess_rows = [row(f"lookup + p={p:.1f} guesses, {args.curve}",
+                      simulate(streams, measured, drafter=lambda p=p: LookupThenGuess(streams, p))) for p in ACCURACIES]
+    rows = [lookup, oracle, *slope_rows, *guess_rows]
     print(f"{len(streams)} recorded generations, {sum(len(s.output) for s in streams)} tokens\n")
     print(f"{'replay':<40} {'×':>6} {'τ':>6} {'γ':>5} {'α':>5}  worst category")
     for r in rows:
@@ -63,15 +64,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "draft_ceiling.json").write_text(json.dumps({"streams": str(args.streams), "curve": args.curve,
                                                         "points": CURVES[args.curve], "rows": rows}, indent=1))
-    slope_rows, guess_rows = rows[2:2 + len(SLOPES)], rows[2 + len(SLOPES):]
     line_chart(out / "draft_ceiling-slope.png", list(SLOPES),
                [("lookup, straight curve", [r["speedup"] for r in slope_rows], "tab:blue", "-"),
-                (f"lookup, {args.curve}", [rows[0]["speedup"]] * len(SLOPES), "tab:gray", "--")],
+                (f"lookup, {args.curve}", [lookup["speedup"]] * len(SLOPES), "tab:gray", "--")],
                "verify cost per extra token (single-token passes)", "speed-up over target alone",
                "Lookup's speed-up against the verify curve's slope")
     line_chart(out / "draft_ceiling-accuracy.png", list(ACCURACIES),
                [("lookup + free guesses", [r["speedup"] for r in guess_rows], "tab:orange", "-"),
-                ("lookup alone", [rows[0]["speedup"]] * len(ACCURACIES), "tab:gray", "--")],
+                ("lookup alone", [lookup["speedup"]] * len(ACCURACIES), "tab:gray", "--")],
                "probability each guessed token is right", "speed-up over target alone",
                f"A second drafter where lookup has nothing ({args.curve})")
     print(f"\nwrote {out / 'draft_ceiling.json'}, draft_ceiling-slope.png, draft_ceiling-accuracy.png")

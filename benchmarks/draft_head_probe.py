@@ -1,6 +1,6 @@
-"""How often a linear draft head guesses the target's next-but-one token, trained on the model's own answers.
+"""How often a draft head guesses the target's next-but-one token, trained on the model's own answers.
 
-    python benchmarks/draft_head_probe.py EXPORT TEST_STREAMS [--answers 160] [--out DIR]
+    python benchmarks/draft_head_probe.py EXPORT TEST_STREAMS [--answers 160] [--mlp-epochs N] [--out DIR]
 
 EXPORT: an edgespec ONNX directory (the default model's: `~/.cache/edgespec/onnx/...`). TEST_STREAMS: recorded
 target-only Spec-Bench outputs of the same model (`edgespec replay --record`). The training text is the model's
@@ -25,9 +25,9 @@ Prints a table, writes draft_head_probe.json and .png.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,9 +101,10 @@ class Probe:
         return np.concatenate(features), np.concatenate(targets), np.concatenate(labels)
 
 
-def mlp_head_top1(x: np.ndarray, labels: np.ndarray, test_x: np.ndarray, test_labels: np.ndarray,
-                  rows: np.ndarray, epochs: int, log: Callable[[str], None] = print) -> float:
-    """Top-1 agreement on the test positions of an MLP head trained on (x, labels); x as ``Probe.pairs`` gives it."""
+def mlp_head(x: np.ndarray, labels: np.ndarray, test_x: np.ndarray, test_labels: np.ndarray, rows: np.ndarray,
+             epochs: int) -> dict[str, float]:
+    """An MLP head trained on (x, labels), x as ``Probe.pairs`` gives it: its top-1 agreement on the test positions,
+    and the share of those whose token its output rows hold at all (its ceiling)."""
     import torch
 
     torch.manual_seed(0)
@@ -140,8 +141,8 @@ def mlp_head_top1(x: np.ndarray, labels: np.ndarray, test_x: np.ndarray, test_la
         with torch.no_grad():
             guesses = vocab[logits(torch.tensor(test_x[:, :2 * width])).argmax(-1).numpy()]
         agree = float(np.mean(guesses == test_labels))
-        log(f"  MLP head, epoch {epoch + 1}/{epochs}: top-1 {agree:.3f}")
-    return agree
+        print(f"  MLP head, epoch {epoch + 1}/{epochs}: top-1 {agree:.3f}")
+    return {"top1": agree, "test_tokens_in_its_rows": float(np.mean(np.isin(test_labels, vocab)))}
 
 
 def main() -> None:
@@ -152,6 +153,10 @@ def main() -> None:
     parser.add_argument("--mlp-epochs", type=int, default=0, help="also train an MLP head (needs torch)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
+    if args.mlp_epochs < 0:
+        parser.error("--mlp-epochs must be 0 or more")
+    if args.mlp_epochs and importlib.util.find_spec("torch") is None:
+        parser.error("--mlp-epochs needs torch: pip install 'edgespec[export-hf]'")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train = own_answers(args.export, args.answers, out / "draft_head_probe-answers.jsonl")
@@ -170,8 +175,9 @@ def main() -> None:
     mlp = None
     if args.mlp_epochs > 0:
         mlp = {"training_positions": len(x), "epochs": args.mlp_epochs,
-               "top1": mlp_head_top1(x, labels, test_x, test_labels, probe.rows, args.mlp_epochs)}
-        print(f"{len(x):>8} training positions: MLP head top-1 {mlp['top1']:.3f}")
+               **mlp_head(x, labels, test_x, test_labels, probe.rows, args.mlp_epochs)}
+        print(f"{len(x):>8} training positions: MLP head top-1 {mlp['top1']:.3f} (its output rows hold "
+              f"{mlp['test_tokens_in_its_rows']:.3f} of the test positions' tokens)")
     (out / "draft_head_probe.json").write_text(json.dumps(
         {"cpu": cpu_identity(), "export": str(args.export), "test_streams": args.test_streams,
          "answers": args.answers, "training_tokens": int(sum(len(s.output) for s in train)),
