@@ -89,7 +89,8 @@ def _generate(args: argparse.Namespace) -> int:
         if not args.json:
             same = "identical to" if baseline.tokens == result.tokens else "DIFFERENT from"
             print(f"target alone: {_stats_line(baseline.stats)}\noutput {same} target-only decoding; "
-                  f"decode speed-up {speedup:.2f}×", file=sys.stderr)
+                  f"decode speed-up {speedup:.2f}× (one reply each way, so a few percent either way is noise: "
+                  "`edgespec bench` measures many)", file=sys.stderr)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     engine.close()
