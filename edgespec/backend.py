@@ -77,6 +77,11 @@ class Backend(OwnedCache, Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
+    def max_pass_rows(self, start: int) -> int:
+        """How many tokens one pass starting at position ``start`` may carry and still give each token the logits
+        it gets decoded alone (llama.cpp padded to a fixed shape: see ``LlamaModel.set_pass_rows``)."""
+        ...
+
     def token_text(self, token: int) -> bytes:
         """A token's text as the vocabulary stores it (control tokens by name): what vocabularies compare."""
         ...
@@ -117,3 +122,13 @@ def split_batches(n: int, step: int) -> list[tuple[int, int]]:
     row whose logits are wanted (at most ``step``, at the end) then comes out of the last forward pass."""
     tail = max(0, n - step)
     return [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, n)]
+
+
+def padded_pass_limit(start: int, rows: int, kv_step: int) -> int:
+    """How many tokens a pass padded to ``rows`` rows may carry from position ``start`` where the attended cache
+    length is rounded up to a multiple of ``kv_step`` (llama.cpp's n_kv). The pass's cells end at start + rows;
+    its token at start + i, decoded alone (padded alike), ends at start + i + rows. Both round to the same n_kv
+    only while start + i + rows stays within the step that start + rows is in: the pass stops before the first
+    token that would not."""
+    step_end = -(-(start + rows) // kv_step) * kv_step
+    return max(1, min(rows, step_end - rows - start + 1))

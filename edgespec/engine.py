@@ -190,7 +190,8 @@ class Engine:
                 controller.observe_overhead(time.perf_counter() - bookkeeping_start)
             yield StreamChunk(piece, new, len(draft), from_draft)
             # Accepted draft plus the target's own token must fit the context: target-only stops when it is full.
-            room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA)
+            room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA,
+                       self._pass_room())
             draft, n_accepted, next_token = self._speculate(drafters, gamma, controller, room, params, rng, stats)
 
     def _prefill(self, prompt: list[int], cache_prompt: bool, drafters: tuple[Drafter, ...],
@@ -254,6 +255,12 @@ class Engine:
                                drafted_at - step_start, verified_at - drafted_at, draft.passes,
                                committed=draft.tokens[:n_accepted] + [next_token])
         return draft, n_accepted, next_token
+
+    def _pass_room(self) -> int:
+        """Draft tokens the target's next pass can verify exactly: that pass also carries the committed tokens its
+        cache lacks (the target's own last token)."""
+        start = len(self.arena.held["target"])
+        return self.target.max_pass_rows(start) - (len(self.arena.tokens) - start)
 
     def _start_sequence(self, prompt: list[int], cache_prompt: bool) -> int:
         """Set the arena to ``prompt``, keeping the cached tokens it starts with; return how many were kept.

@@ -30,9 +30,16 @@ from .errors import EdgespecError
 from .models import cache_dir
 from .tuning import cpu_identity
 
-FORMAT = 1
+FORMAT = 2  # 2: verdicts name the padded pass size they chose
 BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and their remainder are both used
-CONTEXTS = (24, 320)  # committed tokens before the probe: a short context and several hundred
+# Committed tokens before the probe: a short context, one just below a multiple of 256 (llama.cpp rounds the
+# attended cache length n_kv up to one: a pass across it sees another n_kv than its first rows decoded alone;
+# llama_backend.KV_STEP) and several hundred.
+_KV_STEP = 256
+CONTEXTS = (24, _KV_STEP - 3, 320)
+# Pass sizes tried, smallest first, where unpadded passes are not exact (llama_backend.LlamaModel.set_pass_rows):
+# every pass, a one-token decode too, is then padded to that many rows, and a draft is at most one fewer.
+PADDED_ROWS = (4, 8, 16)
 _TEXT = ("The river starts in the hills north of the town, runs past the mill and the old stone bridge, and "
          "reaches the sea after forty kilometres. In spring the water is high and brown; in late summer it is "
          "low enough to cross on foot. def count(words):\n    return {w: words.count(w) for w in set(words)}\n"
@@ -59,6 +66,7 @@ class Probed(Protocol):
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
     def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray: ...
     def truncate(self, keep: int) -> None: ...
+    def max_pass_rows(self, start: int) -> int: ...
 
 
 @dataclass
@@ -72,36 +80,46 @@ class Exactness:
     positions: int
     seconds: float
     cached: bool = False  # read from the cache rather than measured now
+    pass_rows: int = 0  # 0: exact (or not) unpadded; B: exact with every pass padded to B rows
+    unpadded_max_abs_diff: float = 0.0  # what unpadded passes gave, when padding was needed
 
     def describe(self) -> str:
-        how = "exact" if self.exact else "NOT exact"
-        return (f"batched verify vs one-token decoding: {how} (max logit difference {self.max_abs_diff:.3g}, "
-                f"argmax agrees at {self.argmax_agree}/{self.positions} positions)")
+        figures = f"max logit difference {self.max_abs_diff:.3g}, argmax agrees at {self.argmax_agree}/" \
+                  f"{self.positions} positions"
+        if self.pass_rows:
+            return (f"batched verify vs one-token decoding: exact with every pass padded to {self.pass_rows} rows "
+                    f"({figures}; unpadded passes differ by up to {self.unpadded_max_abs_diff:.3g})")
+        return f"batched verify vs one-token decoding: {'exact' if self.exact else 'NOT exact'} ({figures})"
 
 
-def contexts(n_ctx: int) -> list[int]:
-    """The probed context lengths that fit a context window of ``n_ctx`` tokens."""
-    return sorted({max(1, min(c, n_ctx - BATCH)) for c in CONTEXTS})
+def contexts(n_ctx: int, rows: int = 0) -> list[int]:
+    """The probed context lengths that fit a context window of ``n_ctx`` tokens. Padded to ``rows``, the context
+    below the n_kv step is the one where ``max_pass_rows`` must cut a pass short (to 3 rows) for it to be exact."""
+    probed = (CONTEXTS[0], _KV_STEP - rows - 2, CONTEXTS[2]) if rows else CONTEXTS
+    return sorted({max(1, min(c, n_ctx - max(rows, BATCH))) for c in probed})
 
 
-def probe(model: Probed) -> tuple[float, int, int]:
-    """Max |logit difference|, argmax agreements and positions compared, single-token vs batched decoding.
+def probe(model: Probed, rows: int = 0) -> tuple[float, int, int]:
+    """Max |logit difference|, argmax agreements and positions compared, single-token vs batched decoding,
+    both padded to ``rows`` when it is not 0 (the model's passes must already be padded so). Each batched pass
+    carries as many tokens as the model allows there (``max_pass_rows``): BATCH unpadded, up to ``rows`` padded.
     Leaves the model's cache empty."""
     text = model.tokenize(_TEXT, add_special=True)
-    probed = contexts(model.n_ctx)
-    needed = max(probed) + BATCH
+    probed = contexts(model.n_ctx, rows)
+    needed = max(probed) + max(rows, BATCH)
     tokens = (text * (needed // len(text) + 1))[:needed]
     worst, agree, n = 0.0, 0, 0
     for context in probed:
         model.truncate(0)
         model.decode(tokens[:context], 0, 1)
-        tail = tokens[context:context + BATCH]
+        k = min(rows or BATCH, model.max_pass_rows(context))
+        tail = tokens[context:context + k]
         single = np.stack([model.decode([t], context + i, 1)[0].copy() for i, t in enumerate(tail)])
         model.truncate(context)
-        batched = model.decode(tail, context, BATCH).copy()
+        batched = model.decode(tail, context, k).copy()
         worst = max(worst, float(np.abs(single - batched).max()))
         agree += int((single.argmax(-1) == batched.argmax(-1)).sum())
-        n += BATCH
+        n += k
     model.truncate(0)
     return worst, agree, n
 
@@ -141,18 +159,38 @@ def _path(key: dict[str, object]) -> Path:
 
 
 def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
-    """The cached verdict for this build and device, probing ``model`` (about a second) when there is none."""
+    """The cached verdict for this build and device, probing ``model`` (about a second) when there is none.
+
+    Where unpadded passes are not exact and the model can pad its passes (``set_pass_rows``: llama.cpp), each of
+    PADDED_ROWS is probed in turn and the first that is exact is kept: the model is left padding its passes so,
+    whether the verdict was measured now or read from the cache.
+    """
     key = build_key(model, device, exact_numerics)
     path = _path(key)
+    pad = getattr(model, "set_pass_rows", None)
     try:
         d = json.loads(path.read_text())
         if d.get("format") == FORMAT and d.get("key") == key:
-            return Exactness(**{k: v for k, v in d.items() if k != "format"} | {"cached": True})
+            cached = Exactness(**{k: v for k, v in d.items() if k != "format"} | {"cached": True})
+            if cached.pass_rows and pad is not None:
+                pad(cached.pass_rows)
+            return cached
     except (OSError, ValueError, TypeError):
         pass  # missing or unreadable: probe again
     started = time.perf_counter()
     worst, agree, n = probe(model)
-    result = Exactness(key, worst == 0.0, worst, agree, n, round(time.perf_counter() - started, 3))
+    unpadded, rows = worst, 0
+    if worst != 0.0 and pad is not None:
+        for candidate in PADDED_ROWS:
+            pad(candidate)
+            padded = probe(model, candidate)
+            if padded[0] == 0.0:
+                (worst, agree, n), rows = padded, candidate
+                break
+        else:
+            pad(0)
+    result = Exactness(key, worst == 0.0, worst, agree, n, round(time.perf_counter() - started, 3),
+                       pass_rows=rows, unpadded_max_abs_diff=unpadded)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"format": FORMAT, **asdict(result)} | {"cached": False}, indent=1))
@@ -163,6 +201,22 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
 _warned: set[Path] = set()
 
 
+def _advice(result: Exactness) -> str:
+    """What may make this build exact, by device: on a CPU the kernels edgespec builds with; on a GPU only the
+    numerics settings (padding was already tried)."""
+    key = result.key
+    if key.get("backend") == "onnx":
+        return "build edgespec's kernels (`edgespec build-kernel`) and use an export made with them"
+    if key.get("device") in ("cuda", "metal"):
+        tried = ", ".join(map(str, PADDED_ROWS))
+        other = "--fast-numerics" if key.get("exact_numerics") else "the default (exact) numerics"
+        return (f"passes padded to {tried} rows were not exact either on this device: try {other}, or run "
+                "speculation on the CPU (--device cpu)")
+    if key.get("exact_numerics") is False:
+        return "drop --fast-numerics"
+    return "rebuild llama-cpp-python with -DGGML_LLAMAFILE=OFF (`make setup`)"
+
+
 def enforce(result: Exactness, require_exact: bool, what: str) -> None:
     """Refuse (``require_exact``) or warn once per build, device and model file when the check failed."""
     if result.exact:
@@ -170,9 +224,8 @@ def enforce(result: Exactness, require_exact: bool, what: str) -> None:
     message = (f"{what}: {result.describe()}. Greedy output may drift from target-only decoding on this build "
                "and device (README, \"Exact numerics\").")
     if require_exact:
-        raise NotExactError(message + " Refusing because exactness was required (--require-exact); rebuild "
-                                      "llama-cpp-python with -DGGML_LLAMAFILE=OFF (`make setup`) or drop "
-                                      "--fast-numerics.", result)
+        raise NotExactError(f"{message} Refusing because exactness was required (--require-exact); "
+                            f"{_advice(result)}.", result)
     path = _path(result.key)
     if path not in _warned:
         _warned.add(path)

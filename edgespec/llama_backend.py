@@ -21,13 +21,19 @@ import llama_cpp as lc
 import numpy as np
 
 from .arena import CacheState
-from .backend import ModelOptions, check_options, split_batches
+from .backend import ModelOptions, check_options, padded_pass_limit, split_batches
 from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .models import resolve
 from .vocab import check_same_vocab
 
 log = logging.getLogger("edgespec.llama")
+
+# llama.cpp attends over the first n_kv cells of the cache, n_kv rounded up to a multiple of this
+# (llama_kv_cache::get_n_kv). Where a kernel's sums depend on n_kv (CUDA's softmax and products without flash
+# attention), a row computed in a pass whose cells end past a multiple of it differs from the same row computed
+# in a pass that ends before: see ``max_pass_rows``.
+KV_STEP = 256
 
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level
 
@@ -124,6 +130,10 @@ class LlamaModel:
         self._memory = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
+        self._n_cells = self.n_ctx
+        # 0: each pass decodes just its tokens. B > 0: every pass of up to B tokens is padded to B rows (see
+        # ``set_pass_rows``), chosen by the exactness self-check where unpadded passes are not batch-invariant.
+        self.pass_rows = 0
 
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -209,16 +219,42 @@ class LlamaModel:
         """Raise unless both models map every token id to the same text (speculation exchanges token ids)."""
         check_same_vocab(self, other)
 
+    # -- fixed-shape passes ---------------------------------------------------------------------------
+    def set_pass_rows(self, rows: int) -> None:
+        """Pad every pass of up to ``rows`` tokens to exactly ``rows`` rows (0: no padding).
+
+        On a device whose kernels are not batch-invariant (CUDA: a pass of 4+ tokens takes other kernels than
+        a one-token pass) a token's logits depend on how many rows its pass has. Padding a one-token decode and a
+        k-token verify alike to B rows (the real tokens, then filler tokens at the following positions, every
+        row's logits asked for, the filler's cache entries removed after the pass) gives each real row the same
+        kernels and shapes. The filler cannot change a real row: it sits at later positions, which the causal
+        mask hides. The last ``rows - 1`` cells are kept free for the filler, so the context shrinks by that
+        much. Fixed shapes also let llama.cpp reuse its graph (and CUDA graphs) from pass to pass.
+        """
+        if rows < 0 or rows == 1 or rows > self.n_batch:
+            raise InvalidParameterError(f"pass rows must be 0 (unpadded) or 2..{self.n_batch}, got {rows}")
+        self.pass_rows = rows
+        self.n_ctx = self._n_cells - max(0, rows - 1)
+
+    def max_pass_rows(self, start: int) -> int:
+        """How many tokens a pass starting at ``start`` may carry and still give each the logits it gets when
+        decoded alone (padded alike): all of them unpadded, where the self-check found passes batch-invariant;
+        padded, those that see the same n_kv as they would alone (``padded_pass_limit``)."""
+        return padded_pass_limit(start, self.pass_rows, KV_STEP) if self.pass_rows else self.n_batch
+
     # -- the KV cache (only KVArena calls these) ------------------------------------------------------
     def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
         """Append ``tokens`` at positions start.. to the cache; return logits of the last ``n_logits`` of them.
 
-        Long runs are split into n_batch chunks. The returned array is a view into llama.cpp's output
-        buffer (n_logits × n_vocab, float32), valid until the next decode.
+        Long runs are split into n_batch chunks; a pass of up to ``pass_rows`` tokens is padded (see
+        ``set_pass_rows``). The returned array is a view into llama.cpp's output buffer (n_logits × n_vocab,
+        float32), valid until the next decode.
         """
         if not tokens:
             raise EdgespecError("internal: decode() needs at least one token")
         n_logits = min(n_logits, len(tokens))
+        if 0 < len(tokens) <= self.pass_rows:
+            return self._decode_padded(tokens, start, n_logits)
         step = self.n_batch
         if n_logits > step:
             raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={step}")
@@ -243,6 +279,24 @@ class LlamaModel:
         ptr = lc.llama_get_logits_ith(self._ctx, first_logit - tail)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
 
+    def _decode_padded(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        """One pass of exactly ``pass_rows`` rows: ``tokens``, then the last of them repeated as filler."""
+        rows, n = self.pass_rows, len(tokens)
+        batch = self._batch
+        batch.n_tokens = rows
+        for i in range(rows):
+            batch.token[i] = tokens[min(i, n - 1)]
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True  # every row: asking for fewer outputs changes the output kernel's shape
+        rc = lc.llama_decode(self._ctx, batch)
+        self.truncate(start + n)  # the filler's entries go at once: the cache holds exactly the real tokens
+        if rc != 0:
+            raise EdgespecError(f"llama_decode failed with code {rc} at position {start} (context {self.n_ctx} tokens)")
+        ptr = lc.llama_get_logits_ith(self._ctx, n - n_logits)
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+
     def truncate(self, keep: int) -> None:
         """Drop every cache entry at position >= keep."""
         if not lc.llama_memory_seq_rm(self._memory, 0, keep, -1):
@@ -255,9 +309,9 @@ class LlamaModel:
     @property
     def exact_reuse(self) -> bool:
         """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: with
-        exact numerics, measured (tests/test_prompt_cache.py); with the fast ones a position's KV depends on
-        its batch."""
-        return self.options.exact_numerics
+        exact numerics, measured (tests/test_prompt_cache.py); with the fast ones, or where passes must be padded
+        to be exact, a position's KV depends on the batch it was prefilled in."""
+        return self.options.exact_numerics and not self.pass_rows
 
     def save_state(self) -> CacheState | None:
         """A copy of sequence 0's cache entries (llama.cpp's own state format); None for sliding-window models

@@ -474,6 +474,11 @@ class OnnxModel:
     def cache_end(self) -> int:
         return self._end
 
+    def max_pass_rows(self, start: int) -> int:
+        """Any pass is exact here: the graphs are batch-invariant by construction (docs/onnx-format.md); where a
+        product kernel is not, the export pads its rows itself."""
+        return self.n_ctx - start
+
     @property
     def exact_reuse(self) -> bool:
         """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: the

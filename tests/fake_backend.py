@@ -8,6 +8,11 @@ forward pass (instead of sleeping), so the γ controller sees a chosen verify-co
 The KV memory records which cache wrote each position. A target position whose entry a self-draft view
 wrote (what the arena must prevent) shifts the target's argmax: a view misused by the arena shows up as a
 greedy output that differs from target-only, as it would with a real layer-skip draft.
+
+``shape_dependent`` makes it a device that is not batch-invariant, as llama.cpp on a GPU: a target row's logits
+are shifted by an amount that depends on its pass's shape (rows in the pass, and the attended length rounded up
+to a multiple of ``KV_STEP``), so a token verified in a batch can get another argmax than decoded alone — unless
+every pass is padded to the same number of rows (``set_pass_rows``), as the real backend does.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.arena import CacheState
+from edgespec.backend import padded_pass_limit
 from edgespec.errors import EdgespecError
 from edgespec.vocab import check_same_vocab
 
 BOS, EOS = 0, 1
 N_VOCAB = 258  # BOS, EOS and the 256 bytes
 PEAK = 10.0  # a scripted token's logit above every other one
+KV_STEP = 16  # a shape-dependent fake's attended-length step (llama.cpp's is 256: small here to meet it often)
 
 Logits = Callable[[Sequence[int]], np.ndarray]  # context (tokens held up to a position) → next-token logits
 
@@ -104,7 +111,7 @@ class FakeModel:
     def __init__(self, logits: Logits, n_ctx: int = 256, pass_cost: Callable[[int], float] = lambda n: 0.01,
                  clock: FakeClock | None = None, self_draft: Logits | None = None, draft_cost_ratio: float = 0.3,
                  calibrated: tuple[float, float] | None = None, name: str = "fake.gguf",
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, shape_dependent: bool = False) -> None:
         """``pass_cost(n)``: seconds one forward pass over n tokens charges ``clock``. ``self_draft``: the logits
         of a layer-skip view over this model's memory, whose passes cost ``draft_cost_ratio`` of the target's."""
         self.path = Path(name)
@@ -120,6 +127,9 @@ class FakeModel:
         self._draft = None if self_draft is None else FakeSkipView(self, self_draft, draft_cost_ratio, calibrated)
         self.passes: list[int] = []  # tokens fed per forward pass, in order
         self.closed = False
+        self.shape_dependent = shape_dependent
+        self.pass_rows = 0  # 0: passes of their own size; B: padded to B rows (set_pass_rows)
+        self._shape = 0  # the last target pass's shape, which shifts its rows when shape_dependent
 
     # -- vocabulary -----------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -153,7 +163,17 @@ class FakeModel:
     def cache_end(self) -> int:
         return self._target.cache_end()
 
-    exact_reuse = True  # a position's entry depends on its token and context alone, never on its batch
+    def set_pass_rows(self, rows: int) -> None:
+        self.pass_rows = rows
+
+    def max_pass_rows(self, start: int) -> int:
+        return padded_pass_limit(start, self.pass_rows, KV_STEP) if self.pass_rows else self.n_ctx
+
+    @property
+    def exact_reuse(self) -> bool:
+        """A position's entry depends on its token and context alone; a row's logits also on its pass's shape
+        when shape_dependent (a prefill's last chunk is another shape than a whole prompt's)."""
+        return not self.shape_dependent
 
     def save_state(self) -> CacheState:
         end = self.cache_end()
@@ -176,9 +196,11 @@ class FakeModel:
             raise EdgespecError(f"fake: cannot write {len(tokens)} tokens at {start} (n_ctx {self.n_ctx})")
         for i, token in enumerate(tokens):
             self.kv[start + i] = _Entry(token, writer)
+        rows = self.pass_rows if len(tokens) <= self.pass_rows else len(tokens)
         self.passes.append(len(tokens))
+        self._shape = rows + 3 * -(-(start + rows) // KV_STEP)
         if self.clock is not None:
-            self.clock.now += cost_ratio * self.pass_cost(len(tokens))
+            self.clock.now += cost_ratio * self.pass_cost(rows)
         return start + len(tokens)
 
     def rows(self, logits: Logits, end: int, n_logits: int, corrupt: bool) -> np.ndarray:
@@ -189,6 +211,8 @@ class FakeModel:
             row = logits([e.token for e in held])  # type: ignore[union-attr]
             if corrupt and any(e.writer != "target" for e in held):  # type: ignore[union-attr]
                 row = np.roll(row, 1)  # a target reading draft-written KV computes something else
+            if corrupt and self.shape_dependent:
+                row = np.roll(row, self._shape % 5)  # another pass shape, other kernels: other logits
             out.append(row)
         return np.array(out, dtype=np.float32).reshape(len(out), N_VOCAB)
 
