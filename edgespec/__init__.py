@@ -12,6 +12,7 @@ import importlib
 import os
 from collections.abc import Sequence
 
+from . import _preload  # noqa: F401  (first: it loads llama.cpp's library before anything imports numpy)
 from .backends import BACKENDS, ModelOptions, open_model
 from .cpu import physical_cores
 from .default_model import default_choice
