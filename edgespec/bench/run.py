@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 import random
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,6 +38,7 @@ class RunArgs:
     seed: int = 0
     ort_genai_model: str | None = None
     onnx_model: str | None = None
+    device: str = "cpu"
 
     @property
     def run_options(self) -> dict[str, object]:
@@ -63,8 +66,18 @@ def machine() -> dict[str, object]:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
             versions[name] = None
-    return {"cpu": cpu, "physical_cores": physical_cores(), "platform": platform.platform(),
+    return {"cpu": cpu, "physical_cores": physical_cores(), "gpu": _gpu_names(), "platform": platform.platform(),
             "python": platform.python_version(), "versions": versions}
+
+
+def _gpu_names() -> list[str]:
+    """The NVIDIA GPUs nvidia-smi lists (none where it is missing): results taken on a GPU name it."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    done = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True,
+                          text=True, check=False)
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
 def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
@@ -102,7 +115,7 @@ def open_setup(args: RunArgs) -> tuple[Engine, Setup]:
     model_path = resolve(args.model)
     chat = edgespec.load(model_path, mode="none", gamma=0, n_ctx=64, n_threads=1, tuning=False)
     eog = tuple(t for t in range(chat.target.n_vocab) if chat.target.is_eog(t))
-    return chat, Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed)
+    return chat, Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed, args.device)
 
 
 def start_workers(configs: list[Config], args: RunArgs, setup: Setup, workers: dict[str, Worker],

@@ -32,6 +32,7 @@ class Setup:
     n_ctx: int
     eog: tuple[int, ...]  # end-of-generation token ids: generation stops at the first, which is not output
     seed: int
+    device: str = "cpu"  # where the models run (cpu, cuda, metal): every configuration on the same one
 
 
 @dataclass

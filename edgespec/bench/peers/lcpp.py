@@ -30,7 +30,8 @@ class LlamaCppRunner:
         # logits_all: with a draft model and without it, prompts longer than n_batch fail.
         self.llm = llama_cpp.Llama(setup.model, n_ctx=setup.n_ctx, n_threads=setup.threads,
                                    n_threads_batch=setup.threads, draft_model=draft, logits_all=draft is not None,
-                                   seed=setup.seed, verbose=False)
+                                   seed=setup.seed, n_gpu_layers=0 if setup.device == "cpu" else -1,
+                                   verbose=False)
         self.setup = setup
         self.generate([1, 504, 3458, 282], 2)  # warm-up
         self.llm.reset()  # forget the warm-up's tokens: the next prompt shares no prefix with them

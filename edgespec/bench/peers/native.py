@@ -24,13 +24,15 @@ class NativeRunner:
         self.model = str(options.get("model") or setup.model)  # a GGUF, or an ONNX folder for that backend
         flags = options.get("generate_flags")
         if isinstance(flags, list):  # `edgespec generate FLAGS`, with the threads and context every config shares
-            self.engine = generate_engine([*flags, "--threads", str(setup.threads), "--ctx", str(setup.n_ctx)])
+            self.engine = generate_engine([*flags, "--threads", str(setup.threads), "--ctx", str(setup.n_ctx),
+                                           "--device", setup.device])
             self.model = str(self.engine.target.path)
         else:
             self.engine = edgespec.load(self.model, draft=options.get("draft"),
                                         mode=None if tuned else str(options.get("mode", "none")),
                                         gamma=None if tuned else options.get("gamma", "auto"),  # type: ignore[arg-type]
-                                        n_ctx=setup.n_ctx, n_threads=setup.threads, tuning=tuned)
+                                        n_ctx=setup.n_ctx, n_threads=setup.threads, device=setup.device,
+                                        tuning=tuned)
         if tuned and self.engine.tuning is None:
             raise EdgespecError("no tuning for this model, thread count and device: run `edgespec tune` first")
         self.engine.generate(_WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing
