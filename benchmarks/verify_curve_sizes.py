@@ -138,10 +138,12 @@ def measure(path: Path, args: argparse.Namespace, rng: np.random.Generator) -> d
         model = engine.target
         curves = {}
         for context in args.contexts:
+            print(f"  verify passes after {context} tokens ...", file=sys.stderr, flush=True)
             samples = verify_curve(engine, text_tokens(engine, context), ROWS, args.rounds, rng)
             one = float(np.median(samples[1]))
             curves[str(context)] = {str(k): {"ms": float(np.median(s)) * 1e3, "relative": float(np.median(s)) / one,
                                              "samples_ms": [x * 1e3 for x in s]} for k, s in samples.items()}
+        print("  decoding, prefill ...", file=sys.stderr, flush=True)
         decode = decode_speed(engine, args.decode_tokens, 3)
         prefill = prefill_speed(engine, args.prefill_tokens, 3)
         memory = memory_mib()

@@ -4,6 +4,7 @@ for the big shapes) to stay quick; the tool runs as its command line, without ed
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from edgespec.llama_backend import ContextOptions, LlamaModel
 
 TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "synthetic_gguf.py"
 TEXT = "the thin one on the table: 12 apples"
+STREAMS = TOOL.parents[0] / "reference" / "replay_streams-2026-11-23-smollm2-q4_0-128tok.jsonl"
 # Running the tool's main in a fresh interpreter, then checking it imported nothing of edgespec (the lead runs it
 # on machines where only numpy, gguf and llama-cpp-python are installed).
 STANDALONE = ("import runpy, sys; sys.argv = [{tool!r}, *sys.argv[1:]]\n"
@@ -98,3 +100,41 @@ def test_onnx_export_follows_llama_cpp(smol: Path, tmp_path: Path) -> None:
     assert got.shape == expected.shape and np.isfinite(got).all()
     assert np.abs(got - expected).mean() < 0.03 * expected.std()  # measured: 1%
     assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.8  # measured: 6 of 6
+
+
+def test_verify_curve_benchmark_runs_on_it(smol: Path, tmp_path: Path) -> None:
+    """benchmarks/verify_curve_sizes.py end to end, cut short: every row count timed at each context, decode and
+    prefill speeds, memory, and its files written (timings are not checked: a shared machine)."""
+    import runpy
+
+    bench = runpy.run_path(str(TOOL.with_name("verify_curve_sizes.py")))
+    assert bench["main"]([str(smol), "--rounds", "2", "--contexts", "16", "40", "--decode-tokens", "4",
+                          "--prefill-tokens", "32", "--threads", "1", "--label", "test", "--out",
+                          str(tmp_path)]) == 0
+    [written] = tmp_path.glob("verify_curve_sizes-*-cpu-test.json")
+    [model] = json.loads(written.read_text())["models"]
+    assert set(model["curves"]) == {"16", "40"}
+    for curve in model["curves"].values():
+        assert [int(k) for k in curve] == list(bench["ROWS"])
+        assert all(len(row["samples_ms"]) == 2 and row["ms"] > 0 for row in curve.values())
+        assert curve["1"]["relative"] == 1.0
+    assert model["decode"]["tok_s"] > 0 and model["prefill"]["tok_s"] > 0 and model["n_layer"] == 2
+    assert model["rss_after_load_mib"] > 0
+
+
+def test_replay_takes_acceptance_from_real_outputs_and_costs_from_the_benchmark(tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]
+                                                                                ) -> None:
+    """`edgespec replay --curve-file`: the real SmolLM2's recorded outputs decide acceptance, a verify_curve_sizes
+    result's curves (one model, two contexts) the cost; each curve named MODEL@CONTEXT is replayed."""
+    from edgespec.cli import main
+
+    result = {"models": [{"path": "/data/llama-3.2-1b-q4_0.gguf", "curves": {
+        "128": {"1": {"relative": 1.0}, "2": {"relative": 1.1}, "4": {"relative": 1.3}, "8": {"relative": 2.0}},
+        "1024": {"1": {"relative": 1.0}, "2": {"relative": 1.5}, "4": {"relative": 2.5}, "8": {"relative": 5.0}}}}]}
+    (tmp_path / "curves.json").write_text(json.dumps(result))
+    assert main(["replay", str(STREAMS), "--curve-file", str(tmp_path / "curves.json"), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert set(replayed) == {"llama-3.2-1b-q4_0@128", "llama-3.2-1b-q4_0@1024"}
+    cheap, dear = (replayed[f"llama-3.2-1b-q4_0@{c}"]["overall"] for c in ("128", "1024"))
+    assert cheap["speedup"] > dear["speedup"]

@@ -60,6 +60,18 @@ def curve_shape(points: dict[int, float]) -> np.ndarray:
     return np.concatenate(([np.nan], shape))
 
 
+def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
+    """The verify-cost curves a ``benchmarks/verify_curve_sizes.py`` run measured, as ``CURVES`` entries named
+    MODEL@CONTEXT (the GGUF's file name without .gguf): real model sizes' costs, to replay real outputs on."""
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+        return {f"{Path(m['path']).stem}@{context}": {int(k): float(row["relative"]) for k, row in curve.items()}
+                for m in result["models"] for context, curve in m["curves"].items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise BenchError(f"{path} is not a verify_curve_sizes result ({type(e).__name__}: {e})") from e
+
+
 @dataclass(frozen=True)
 class Stream:
     """One generation: the prompt's tokens and the target's greedy continuation."""
