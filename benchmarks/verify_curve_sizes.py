@@ -198,7 +198,8 @@ def plot(result: dict, path: Path) -> bool:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("rows in the pass (1 + draft tokens)")
     ax.set_ylabel("cost relative to one row")
-    ax.set_title(f"Verify cost by model size, {result['device']}: {result['gpu'] or result['cpu'][:40]}",
+    label = f" ({result['label']})" if result.get("label") else ""
+    ax.set_title(f"Verify cost by model size, {result['device']}: {result['gpu'] or result['cpu'][:40]}{label}",
                  fontsize=9)
     ax.legend(fontsize=6)
     fig.tight_layout()
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_name = gpu()[0] if args.device == "cuda" else None
     result: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": args.device,
                     "cpu": cpu_identity(), "gpu": gpu_name, "threads": args.threads,
-                    "llama_cpp": llama_cpp.__version__, "rows": list(ROWS), "rounds": args.rounds,
+                    "llama_cpp": llama_cpp.__version__, "rows": list(ROWS), "rounds": args.rounds, "label": args.label,
                     "note": args.note or "random weights: costs only, no acceptance (take it from edgespec replay)",
                     "models": []}
     for path in args.models:
