@@ -258,11 +258,12 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     """Speed-up per category (rows) and curve (columns), then the worst category per curve."""
     curves = list(results)
     categories = sorted({c for r in results.values() for c in r} - {"overall"}) + ["overall"]
-    lines = [f"{'category':<16}" + "".join(f"{c:>18}" for c in curves)]
+    pad = [" " * max(0, len(c) + 2 - 18) for c in curves]  # measured curves' names (MODEL@CONTEXT) run longer
+    lines = [f"{'category':<16}" + "".join(f"{c:>{18 + len(p)}}" for c, p in zip(curves, pad, strict=True))]
     for cat in categories:
         cells = [results[c].get(cat) for c in curves]
-        lines.append(f"{cat:<16}" + "".join(f"{s['speedup']:>8.3f}× γ{s['gamma_mean']:>5.2f}   " if s else f"{'':>18}"
-                                             for s in cells))
+        lines.append(f"{cat:<16}" + "".join(p + (f"{s['speedup']:>8.3f}× γ{s['gamma_mean']:>5.2f}   " if s
+                                                  else f"{'':>18}") for s, p in zip(cells, pad, strict=True)))
     worst = [min((s["speedup"], cat) for cat, s in results[c].items()) for c in curves]
-    lines.append(f"{'worst':<16}" + "".join(f"{w[0]:>8.3f}× {w[1][:8]:<8}" for w in worst))
+    lines.append(f"{'worst':<16}" + "".join(f"{p}{w[0]:>8.3f}× {w[1][:8]:<8}" for w, p in zip(worst, pad, strict=True)))
     return "\n".join(lines)
