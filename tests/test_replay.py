@@ -116,3 +116,5 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "not a file of recorded streams" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "bad.jsonl"), "--curves", "gpu"]) == 2
     assert "unknown curves gpu" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "bad.jsonl"), "--curve-file", str(tmp_path / "bad.jsonl")]) == 2
+    assert "is not a verify_curve_sizes result" in capsys.readouterr().err

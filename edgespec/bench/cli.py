@@ -98,7 +98,11 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=_positive, default=128, help="(--record) tokens per generation")
     p.add_argument("--model", default="smollm2-135m", help="(--record) model name or path")
     p.add_argument("--threads", type=_positive, default=None)
-    p.add_argument("--curves", default=",".join(CURVES), help="cost curves to replay on (default: %(default)s)")
+    p.add_argument("--curves", default=None,
+                   help=f"cost curves to replay on (default: {','.join(CURVES)}, or the --curve-file's)")
+    p.add_argument("--curve-file", action="append", default=[],
+                   help="a benchmarks/verify_curve_sizes.py result: its curves, named MODEL@CONTEXT, can be replayed "
+                        "on (repeatable)")
     p.add_argument("--overhead", type=float, default=0.0,
                    help="time per step outside verifying, in single-token passes (default: %(default)s)")
     p.add_argument("--noise", type=float, default=0.0,
@@ -174,12 +178,16 @@ def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
 
 def _replay(args: argparse.Namespace) -> int:
     from .questions import load_questions
-    from .replay import curve_shape, load_streams, record, simulate, table
+    from .replay import curve_shape, load_streams, measured_curves, record, simulate, table
 
-    curves = [c for c in args.curves.split(",") if c]
-    unknown = [c for c in curves if c not in CURVES]
+    measured: dict[str, dict[int, float]] = {}
+    for path in args.curve_file:
+        measured |= measured_curves(path)
+    known = CURVES | measured
+    curves = [c for c in (args.curves or ",".join(measured or CURVES)).split(",") if c]
+    unknown = [c for c in curves if c not in known]
     if unknown or not curves:
-        raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(CURVES)}")
+        raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(known)}")
     if args.overhead < 0 or args.noise < 0:
         raise BenchError(f"--overhead and --noise must be >= 0, got {args.overhead} and {args.noise}")
     if args.record:
@@ -187,7 +195,7 @@ def _replay(args: argparse.Namespace) -> int:
                                    args.per_category)
         record(args.model, questions, args.max_tokens, args.streams, args.threads)
     streams = load_streams(args.streams)
-    results = {c: simulate(streams, curve_shape(CURVES[c]), args.overhead, args.noise) for c in curves}
+    results = {c: simulate(streams, curve_shape(known[c]), args.overhead, args.noise) for c in curves}
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 

@@ -60,6 +60,18 @@ def curve_shape(points: dict[int, float]) -> np.ndarray:
     return np.concatenate(([np.nan], shape))
 
 
+def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
+    """The verify-cost curves a ``benchmarks/verify_curve_sizes.py`` run measured, as ``CURVES`` entries named
+    MODEL@CONTEXT (the GGUF's file name without .gguf): real model sizes' costs, to replay real outputs on."""
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+        return {f"{Path(m['path']).stem}@{context}": {int(k): float(row["relative"]) for k, row in curve.items()}
+                for m in result["models"] for context, curve in m["curves"].items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise BenchError(f"{path} is not a verify_curve_sizes result ({type(e).__name__}: {e})") from e
+
+
 @dataclass(frozen=True)
 class Stream:
     """One generation: the prompt's tokens and the target's greedy continuation."""
@@ -246,11 +258,12 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     """Speed-up per category (rows) and curve (columns), then the worst category per curve."""
     curves = list(results)
     categories = sorted({c for r in results.values() for c in r} - {"overall"}) + ["overall"]
-    lines = [f"{'category':<16}" + "".join(f"{c:>18}" for c in curves)]
+    pad = [" " * max(0, len(c) + 2 - 18) for c in curves]  # measured curves' names (MODEL@CONTEXT) run longer
+    lines = [f"{'category':<16}" + "".join(f"{c:>{18 + len(p)}}" for c, p in zip(curves, pad, strict=True))]
     for cat in categories:
         cells = [results[c].get(cat) for c in curves]
-        lines.append(f"{cat:<16}" + "".join(f"{s['speedup']:>8.3f}× γ{s['gamma_mean']:>5.2f}   " if s else f"{'':>18}"
-                                             for s in cells))
+        lines.append(f"{cat:<16}" + "".join(p + (f"{s['speedup']:>8.3f}× γ{s['gamma_mean']:>5.2f}   " if s
+                                                  else f"{'':>18}") for s, p in zip(cells, pad, strict=True)))
     worst = [min((s["speedup"], cat) for cat, s in results[c].items()) for c in curves]
-    lines.append(f"{'worst':<16}" + "".join(f"{w[0]:>8.3f}× {w[1][:8]:<8}" for w in worst))
+    lines.append(f"{'worst':<16}" + "".join(f"{p}{w[0]:>8.3f}× {w[1][:8]:<8}" for w, p in zip(worst, pad, strict=True)))
     return "\n".join(lines)
