@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import threading
 import time
 
+import httpx
+import numpy as np
+import pytest
+
+from edgespec.arena import PREFILL_CHUNK
 from edgespec.engine import Engine
-from tests.live import free_port
-from tests.test_bridge import PROMPT, listening_bridge
+from tests.live import ROOT, LiveServer, child_env, edgespec_command, free_port
+from tests.test_bridge import BRIDGE, ENDINGS, PROMPT, Lines, listening_bridge
 
 
 def _read_events(conn: socket.socket, rid: object, timeout: float) -> list[dict]:
@@ -71,3 +77,94 @@ def test_a_bridge_client_that_stops_reading_stalls_no_other_session(solo_engine:
         assert events[-1]["text"] == solo_engine.generate(PROMPT, max_tokens=8, mode="none", gamma=0).text
         assert _closed_within(stuck, timeout=60)
         assert proc.poll() is None
+
+
+# -- 2. cancellation during a long prefill -----------------------------------------------------------------
+def _long_prompt(engine: Engine, n: int) -> list[int]:
+    """``n`` token ids of ordinary text (a prompt sent as ids, so that its length is exact)."""
+    text = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(n // 8))
+    tokens = engine.tokenize(text)
+    assert len(tokens) >= n
+    return tokens[:n]
+
+
+@pytest.fixture(params=["solo_engine", "onnx_engine"])
+def any_engine(request: pytest.FixtureRequest) -> Engine:
+    """The default model on llama.cpp, and exported to ONNX (one thread each)."""
+    return request.getfixturevalue(request.param)
+
+
+def test_a_chunked_prefill_gives_the_logits_of_one_pass(any_engine: Engine) -> None:
+    """The prompt goes in PREFILL_CHUNK tokens at a time: the first token's logits are those of one decode of the
+    whole prompt, bit for bit (so no output changes)."""
+    tokens = _long_prompt(any_engine, 2 * PREFILL_CHUNK + 77)
+    arena, model = any_engine.arena, any_engine.target
+    arena.reset([0], reuse=False)
+    whole = model.decode(tokens, 0, 1).copy()
+    model.truncate(0)
+    arena.reset(tokens, reuse=False)
+    assert arena.prefill("target") and len(arena.held["target"]) == 2 * PREFILL_CHUNK  # the rest comes with extend
+    assert np.array_equal(arena.extend("target", [], 1), whole)
+
+
+def test_cancel_stops_a_prefill_between_two_chunks(any_engine: Engine) -> None:
+    """``cancel`` set while the prompt is being fed: the stream ends with no chunk after at most one more chunk,
+    and the engine's next generation is the one it gave before."""
+    short = "The days of the week are"
+    before = any_engine.generate(short, max_tokens=8, mode="none").text
+    tokens = _long_prompt(any_engine, min(any_engine.n_ctx - 16, 12 * PREFILL_CHUNK))
+    cancel = threading.Event()
+    held = any_engine.arena.held
+
+    def cancel_after_one_chunk() -> None:
+        while len(held["target"]) < PREFILL_CHUNK:
+            time.sleep(0.001)
+        cancel.set()
+
+    threading.Thread(target=cancel_after_one_chunk, daemon=True).start()
+    assert list(any_engine.stream(tokens, max_tokens=4, cache_prompt=False, cancel=cancel)) == []
+    assert PREFILL_CHUNK <= len(held["target"]) <= 2 * PREFILL_CHUNK
+    assert any_engine.generate(short, max_tokens=8, mode="none").text == before
+
+
+def test_an_abandoned_long_prompt_frees_the_server_within_one_prefill_chunk(solo_engine: Engine) -> None:
+    """The issue's reproduction: a client sends a 4000-token prompt and disconnects after 1 s; the next small request
+    waits for at most the prefill chunk being fed when the client left, not for the rest of the prompt."""
+    tokens = _long_prompt(solo_engine, 4000)
+    with LiveServer.start("--gamma", "4") as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        def ask(prompt: str | list[int], **body: object) -> tuple[float, dict]:
+            started = time.monotonic()
+            reply = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3, "temperature": 0, **body})
+            assert reply.status_code == 200, reply.text
+            return time.monotonic() - started, reply.json()
+
+        # What a chunk and a small request cost here and now (the machine may be busy with other work).
+        chunk_s = ask(tokens[:PREFILL_CHUNK], cache_prompt=False)[1]["usage"]["speculative"]["prefill_s"]
+        small_s, _ = ask("1, 2, 3,")
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/completions", json={"prompt": tokens, "max_tokens": 3, "cache_prompt": False}, timeout=1)
+        waited, _ = ask("1, 2, 3,")
+        # Before prefills were cancellable the rest of the prompt, ~14 chunks, came first.
+        assert waited < small_s + 2 * chunk_s + 1.0, (waited, small_s, chunk_s)
+        assert server.metric('edgespec_requests_total{model="smollm2-135m",outcome="cancelled"}') == 1
+
+
+def test_a_bridge_cancel_stops_a_long_prefill(solo_engine: Engine) -> None:
+    tokens = _long_prompt(solo_engine, 3500)
+    proc = subprocess.Popen(edgespec_command(*BRIDGE), cwd=ROOT, env=child_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        lines = Lines(proc.stdout, proc.stdin)
+        assert lines.next(timeout=120)["event"] == "ready"
+        lines.send(id="chunk", cmd="generate", prompt=tokens[:PREFILL_CHUNK], max_tokens=1, cache_prompt=False)
+        chunk_s = lines.until("chunk", ENDINGS)[-1]["stats"]["prefill_s"]
+        lines.send(id="long", cmd="generate", prompt=tokens, max_tokens=3, cache_prompt=False)
+        time.sleep(1.0)
+        lines.send(id="stop", cmd="cancel", target="long")
+        asked = time.monotonic()
+        assert lines.until("long", ENDINGS, timeout=120)[-1]["event"] == "cancelled"
+        assert time.monotonic() - asked < 2 * chunk_s + 1.0, (time.monotonic() - asked, chunk_s)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -123,12 +124,13 @@ class GenerationRequest:
     def prompt_param(self) -> str:
         return "messages" if self.chat else "prompt"
 
-    def start(self, engine: Engine) -> Iterator[StreamChunk]:
-        """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
+    def start(self, engine: Engine, cancel: threading.Event) -> Iterator[StreamChunk]:
+        """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker. Setting
+        ``cancel`` stops a long prompt's prefill (see Engine.stream)."""
         # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is
         # full, so a larger max_tokens is clamped to the context.
         kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", engine.n_ctx),
-                                                   engine.n_ctx)}
+                                                   engine.n_ctx), "cancel": cancel}
         if self.chat:
             return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
         return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
