@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -168,3 +169,78 @@ def test_a_bridge_cancel_stops_a_long_prefill(solo_engine: Engine) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- 7, 8. half-sent requests, uploads cut short -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def strict_server() -> Iterator[LiveServer]:
+    with LiveServer.start("--gamma", "4", "--header-timeout", "2", "--body-timeout", "3",
+                          "--max-connections", "6") as s:
+        yield s
+
+
+def _connect(server: LiveServer, data: bytes = b"") -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    if data:
+        conn.sendall(data)
+    return conn
+
+
+def _head(server: LiveServer, length: int) -> bytes:
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+BODY = json.dumps({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0}).encode()
+
+
+def _errors(server: LiveServer) -> float:
+    return server.metric('edgespec_requests_total{model="smollm2-135m",outcome="error"}')
+
+
+def test_half_sent_requests_are_closed_after_their_timeout(strict_server: LiveServer) -> None:
+    head = _head(strict_server, len(BODY))
+    half_sent = [b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le",  # a partial head
+                 b"GET /\r\n",  # an HTTP/0.9 request line, which h11 waits on for a version
+                 head + BODY[:10]]  # a partial body
+    conns = [_connect(strict_server, data) for data in half_sent]
+    started = time.monotonic()
+    for conn in conns:
+        assert _closed_within(conn, timeout=10)
+        conn.close()
+    assert time.monotonic() - started < 8  # the body timeout (3 s) after the head, with room for a busy machine
+    # A slow client that finishes in time is answered.
+    with _connect(strict_server, head) as slow:
+        for i in range(0, len(BODY), len(BODY) // 3 + 1):
+            time.sleep(0.3)
+            slow.sendall(BODY[i:i + len(BODY) // 3 + 1])
+        assert slow.recv(1 << 16).startswith(b"HTTP/1.1 200")
+    assert "Traceback" not in strict_server.log() and _errors(strict_server) == 0
+
+
+def test_connections_beyond_the_cap_are_closed_unread(strict_server: LiveServer) -> None:
+    idle = [_connect(strict_server) for _ in range(6)]
+    try:
+        with _connect(strict_server, _head(strict_server, len(BODY)) + BODY) as extra:
+            assert _closed_within(extra, timeout=1.5)  # before the idle ones' header timeout (2 s)
+    finally:
+        for conn in idle:
+            conn.close()
+    time.sleep(0.2)
+    reply = httpx.post(strict_server.url + "/v1/chat/completions", content=BODY,
+                       headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+
+
+def test_a_client_gone_during_upload_is_no_server_error(strict_server: LiveServer) -> None:
+    """The issue's finding 8: each aborted upload logged ~80 lines of traceback (ClientDisconnect through the
+    catch-all handler)."""
+    for _ in range(3):
+        with _connect(strict_server, _head(strict_server, 5000) + BODY[:20]):
+            time.sleep(0.2)  # the app is reading the body when the client goes
+    time.sleep(0.5)
+    reply = httpx.post(strict_server.url + "/v1/chat/completions", content=BODY,
+                       headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert "Traceback" not in strict_server.log() and "ClientDisconnect" not in strict_server.log()
+    assert _errors(strict_server) == 0

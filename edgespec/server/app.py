@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,6 +33,7 @@ from uvicorn import Config, Server
 from ..engine import StreamChunk
 from ..errors import EdgespecError
 from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
+from .limits import ConnectionLimits, limited_protocol
 from .openai_api import (
     ApiError,
     GenerationRequest,
@@ -134,7 +135,8 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
     return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
                      exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
-                                         HTTPException: _http_error, Exception: _internal_error})
+                                         HTTPException: _http_error, ClientDisconnect: _client_gone,
+                                         Exception: _internal_error})
 
 
 async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
@@ -297,6 +299,12 @@ async def _http_error(_: Request, e: Exception) -> Response:
     return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None))
 
 
+async def _client_gone(_: Request, e: Exception) -> Response:
+    """The client went away while sending its request (or took longer than --body-timeout): nobody reads an
+    answer, and it is not a server error."""
+    return Response(status_code=499)
+
+
 async def _internal_error(_: Request, e: Exception) -> Response:
     log.error("unhandled error", exc_info=e)
     return error_response(ApiError(500, "internal server error; see the server log", type="server_error",
@@ -329,9 +337,10 @@ class _DrainingServer(Server):
         super().handle_exit(sig, frame)
 
 
-def run(app: ASGIApp, pool: ModelPool, host: str, port: int, shutdown_timeout: float) -> None:
+def run(app: ASGIApp, pool: ModelPool, host: str, port: int, shutdown_timeout: float,
+        limits: ConnectionLimits) -> None:
     config = Config(app, host=host, port=port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=shutdown_timeout)
+                    timeout_graceful_shutdown=shutdown_timeout, http=limited_protocol(limits))
     # uvicorn re-raises the stop signal once it has shut down; Ctrl-C is how a server ends, not an error.
     with contextlib.suppress(KeyboardInterrupt):
         _DrainingServer(config, pool, shutdown_timeout).run()
