@@ -10,10 +10,13 @@ streams as server-sent events. A client that goes away cancels its job, queued o
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
+import re
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable
 from importlib.resources import files
@@ -79,9 +82,10 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
                max_body: int = 1 << 20, hosts: Collection[str] | None = LOOPBACK_HOSTS) -> Starlette:
     """``hosts``: the Host names answered (None: any; see guard.allowed_hosts)."""
     page = files("edgespec.server").joinpath("static/index.html").read_text(encoding="utf-8")
+    page_headers = _page_headers(page)
 
     async def index(_: Request) -> Response:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=page_headers)
 
     async def health(_: Request) -> Response:
         models = {w.name: {"ready": w.ready.is_set(), "queue_depth": w.depth} for w in pool.workers}
@@ -137,6 +141,18 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
                      exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
                                          HTTPException: _http_error, ClientDisconnect: _client_gone,
                                          Exception: _internal_error})
+
+
+def _page_headers(page: str) -> dict[str, str]:
+    """The chat page may not be framed by another site (clickjacking), and runs its own inline script and style
+    only (their hashes), talking to this server alone."""
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in blocks)
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+              "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return {"Content-Security-Policy": policy, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 
 
 async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
@@ -296,7 +312,9 @@ async def _engine_error(_: Request, e: Exception) -> Response:
 
 async def _http_error(_: Request, e: Exception) -> Response:
     assert isinstance(e, HTTPException)
-    return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None))
+    # e.headers: a 405's Allow, naming the methods the path takes.
+    return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None,
+                                   headers=dict(e.headers or {})))
 
 
 async def _client_gone(_: Request, e: Exception) -> Response:

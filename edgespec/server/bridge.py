@@ -199,7 +199,7 @@ class Session:
 
     def generate(self, rid: object, request: dict[str, Any]) -> None:
         parse = parse_chat if request["cmd"] == "chat" else parse_completion
-        req = parse({"temperature": 0.0, **request})  # greedy unless asked: the demo shows exact output
+        req = parse(request, temperature=0.0, extra=("id", "cmd"))  # greedy unless asked: the demo shows exact output
         worker = self.bridge.pool.get(req.model)
         piece = worker.engine.target.piece
         pieces: list[str] = []
