@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -38,7 +40,7 @@ def _read_events(conn: socket.socket, rid: object, timeout: float) -> list[dict]
             event = json.loads(line)
             if event.get("id") == rid:
                 events.append(event)
-                if event["event"] in ("stats", "cancelled", "error"):
+                if event["event"] in ("stats", "cancelled", "error", "metrics"):
                     return events
 
 
@@ -244,3 +246,26 @@ def test_a_client_gone_during_upload_is_no_server_error(strict_server: LiveServe
     assert reply.status_code == 200, reply.text
     assert "Traceback" not in strict_server.log() and "ClientDisconnect" not in strict_server.log()
     assert _errors(strict_server) == 0
+
+
+def test_a_bridge_client_that_resets_its_connection_is_no_error(tmp_path: Path) -> None:
+    """A client closing with answers unread resets the connection: its session ends as at the end of its input,
+    without a traceback, and the bridge serves the next one."""
+    port, stderr = free_port(), tmp_path / "stderr"
+    with stderr.open("wb") as err:
+        proc = subprocess.Popen(edgespec_command(*BRIDGE, "--port", str(port)), cwd=ROOT, env=child_env(),
+                                stdout=subprocess.PIPE, stderr=err)
+    try:
+        assert proc.stdout is not None and json.loads(proc.stdout.readline())["event"] == "listening"
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+                conn.sendall(b'{"id": 1, "cmd": "generate", "prompt": "1, 2, 3,", "max_tokens": 50}\n')
+                time.sleep(0.3)  # answers arrive and are left unread
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            conn.sendall(b'{"id": 2, "cmd": "stats"}\n')
+            assert _read_events(conn, 2, timeout=60)[-1]["event"] == "metrics"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "Traceback" not in stderr.read_text()

@@ -266,7 +266,10 @@ class Session:
 def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
     """Request lines; None for a line longer than MAX_LINE (whose rest is skipped)."""
     while True:
-        line = stream.readline(MAX_LINE + 1)
+        try:
+            line = stream.readline(MAX_LINE + 1)
+        except OSError:  # the connection was reset: the client has gone, as at the end of its input
+            return
         if not line:
             return
         if len(line) > MAX_LINE and not line.endswith(b"\n"):
