@@ -110,24 +110,27 @@ def test_a_chunked_prefill_gives_the_logits_of_one_pass(any_engine: Engine) -> N
     assert np.array_equal(arena.extend("target", [], 1), whole)
 
 
-def test_cancel_stops_a_prefill_between_two_chunks(any_engine: Engine) -> None:
-    """``cancel`` set while the prompt is being fed: the stream ends with no chunk after at most one more chunk,
-    and the engine's next generation is the one it gave before."""
+@pytest.mark.parametrize(("name", "cache"), [("solo_engine", "target"), ("onnx_engine", "target"),
+                                           ("pair_engine", "draft")])
+def test_cancel_stops_a_prefill_between_two_chunks(request: pytest.FixtureRequest, name: str, cache: str) -> None:
+    """``cancel`` set while the prompt is being fed (to the target, or to a draft model after it): the stream ends
+    with no chunk after at most one more chunk, and the engine's next generation is the one it gave before."""
+    engine: Engine = request.getfixturevalue(name)
     short = "The days of the week are"
-    before = any_engine.generate(short, max_tokens=8, mode="none").text
-    tokens = _long_prompt(any_engine, min(any_engine.n_ctx - 16, 12 * PREFILL_CHUNK))
+    before = engine.generate(short, max_tokens=8, mode="none").text
+    tokens = _long_prompt(engine, min(engine.n_ctx - 16, 12 * PREFILL_CHUNK))
     cancel = threading.Event()
-    held = any_engine.arena.held
+    held = engine.arena.held
 
     def cancel_after_one_chunk() -> None:
-        while len(held["target"]) < PREFILL_CHUNK:
+        while len(held[cache]) < PREFILL_CHUNK:
             time.sleep(0.001)
         cancel.set()
 
     threading.Thread(target=cancel_after_one_chunk, daemon=True).start()
-    assert list(any_engine.stream(tokens, max_tokens=4, cache_prompt=False, cancel=cancel)) == []
-    assert PREFILL_CHUNK <= len(held["target"]) <= 2 * PREFILL_CHUNK
-    assert any_engine.generate(short, max_tokens=8, mode="none").text == before
+    assert list(engine.stream(tokens, max_tokens=4, cache_prompt=False, cancel=cancel)) == []
+    assert PREFILL_CHUNK <= len(held[cache]) <= 2 * PREFILL_CHUNK
+    assert engine.generate(short, max_tokens=8, mode="none").text == before
 
 
 def test_an_abandoned_long_prompt_frees_the_server_within_one_prefill_chunk(solo_engine: Engine) -> None:
