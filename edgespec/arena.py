@@ -25,6 +25,7 @@ carry a whole arena state out and back in (the prompt cache keeps several conver
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -32,6 +33,10 @@ from typing import Protocol, cast
 import numpy as np
 
 from .errors import ContextOverflowError, EdgespecError
+
+# Prompt tokens fed per prefill pass: a cancelled request stops within one such pass (~1 s for 256 tokens of the
+# 135M model on one CPU thread), and a pass this long already runs near full prefill speed.
+PREFILL_CHUNK = 256
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -163,6 +168,19 @@ class KVArena:
         feed = self.tokens[len(self.held[name]):-1]
         if feed and name not in self.views:
             self._feed(name, feed, 1)
+
+    def prefill(self, name: str, cancel: threading.Event | None = None) -> bool:
+        """Feed cache ``name`` the committed tokens it lacks, PREFILL_CHUNK per pass, while more than a chunk is
+        left (the rest goes in with the pass that wants logits: ``extend``, or ``catch_up``). Between two passes
+        a set ``cancel`` stops it (returning False; True once done): an abandoned long prompt holds the engine for
+        one chunk at most. Chunks change no output: on exact numerics an entry's KV does not depend on the pass
+        that computed it (the property prompt reuse rests on too)."""
+        held = self.held[name]
+        while name not in self.views and len(self.tokens) - len(held) > PREFILL_CHUNK:
+            if cancel is not None and cancel.is_set():
+                return False
+            self._feed(name, self.tokens[len(held):len(held) + PREFILL_CHUNK], 1)
+        return True
 
     def _feed(self, name: str, feed: list[int], n_logits: int) -> np.ndarray:
         held = self.held[name]

@@ -7,6 +7,7 @@ one pass → accept/rollback in the KV arena → γ controller learns → text i
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -131,13 +132,15 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: Sequence[str] = (), mode: str | None = None, gamma: int | str | None = None,
-               cache_prompt: bool = True) -> Iterator[StreamChunk]:
+               cache_prompt: bool = True, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         """Generate token by token, yielding one chunk per verify step.
 
         Greedy (temperature 0) output is identical to the target decoding alone; sampled output follows
         the target's distribution exactly. Closing the generator cancels the generation. ``cache_prompt``
         (default) reuses the KV of prompt tokens already computed (the arena's or a saved conversation's):
-        the output is the same, only the prefill is shorter; False prefills the whole prompt.
+        the output is the same, only the prefill is shorter; False prefills the whole prompt. ``cancel``, set from
+        another thread, stops a long prompt's prefill between two of its chunks (the stream then ends without a
+        chunk), where closing the generator could only stop it after the whole prompt.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         mode = mode or self.mode
@@ -162,19 +165,21 @@ class Engine:
         drafters = self.modes[mode]
         # Plain decoding (mode none) has nothing to choose: no controller, so no cost calibration either.
         controller = self._get_controller() if gamma == "auto" and drafters else None
-        return self._run(tokens, params, max_tokens, stop, drafters, gamma, controller, mode, cache_prompt)
+        return self._run(tokens, params, max_tokens, stop, drafters, gamma, controller, mode, cache_prompt, cancel)
 
     # -- the loop -------------------------------------------------------------------------------------
     def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
              drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
-             mode: str, cache_prompt: bool) -> Iterator[StreamChunk]:
+             mode: str, cache_prompt: bool, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         """prefill → (accept → stream → draft → verify)*: one chunk per verify step."""
         rng = params.rng()
         stats = GenerationStats(mode=mode, prompt_tokens=len(prompt))
         text = TextStream(self.target.piece, stop)
         out: list[int] = []
         start = time.perf_counter()
-        next_token = self._prefill(prompt, cache_prompt, drafters, controller, params, rng, stats)
+        next_token = self._prefill(prompt, cache_prompt, drafters, controller, params, rng, stats, cancel)
+        if next_token is None:  # cancelled during the prefill
+            return
         stats.prefill_s = time.perf_counter() - start
         draft, n_accepted = Draft([]), 0
         while True:
@@ -196,9 +201,14 @@ class Engine:
 
     def _prefill(self, prompt: list[int], cache_prompt: bool, drafters: tuple[Drafter, ...],
                  controller: GammaController | None, params: SamplingParams, rng: np.random.Generator,
-                 stats: GenerationStats) -> int:
-        """Start the sequence (reusing cached tokens), tell the drafters and the controller; the first token."""
+                 stats: GenerationStats, cancel: threading.Event | None) -> int | None:
+        """Start the sequence (reusing cached tokens), tell the drafters and the controller; the first token, or
+        None when ``cancel`` was set before the prompt was in. A draft model's cache is prefilled here too (its
+        drafter's ``begin`` then finds it caught up), in cancellable chunks like the target's."""
         stats.cached_tokens = self._start_sequence(prompt, cache_prompt)
+        caches = ["target", *(d.cache for d in drafters if isinstance(d, DraftModelDrafter))]
+        if not all(self.arena.prefill(name, cancel) for name in caches):
+            return None
         for drafter in drafters:
             drafter.begin(self.arena.tokens)
         if controller is not None:

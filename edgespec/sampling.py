@@ -44,12 +44,15 @@ class SamplingParams:
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """Rows of logits (n × vocab, or one vector) → rows of probabilities in float64."""
-        x = np.asarray(logits, dtype=np.float64) / self.temperature
-        x = np.atleast_2d(x)
+        x = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+        # The maximum is subtracted before dividing, so that any temperature > 0 is safe: a tiny one (1e-320) turns
+        # every gap to the maximum into -inf, probability exactly 0 (its true value, far below float64's
+        # smallest), instead of turning the logits themselves into inf and the probabilities into NaN.
+        with np.errstate(over="ignore"):
+            x = (x - x.max(axis=1, keepdims=True)) / self.temperature
         if self.top_k and self.top_k < x.shape[1]:
             kth = np.partition(x, -self.top_k, axis=1)[:, -self.top_k, None]
             x = np.where(x < kth, -np.inf, x)
-        x = x - x.max(axis=1, keepdims=True)
         p = np.exp(x)
         p /= p.sum(axis=1, keepdims=True)
         if self.top_p < 1.0:

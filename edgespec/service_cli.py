@@ -10,6 +10,7 @@ from collections.abc import Callable
 from .engine import MODES
 from .errors import EdgespecError
 from .prompt_cache import DEFAULT_CACHE_MB
+from .server.limits import ConnectionLimits
 from .server.pool import EngineSpec, ModelPool
 
 _CACHE_HELP = ("memory in MB for the KV states of recent conversations, so that several chats alternate without "
@@ -38,6 +39,14 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
                    help="listen on a non-loopback --host without --api-key (anyone on the network may use it)")
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (then 413)")
     s.add_argument("--cache-mb", type=float, default=DEFAULT_CACHE_MB, help=_CACHE_HELP)
+    s.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout,
+                   help="seconds a client may take to send a request's head; then the connection is closed "
+                        "(default %(default)s)")
+    s.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout,
+                   help="seconds a client may take to send a request's body once its head is in; then the "
+                        "connection is closed (default %(default)s)")
+    s.add_argument("--max-connections", type=int, default=ConnectionLimits.max_connections,
+                   help="open connections at once; one beyond them is closed unread (default %(default)s)")
     s.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight streams may take to finish on shutdown before they are cancelled")
     s.set_defaults(func=_serve)
@@ -73,13 +82,14 @@ def _serve(args: argparse.Namespace) -> int:
                                 "(or $EDGESPEC_API_KEY), or pass --allow-unauthenticated to serve anyone")
         print(f"edgespec: WARNING: serving on {args.host} WITHOUT an API key: anyone who can reach this address "
               "can use the model", file=sys.stderr, flush=True)
+    limits = ConnectionLimits(args.header_timeout, args.body_timeout, args.max_connections)
     pool = ModelPool(args.max_queue)
     pool.load(_spec(args))
     app = create_app(pool, api_key=args.api_key, cors_origins=args.cors_origin, max_body=args.max_body,
                      hosts=allowed_hosts(args.host, args.allowed_host))
     print(f"edgespec: serving {_spec(args).name} on http://{args.host}:{args.port}/ (ready when /health says ok)",
           file=sys.stderr, flush=True)
-    run(app, pool, args.host, args.port, args.shutdown_timeout)
+    run(app, pool, args.host, args.port, args.shutdown_timeout, limits)
     return 0
 
 

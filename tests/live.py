@@ -39,6 +39,10 @@ class LiveServer:
     def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
         self.proc, self.port = proc, port
         self.url = f"http://127.0.0.1:{port}"
+        self.log_path: Path | None = None  # its stdout and stderr
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     @classmethod
     def start(cls, *args: str, timeout: float = 300.0) -> LiveServer:
@@ -47,6 +51,7 @@ class LiveServer:
         proc = subprocess.Popen(edgespec_command("serve", "--port", str(port), *args), cwd=ROOT, env=child_env(),
                                 stdout=log, stderr=subprocess.STDOUT)
         server = cls(proc, port)
+        server.log_path = Path(log.name)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:

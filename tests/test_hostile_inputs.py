@@ -10,10 +10,14 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +26,7 @@ from hypothesis import strategies as st
 from edgespec.engine import Engine
 from edgespec.hf_tokenizer import HFTokenizer
 from edgespec.models import resolve
+from edgespec.sampling import SamplingParams
 from tests.live import ARTIFACTS, ROOT, LiveServer, child_env, edgespec_command, free_port
 from tests.test_bridge import ENDINGS, Lines, listening_bridge
 
@@ -292,6 +297,131 @@ def test_stream_usage_comes_in_a_last_chunk_of_its_own(server: LiveServer, http:
            "stream_options.include_usage")
 
 
+# -- issue 38: odd parameter values, other servers' parameter names, conventions --------------------------
+@pytest.mark.parametrize("temperature", [5e-324, 1e-320, 2.2e-308, 1e-300])
+def test_tiny_temperatures_give_the_argmax_without_overflow(temperature: float) -> None:
+    logits = np.array([1.0, 10.0, 10.0, -3.0, 9.999999], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "overflow encountered in divide" fails the test
+        for params in (SamplingParams(temperature), SamplingParams(temperature, top_k=3),
+                       SamplingParams(temperature, min_p=0.5)):
+            assert params.probs(logits)[0].tolist() == [0.0, 0.5, 0.5, 0.0, 0.0]  # the tie shares, exactly
+
+
+def test_tiny_positive_temperature_is_served_as_sampling(server: LiveServer, http: httpx.Client,
+                                                         bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
+    """The issue's finding 3: temperature 1e-320 gave "ectableectable", or a 400 'internal: nothing to feed cache'
+    counted as a server error. Sampling at it is sampling the argmax: the greedy text, for every seed."""
+    greedy = _chat(http, max_tokens=6).json()["choices"][0]["message"]["content"]
+    errors = server.metric('edgespec_requests_total{model="smollm2-135m",outcome="error"}', AUTH)
+    for seed in (1, 2, 3):
+        reply = _chat(http, max_tokens=6, temperature=1e-320, seed=seed)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == greedy, reply.text
+        end = _bridge_ask(bridge[1], f"tiny-{seed}", cmd="chat", messages=MESSAGES, max_tokens=6, temperature=1e-320,
+                          seed=seed)[-1]
+        assert end["event"] == "stats" and end["text"] == greedy, end
+    assert server.metric('edgespec_requests_total{model="smollm2-135m",outcome="error"}', AUTH) == errors
+    assert "overflow" not in server.log() and "Traceback" not in server.log()
+
+
+HUGE = 10**400
+BAD_VALUES = [("temperature", HUGE, "invalid_value"), ("temperature", -HUGE, "invalid_value"),
+              ("top_p", HUGE, "invalid_value"), ("min_p", -HUGE, "invalid_value"), ("top_k", -HUGE, "invalid_value"),
+              ("seed", HUGE, "invalid_value"), ("max_tokens", -HUGE, "invalid_value"), ("top_p", -0.0, "invalid_value"),
+              ("temperature", True, "invalid_type"), ("temperature", "0.5", "invalid_type"),
+              ("temperature", [0.5], "invalid_type"), ("top_p", False, "invalid_type"), ("top_k", 2.5, "invalid_type"),
+              ("max_tokens", "2", "invalid_type"), ("seed", {"a": 1}, "invalid_type"),
+              ("n_predict", 2.0, "invalid_type")]
+
+
+def test_huge_integers_and_wrong_types_are_400s_naming_the_field(http: httpx.Client,
+                                                                 bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
+    """The issue's finding 4: a 400-digit temperature was an OverflowError, a 500 with two tracebacks."""
+    for key, value, code in BAD_VALUES:
+        _error(_chat(http, **{key: value}), 400, code, key)
+        end = _bridge_ask(bridge[1], f"bad-{key}", cmd="chat", messages=MESSAGES, **{key: value})[-1]
+        assert end["event"] == "error" and end["code"] in ("invalid_parameter", "invalid_type"), end
+        assert key in end["message"], end
+    # Negative zero is zero: greedy.
+    assert _chat(http, temperature=-0.0).json()["choices"][0]["message"]["content"] == \
+        _chat(http, temperature=0).json()["choices"][0]["message"]["content"]
+
+
+def _completion_tokens(reply: httpx.Response) -> int:
+    assert reply.status_code == 200, reply.text
+    return reply.json()["usage"]["completion_tokens"]
+
+
+def test_a_null_is_a_key_left_out(http: httpx.Client, bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
+    """The issue's finding 5: max_completion_tokens: null cancelled max_tokens: 2."""
+    assert _completion_tokens(_chat(http, max_completion_tokens=None, max_tokens=2)) == 2
+    assert _completion_tokens(_chat(http, max_completion_tokens=2, max_tokens=None, temperature=None)) == 2
+    end = _bridge_ask(bridge[1], "null", cmd="chat", messages=MESSAGES, max_completion_tokens=None, max_tokens=2)[-1]
+    assert end["stats"]["generated_tokens"] == 2
+    _error(_chat(http, max_completion_tokens=3, max_tokens=2), 400, "invalid_value", "max_completion_tokens")
+
+
+FOREIGN = {"repeat_penalty": 1.1, "repetition_penalty": 1.2, "grammar": 'root ::= "a"',
+           "json_schema": {"type": "object"}, "guided_json": {"type": "object"}, "guided_choice": ["a", "b"],
+           "mirostat": 2, "typical_p": 0.9,
+           "reasoning_effort": "low", "prediction": {"type": "content", "content": "Red, orange"},
+           "options": {"num_predict": 2}, "ignore_eos": True, "min_tokens": 4, "format": "json"}
+NEUTRAL = {"repeat_penalty": 1.0, "repetition_penalty": 1, "mirostat": 0, "typical_p": 1.0, "tfs_z": 1,
+           "repeat_last_n": 64, "mirostat_tau": 5.0, "min_tokens": 0, "ignore_eos": False, "grammar": "",
+           "skip_special_tokens": True, "user": "someone", "store": False, "service_tier": "auto"}
+
+
+def test_other_servers_parameter_names_are_mapped_or_refused(http: httpx.Client,
+                                                             bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
+    """The issue's finding 6: llama.cpp's, Ollama's and vLLM's names were silently ignored (n_predict: 2 gave 9
+    tokens)."""
+    _, lines = bridge
+    assert _completion_tokens(_chat(http, max_tokens=None, n_predict=2)) == 2
+    assert _completion_tokens(_chat(http, max_tokens=None, num_predict=3)) == 3
+    assert _bridge_ask(lines, "n_predict", cmd="chat", messages=MESSAGES, n_predict=2)[-1]["stats"][
+        "generated_tokens"] == 2
+    for key, value in FOREIGN.items():
+        assert key in _error(_chat(http, **{key: value}), 400, "unsupported", key)
+        end = _bridge_ask(lines, f"foreign-{key}", cmd="chat", messages=MESSAGES, **{key: value})[-1]
+        assert end["event"] == "error" and end["code"] == "unsupported" and key in end["message"], end
+    assert _chat(http, **NEUTRAL).status_code == 200
+    # An unknown key is refused by name (as OpenAI's API refuses an unrecognized argument), not ignored.
+    _error(_chat(http, max_token=2), 400, "unknown_parameter", "max_token")
+    end = _bridge_ask(lines, "unknown", cmd="chat", messages=MESSAGES, temprature=0.5)[-1]
+    assert end["code"] == "unknown_parameter" and "temprature" in end["message"], end
+    for field, value in (("name", "bob"), ("tool_calls", [{"id": "1", "type": "function"}]), ("colour", "red")):
+        message = {"role": "assistant", "content": "Hi.", field: value}
+        _error(_chat(http, messages=[message, *MESSAGES]), 400,
+               "unknown_parameter" if field == "colour" else "unsupported", f"messages[0].{field}")
+    # What OpenAI's client sends back with an earlier reply is fine.
+    echoed = {"role": "assistant", "content": "Hi.", "refusal": None, "tool_calls": None, "annotations": [],
+              "audio": None, "function_call": None}
+    assert _chat(http, messages=[echoed, *MESSAGES]).status_code == 200
+
+
+def test_minor_conventions(server: LiveServer, http: httpx.Client) -> None:
+    allow = http.get("/v1/chat/completions")
+    _error(allow, 405, None)
+    assert allow.headers["allow"] == "POST"
+    page = http.get("/")
+    assert page.headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in page.headers[
+        "content-security-policy"]
+    refused = http.post("/v1/chat/completions", content=b"{}", headers={"Origin": UI, "content-type": "text/plain"})
+    _error(refused, 415, "unsupported_media_type")
+    assert refused.headers["access-control-allow-origin"] == UI  # the allowed page can read why
+    assert "'' is not loaded" in _error(_chat(http, model=""), 404, "model_not_found", "model")
+
+
+def test_loading_a_loaded_name_with_other_settings_is_refused(bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
+    _, lines = bridge
+    lines.send(id="again", cmd="load", model="smollm2-135m")  # the same settings: the engine already there
+    assert lines.until("again", {"loaded", "error"}, timeout=120)[-1]["event"] == "loaded"
+    for field, value in (("ctx", -5), ("ctx", 2048), ("gamma", 2)):
+        lines.send(id=f"load-{field}", cmd="load", model="smollm2-135m", **{field: value})
+        event = lines.until(f"load-{field}", {"loaded", "error"}, timeout=120)[-1]
+        assert event["event"] == "error" and event["code"] == "load_failed" and field in event["message"], event
+
+
 # -- fuzz ------------------------------------------------------------------------------------------------
 FIELDS = ["model", "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
           "stream", "n", "speculative", "stream_options", "response_format", "tools", "logit_bias",
@@ -315,17 +445,38 @@ def _bounded(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-request_bodies = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), field_values, max_size=5).map(
-    lambda extra: _bounded({"messages": MESSAGES, "prompt": PROMPT, **extra}))
+# Parameter values a careless client sends (issue 38): subnormal, huge, negative zero, wrong types, at the sampling
+# keys and at other servers' names for them.
+PARAMETERS = ["max_tokens", "max_completion_tokens", "n_predict", "num_predict", "temperature", "top_p", "top_k",
+              "min_p", "seed", "n", "stop", "cache_prompt", "repeat_penalty", "typical_p", "mirostat", "ignore_eos"]
+odd_values = (st.sampled_from([5e-324, 1e-320, 2.2250738585072014e-308, -0.0, 0.0, 1e-7, 1.0000000000000002, 2.0,
+                               2.0000000000000004, 10**400, -(10**400), 2**63, 2**64, -1, 0, 1, True, False, "1", "",
+                               [], [1], {}, None])
+              | st.floats(allow_nan=False, allow_infinity=False) | st.integers())
+# A body is the endpoint's prompt (messages or prompt) plus these keys.
+request_bodies = (st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), field_values, max_size=5)
+                  | st.dictionaries(st.sampled_from(PARAMETERS), odd_values, min_size=1, max_size=4))
 
 
-def _with_text(raw: bytes) -> bytes:
-    """A request whose message and prompt hold these bytes (often not UTF-8) as their text."""
-    text = raw.replace(b'"', b"").replace(b"\\", b"")
-    return b'{"messages": [{"role": "user", "content": "%s"}], "prompt": "%s", "max_tokens": 3}' % (text, text)
+@dataclass
+class Text:
+    """Bytes (often not UTF-8) to put into a request's message or prompt as its text."""
+
+    raw: bytes
 
 
-raw_bodies = (st.binary(max_size=64) | st.binary(min_size=1, max_size=16).map(_with_text)
+def _encode(body: dict[str, Any] | bytes | Text, chat: bool, **extra: object) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, Text):
+        text = body.raw.replace(b'"', b"").replace(b"\\", b"")
+        prompt = b'"messages": [{"role": "user", "content": "%s"}]' if chat else b'"prompt": "%s"'
+        return b"{%s, %s}" % (prompt % text, json.dumps({"max_tokens": 3, **extra})[1:-1].encode())
+    prompt = {"messages": MESSAGES} if chat else {"prompt": PROMPT}
+    return json.dumps(_bounded({**prompt, **body, **extra})).encode()
+
+
+raw_bodies = (st.binary(max_size=64) | st.binary(min_size=1, max_size=16).map(Text)
               | st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)
               | st.integers(1, 3000).map(lambda n: b'{"messages":' * n))
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
@@ -348,17 +499,59 @@ def _check_http_answer(response: httpx.Response) -> None:
         assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def _no_server_errors(server: LiveServer) -> None:
+    assert server.proc.poll() is None and "Traceback" not in server.log()
+    assert server.metric('edgespec_requests_total{model="smollm2-135m",outcome="error"}', AUTH) == 0
+
+
 def test_fuzz_http(server: LiveServer, http: httpx.Client) -> None:
     before = _reference(http)
 
     @FUZZ
     @given(body=request_bodies | raw_bodies, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
-    def fuzz(body: dict[str, Any] | bytes, path: str) -> None:
-        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    def fuzz(body: dict[str, Any] | bytes | Text, path: str) -> None:
+        content = _encode(body, path == "/v1/chat/completions")
         _check_http_answer(http.post(path, content=content, headers={"content-type": "application/json"}))
 
     fuzz()
-    assert server.proc.poll() is None and _reference(http) == before
+    assert _reference(http) == before
+    _no_server_errors(server)
+
+
+def test_fuzz_slow_clients(server: LiveServer, http: httpx.Client) -> None:
+    """Requests sent in pieces with pauses, some abandoned halfway (in the head or the body): every finished one
+    is answered below 500, and an abandoned one leaves nothing behind (no traceback, no server error)."""
+    before = _reference(http)
+
+    @settings(FUZZ, max_examples=25)
+    @given(body=request_bodies, chat=st.booleans(), cuts=st.lists(st.floats(0, 1), min_size=1, max_size=4),
+           pause=st.sampled_from([0.0, 0.01, 0.1]), abandon=st.booleans())
+    def fuzz(body: dict[str, Any], chat: bool, cuts: list[float], pause: float, abandon: bool) -> None:
+        content = _encode(body, chat)
+        request = (f"POST /v1/{'chat/' if chat else ''}completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                   f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(content)}\r\nConnection: close\r\n\r\n").encode() + content
+        ends = sorted({int(c * len(request)) for c in cuts} | {len(request)})
+        if abandon:
+            ends = ends[:-1] or [len(request) // 2]
+        with socket.create_connection(("127.0.0.1", server.port), timeout=120) as conn:
+            start = 0
+            for end in ends:
+                conn.sendall(request[start:end])
+                start = end
+                time.sleep(pause)
+            if abandon:
+                return
+            reply = b""
+            while data := conn.recv(1 << 16):
+                reply += data
+        status = int(reply.split(b" ", 2)[1])
+        assert status < 500, reply[:2000]
+
+    fuzz()
+    time.sleep(0.5)  # the last abandoned request's disconnect reaches the server
+    assert _reference(http) == before
+    _no_server_errors(server)
 
 
 def test_fuzz_bridge(bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
@@ -371,10 +564,9 @@ def test_fuzz_bridge(bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
 
     @FUZZ
     @given(body=request_bodies | raw_bodies, cmd=st.sampled_from(["chat", "generate"]))
-    def fuzz(body: dict[str, Any] | bytes, cmd: str) -> None:
+    def fuzz(body: dict[str, Any] | bytes | Text, cmd: str) -> None:
         # One line at a time, so every event up to an ending one answers this line; each line gets one.
-        line = body if isinstance(body, bytes) else json.dumps({**body, "id": "fuzz", "cmd": cmd}).encode()
-        line = line.replace(b"\n", b" ")
+        line = _encode(body, cmd == "chat", id="fuzz", cmd=cmd).replace(b"\n", b" ")
         if not line.strip():
             return
         lines.send_raw(line)

@@ -10,10 +10,13 @@ streams as server-sent events. A client that goes away cancels its job, queued o
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
+import re
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable
 from importlib.resources import files
@@ -24,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,6 +36,7 @@ from uvicorn import Config, Server
 from ..engine import StreamChunk
 from ..errors import EdgespecError
 from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
+from .limits import ConnectionLimits, limited_protocol
 from .openai_api import (
     ApiError,
     GenerationRequest,
@@ -78,9 +82,10 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
                max_body: int = 1 << 20, hosts: Collection[str] | None = LOOPBACK_HOSTS) -> Starlette:
     """``hosts``: the Host names answered (None: any; see guard.allowed_hosts)."""
     page = files("edgespec.server").joinpath("static/index.html").read_text(encoding="utf-8")
+    page_headers = _page_headers(page)
 
     async def index(_: Request) -> Response:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=page_headers)
 
     async def health(_: Request) -> Response:
         models = {w.name: {"ready": w.ready.is_set(), "queue_depth": w.depth} for w in pool.workers}
@@ -134,7 +139,20 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
     return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
                      exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
-                                         HTTPException: _http_error, Exception: _internal_error})
+                                         HTTPException: _http_error, ClientDisconnect: _client_gone,
+                                         Exception: _internal_error})
+
+
+def _page_headers(page: str) -> dict[str, str]:
+    """The chat page may not be framed by another site (clickjacking), and runs its own inline script and style
+    only (their hashes), talking to this server alone."""
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in blocks)
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+              "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return {"Content-Security-Policy": policy, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 
 
 async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
@@ -294,7 +312,15 @@ async def _engine_error(_: Request, e: Exception) -> Response:
 
 async def _http_error(_: Request, e: Exception) -> Response:
     assert isinstance(e, HTTPException)
-    return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None))
+    # e.headers: a 405's Allow, naming the methods the path takes.
+    return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None,
+                                   headers=dict(e.headers or {})))
+
+
+async def _client_gone(_: Request, e: Exception) -> Response:
+    """The client went away while sending its request (or took longer than --body-timeout): nobody reads an
+    answer, and it is not a server error."""
+    return Response(status_code=499)
 
 
 async def _internal_error(_: Request, e: Exception) -> Response:
@@ -329,9 +355,10 @@ class _DrainingServer(Server):
         super().handle_exit(sig, frame)
 
 
-def run(app: ASGIApp, pool: ModelPool, host: str, port: int, shutdown_timeout: float) -> None:
+def run(app: ASGIApp, pool: ModelPool, host: str, port: int, shutdown_timeout: float,
+        limits: ConnectionLimits) -> None:
     config = Config(app, host=host, port=port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=shutdown_timeout)
+                    timeout_graceful_shutdown=shutdown_timeout, http=limited_protocol(limits))
     # uvicorn re-raises the stop signal once it has shut down; Ctrl-C is how a server ends, not an error.
     with contextlib.suppress(KeyboardInterrupt):
         _DrainingServer(config, pool, shutdown_timeout).run()

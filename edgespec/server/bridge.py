@@ -8,10 +8,12 @@ bridge reads on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import socket
 import socketserver
 import sys
 import threading
@@ -23,12 +25,17 @@ from typing import IO, Any
 from ..engine import StreamChunk
 from ..errors import EdgespecError
 from .openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
+from .outbox import Outbox
 from .pool import EngineSpec, ModelPool
 from .worker import CANCELLED, DONE, EngineWorker, Job
 
 log = logging.getLogger("edgespec.bridge")
 PROTOCOL = 1
 MAX_LINE = 1 << 20  # bytes; a longer line is an error, not a memory problem
+# Unwritten event bytes a client may fall behind by before it is disconnected (a 4096-token generation's
+# events are ~0.6 MB): a client that stops reading costs this much memory, and nobody else any time.
+MAX_BACKLOG = 4 << 20
+DRAIN_S = 10.0  # how long a closing session waits for its last events to be written
 # A browser made to POST to the TCP port sends an HTTP request whose body could hold valid request lines.
 _HTTP_REQUEST_LINE = re.compile(rb"^[A-Z]+ \S+ HTTP/\d")
 _LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int, "cache_mb": (int, float)}
@@ -85,8 +92,13 @@ class Bridge:
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                out = open(self.wfile.fileno(), "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
-                Session(bridge, out).run(self.rfile)
+                out = open(self.wfile.fileno(), "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+                Session(bridge, out, self._drop).run(self.rfile)
+
+            def _drop(self) -> None:
+                """Disconnect the client: its reader sees the end of input, its blocked writer an error."""
+                with contextlib.suppress(OSError):
+                    self.request.shutdown(socket.SHUT_RDWR)
 
         return Handler
 
@@ -94,9 +106,11 @@ class Bridge:
 class Session:
     """One client: reads its request lines, writes its events, owns its in-flight generations."""
 
-    def __init__(self, bridge: Bridge, out: IO[str]) -> None:
-        self.bridge, self.out = bridge, out
-        self._write_lock = threading.Lock()
+    def __init__(self, bridge: Bridge, out: IO[str], drop: Callable[[], None] = lambda: None) -> None:
+        """``drop`` disconnects the client (a socket's; stdin cannot be closed under its reader)."""
+        self.bridge, self._drop = bridge, drop
+        # Events are written by the session's own thread: the engine's worker never waits on this client.
+        self.outbox = Outbox(out, MAX_BACKLOG, self._lost, f"edgespec-bridge-writer-{id(self):x}")
         self._inflight: dict[object, tuple[EngineWorker, Job]] = {}
         self._lock = threading.Condition()  # notified when a generation ends
         self._gone = False
@@ -118,19 +132,16 @@ class Session:
                     break
         finally:
             self.cancel_all()  # the client has gone: nobody will read these
+            self.outbox.close(DRAIN_S)
 
     def send(self, event: dict[str, object]) -> None:
-        data = json.dumps(event, ensure_ascii=False) + "\n"
-        with self._write_lock:
-            if self._gone:
-                return
-            try:
-                self.out.write(data)
-                self.out.flush()
-            except (OSError, ValueError):  # broken pipe or closed stream: stop writing, cancel the rest
-                self._gone = True
-        if self._gone:
-            self.cancel_all()
+        self.outbox.put(json.dumps(event, ensure_ascii=False) + "\n")
+
+    def _lost(self) -> None:
+        """The client went away or fell MAX_BACKLOG behind: stop its generations and disconnect it."""
+        self._gone = True
+        self.cancel_all()
+        self._drop()
 
     def error(self, rid: object, code: str, message: str) -> None:
         self.send({"id": rid, "event": "error", "code": code, "message": message})
@@ -188,7 +199,7 @@ class Session:
 
     def generate(self, rid: object, request: dict[str, Any]) -> None:
         parse = parse_chat if request["cmd"] == "chat" else parse_completion
-        req = parse({"temperature": 0.0, **request})  # greedy unless asked: the demo shows exact output
+        req = parse(request, temperature=0.0, extra=("id", "cmd"))  # greedy unless asked: the demo shows exact output
         worker = self.bridge.pool.get(req.model)
         piece = worker.engine.target.piece
         pieces: list[str] = []
@@ -255,7 +266,10 @@ class Session:
 def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
     """Request lines; None for a line longer than MAX_LINE (whose rest is skipped)."""
     while True:
-        line = stream.readline(MAX_LINE + 1)
+        try:
+            line = stream.readline(MAX_LINE + 1)
+        except OSError:  # the connection was reset: the client has gone, as at the end of its input
+            return
         if not line:
             return
         if len(line) > MAX_LINE and not line.endswith(b"\n"):

@@ -95,6 +95,9 @@ class RequestGuard:
                             code="origin_not_allowed")
         media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if method == "POST" and path.startswith("/v1/") and media_type != "application/json":
+            # Answered before CORSMiddleware runs: an allowed page gets its CORS header here, to read the error.
+            cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"} if origin is not None and \
+                not _same_origin(origin, host) else {}
             return ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
-                            code="unsupported_media_type")
+                            code="unsupported_media_type", headers=cors)
         return None

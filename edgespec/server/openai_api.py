@@ -2,7 +2,8 @@
 
 This is the one validation layer of the HTTP server and the bridge: a body is parsed (bounded nesting,
 finite numbers, real text), its JSON types are checked, the API's documented ranges (temperature in
-[0, 2]) and the parameters edgespec cannot honour (tools, JSON mode, penalties) are refused by name.
+[0, 2]) and the parameters edgespec cannot honour (tools, JSON mode, penalties: parameters.py says what every
+key gets) are refused by name.
 The engine's own ranges (max_tokens >= 1, top_p in (0, 1], mode, γ) stay the engine's to check, so
 the server and the library reject exactly the same things.
 """
@@ -11,31 +12,23 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from ..stats import GenerationStats
+from .parameters import CHAT, COMPLETION, INERT, MESSAGE, MESSAGE_UNSUPPORTED, UNSUPPORTED, refused_key
 from .pool import ModelNotFoundError
 from .worker import InternalError, QueueFullError
 
 _ENGINE_PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "mode", "gamma")
 MAX_DEPTH = 32  # nesting of a request body; OpenAI's own bodies need about 5
 ROLES = ("system", "developer", "user", "assistant")
-# Parameters edgespec does not implement, and the values that mean "not used" (which clients send by default).
-# Penalties and logit_bias change the target's distribution: they would have to be applied in verification
-# as well to keep speculation exact, and until they are they are refused rather than ignored.
-_UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
-    "functions": (None, []), "function_call": (None, "none"), "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0), "logit_bias": (None, {}), "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0), "best_of": (None, 1), "suffix": (None, ""), "audio": (None,),
-    "modalities": (None, ["text"]), "parallel_tool_calls": (None, True, False)}
-
 
 class ApiError(Exception):
     """An error response: HTTP status plus OpenAI's ``{"error": {message, type, param, code}}`` body."""
@@ -123,28 +116,32 @@ class GenerationRequest:
     def prompt_param(self) -> str:
         return "messages" if self.chat else "prompt"
 
-    def start(self, engine: Engine) -> Iterator[StreamChunk]:
-        """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker."""
+    def start(self, engine: Engine, cancel: threading.Event) -> Iterator[StreamChunk]:
+        """Begin generating (validates eagerly, raising the engine's errors); run on the engine's worker. Setting
+        ``cancel`` stops a long prompt's prefill (see Engine.stream)."""
         # No max_tokens means no limit, as in OpenAI's API: generation ends at the latest when the context is
         # full, so a larger max_tokens is clamped to the context.
         kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", engine.n_ctx),
-                                                   engine.n_ctx)}
+                                                   engine.n_ctx), "cancel": cancel}
         if self.chat:
             return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
         return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
 
 
-def parse_chat(body: object) -> GenerationRequest:
-    body = _object(body)
+def parse_chat(body: object, temperature: float = 1.0, extra: Collection[str] = ()) -> GenerationRequest:
+    """``temperature``: the default when the body names none (OpenAI's 1); ``extra``: keys the caller reads itself
+    (the bridge's ``id`` and ``cmd``)."""
+    body = _object(body, CHAT.union(extra))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", param="messages", code="invalid_type")
     return GenerationRequest(True, _model(body), [_message(m, i) for i, m in enumerate(messages)],
-                             _flag(body, "stream"), _sampling(body), _include_usage(body))
+                             _flag(body, "stream"), _sampling(body, temperature), _include_usage(body))
 
 
-def parse_completion(body: object) -> GenerationRequest:
-    body = _object(body)
+def parse_completion(body: object, temperature: float = 1.0, extra: Collection[str] = ()) -> GenerationRequest:
+    """As ``parse_chat``."""
+    body = _object(body, COMPLETION.union(extra))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # the client libraries send a one-element batch
@@ -152,15 +149,22 @@ def parse_completion(body: object) -> GenerationRequest:
     if not (isinstance(prompt, str) and prompt) and not (is_ids and prompt):
         raise ApiError(400, "'prompt' must be a non-empty string or array of token ids (one prompt per request)",
                        param="prompt", code="invalid_type")
-    if body.get("echo"):
-        raise ApiError(400, "'echo' is not supported", param="echo", code="unsupported")
-    return GenerationRequest(False, _model(body), prompt, _flag(body, "stream"), _sampling(body),
+    return GenerationRequest(False, _model(body), prompt, _flag(body, "stream"), _sampling(body, temperature),
                              _include_usage(body))
 
 
-def _object(body: object) -> dict[str, Any]:
+def _object(body: object, known: Collection[str], where: str = "",
+            unsupported: Mapping[str, tuple[tuple[object, ...], str]] = UNSUPPORTED,
+            inert: Collection[str] = INERT) -> dict[str, Any]:
+    """The body's keys, nulls left out (a null is the key not sent, as in OpenAI's API); a 400 for a key that
+    edgespec would otherwise ignore (see parameters.py)."""
     if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_type")
+        raise ApiError(400, f"{where.rstrip('.') or 'the request body'} must be a JSON object", code="invalid_type")
+    body = {key: value for key, value in body.items() if value is not None}
+    refused = refused_key(body, known, where, unsupported, inert)
+    if refused is not None:
+        name, code, message = refused
+        raise ApiError(400, message, param=name, code=code)
     return body
 
 
@@ -194,6 +198,7 @@ def _message(m: object, i: int) -> dict[str, str]:
     if m["role"] not in ROLES:  # "tool" and "function" would need tool support; anything else is a typo
         raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}, got {m['role'][:40]!r}",
                        param=f"{param}.role", code="unsupported")
+    m = _object(m, MESSAGE, f"{param}.", MESSAGE_UNSUPPORTED, ())
     content = m.get("content")
     if isinstance(content, list):  # content parts: only text can be read by a text model
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -208,27 +213,25 @@ def _message(m: object, i: int) -> dict[str, str]:
     return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
 
 
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+def _sampling(body: dict[str, Any], default_temperature: float) -> dict[str, Any]:
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise ApiError(400, "only n=1 is supported: send one request per completion", param="n", code="unsupported")
-    for key, unused in _UNSUPPORTED.items():
-        value = body.get(key)
-        if not any(value == u and isinstance(value, bool) == isinstance(u, bool) for u in unused):
-            raise ApiError(400, f"'{key}' is not supported by edgespec (it would be ignored, so it is refused)",
-                           param=key, code="unsupported")
     kw: dict[str, Any] = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _max_tokens(body)
     if max_tokens is not None:
-        kw["max_tokens"] = _typed(max_tokens, int, "max_tokens")
-    kw["temperature"] = float(_typed(body.get("temperature", 1.0), float, "temperature"))  # OpenAI's default
+        kw["max_tokens"] = max_tokens
+    kw["temperature"] = _number(body, "temperature", default_temperature)
     if not 0 <= kw["temperature"] <= 2:  # OpenAI's documented range
         raise ApiError(400, f"temperature must be in [0, 2], got {kw['temperature']:.6g}", param="temperature",
                        code="invalid_value")
-    for key, kind in (("top_p", float), ("top_k", int), ("min_p", float)):
-        if body.get(key) is not None:
-            kw[key] = _typed(body[key], kind, key)
-    if body.get("seed") is not None:
+    for key in ("top_p", "min_p"):
+        if key in body:
+            kw[key] = _number(body, key)
+    if "top_k" in body:
+        top_k = _typed(body["top_k"], int, "top_k")
+        kw["top_k"] = 0 if top_k == -1 else top_k  # vLLM's "off" is -1, edgespec's 0
+    if "seed" in body:
         kw["seed"] = _typed(body["seed"], int, "seed")
         if not 0 <= kw["seed"] < 1 << 64:  # numpy's generator takes non-negative seeds only
             raise ApiError(400, "seed must be in [0, 2**64)", param="seed", code="invalid_value")
@@ -253,6 +256,30 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
             gamma = spec["gamma"]
             kw["gamma"] = gamma if gamma == "auto" else _typed(gamma, int, "speculative.gamma")
     return kw
+
+
+_MAX_TOKENS = ("max_completion_tokens", "max_tokens", "n_predict", "num_predict")  # OpenAI's, llama.cpp's, Ollama's
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """The output limit, under any of its names (llama.cpp's and Ollama's -1: none); names that disagree are a
+    400. Its range is the engine's to check (max_tokens >= 1; larger than the context is clamped to it)."""
+    given = {key: _typed(body[key], int, key) for key in _MAX_TOKENS if key in body}
+    limits = {key: None if value == -1 and key in _MAX_TOKENS[2:] else value for key, value in given.items()}
+    if len(set(limits.values())) > 1:
+        raise ApiError(400, f"{' and '.join(limits)} disagree; send one of them", param=next(iter(limits)),
+                       code="invalid_value")
+    return next(iter(limits.values()), None)
+
+
+def _number(body: dict[str, Any], key: str, default: float | None = None) -> float:
+    """A float parameter: any JSON number, an integer too (one beyond a float's range is a 400, not an overflow);
+    -0.0 is 0.0."""
+    value = _typed(body.get(key, default), float, key)
+    try:
+        return float(value) + 0.0
+    except OverflowError:
+        raise ApiError(400, f"'{key}' is out of range", param=key, code="invalid_value") from None
 
 
 def _typed(value: object, kind: type, param: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from .. import load
 from ..engine import MODES, Engine
@@ -72,13 +72,24 @@ class ModelPool:
         self.max_queue = max_queue
         self.metrics = Metrics()
         self._workers: dict[str, EngineWorker] = {}
+        self._specs: dict[str, EngineSpec] = {}  # what each was loaded with
         self._lock = threading.Lock()
 
     def load(self, spec: EngineSpec) -> EngineWorker:
-        """Load a model under its name; loading a name again returns the engine already there."""
+        """Load a model under its name; loading a name again returns the engine already there, if asked for with
+        the settings it was loaded with (others would be ignored, so they are refused)."""
         with self._lock:  # held while loading: two clients loading one name must not get two engines
             if spec.name not in self._workers:
                 self._workers[spec.name] = spec.load_worker(self.metrics, self.max_queue)
+                self._specs[spec.name] = spec
+            loaded = self._specs[spec.name]
+            differ = [f.name for f in fields(spec) if f.name != "model" and
+                      getattr(spec, f.name) != getattr(loaded, f.name)]
+            if differ:
+                had = ", ".join(f"{name}={getattr(loaded, name)!r}" for name in differ)
+                asked = ", ".join(f"{name}={getattr(spec, name)!r}" for name in differ)
+                raise InvalidParameterError(f"{spec.name!r} is already loaded with {had}; loading it again cannot "
+                                            f"change that (asked: {asked})")
             return self._workers[spec.name]
 
     def get(self, name: str | None) -> EngineWorker:
@@ -89,7 +100,7 @@ class ModelPool:
             if name in self._workers:
                 return self._workers[name]
             loaded = ", ".join(self._workers) or "none"
-        raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {loaded})" if name else
+        raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {loaded})" if name is not None else
                                  "no model is loaded; send a load command first")
 
     @property
@@ -106,6 +117,6 @@ class ModelPool:
 
     def close(self) -> None:
         with self._lock:
-            workers, self._workers = list(self._workers.values()), {}
+            workers, self._workers, self._specs = list(self._workers.values()), {}, {}
         for w in workers:
             w.close()

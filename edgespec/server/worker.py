@@ -2,7 +2,8 @@
 
 An ``Engine`` holds one KV arena and is not thread-safe, so every use of it goes through its worker.
 Callers hand in a ``Job`` (how to start the stream, where its chunks go) and may cancel it at any
-time: a waiting job leaves the queue at once, a running one stops after the current decode step.
+time: a waiting job leaves the queue at once, a running one stops after the current decode step (or the
+current chunk of its prompt's prefill).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ class InternalError(EdgespecError):
 
 @dataclass(eq=False)
 class Job:
-    """One generation. ``on_end(outcome, error)`` is called exactly once, from the worker thread or ``cancel``."""
+    """One generation. ``on_end(outcome, error)`` is called exactly once, from the worker thread or ``cancel``.
+    ``start(engine, cancelled)`` begins the stream; the engine stops a long prefill when ``cancelled`` is set."""
 
-    start: Callable[[Engine], Iterator[StreamChunk]]
+    start: Callable[[Engine, threading.Event], Iterator[StreamChunk]]
     on_chunk: Callable[[StreamChunk], None]
     on_end: Callable[[str, EdgespecError | None], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -130,7 +132,7 @@ class EngineWorker:
         outcome, error, stats, n_tokens = CANCELLED, None, None, 0
         try:
             if not job.cancelled.is_set():
-                stream = job.start(self.engine)
+                stream = job.start(self.engine, job.cancelled)
                 try:
                     for chunk in stream:
                         n_tokens += len(chunk.tokens)
