@@ -14,7 +14,7 @@ WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LL
 
 # What `make demo` needs: the runtime, llama.cpp, ONNX Runtime and the GGUF → ONNX exporter; no torch. Then
 # edgespec's kernels for ONNX Runtime (exact attention, block INT8 products), compiled for this CPU once (~15 s;
-# README "ONNX export").
+# docs/kernels.md). Not the server: `edgespec serve` says the one line that adds it (.[server]).
 setup: $(VENV)/.setup-done
 	$(BIN)/edgespec build-kernel || echo "edgespec: ONNX exports will use GroupQueryAttention and MatMulNBits"
 

@@ -35,6 +35,7 @@ from .arena import CacheState
 from .backend import ModelOptions, check_options, split_batches
 from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .extras import install_command, require
 from .hf_tokenizer import HFTokenizer
 from .vocab import check_same_vocab
 
@@ -164,7 +165,7 @@ def _providers(device: str) -> list[str]:
     available = set(ort.get_available_providers())
     wanted = [p for p in _PROVIDERS[device] if p in available]
     if device in ("cuda", "metal") and not wanted:
-        package = "onnxruntime-gpu (pip install 'edgespec[cuda]')" if device == "cuda" else "an onnxruntime with CoreML"
+        package = f"onnxruntime-gpu ({install_command('cuda')})" if device == "cuda" else "an onnxruntime with CoreML"
         raise InvalidParameterError(f"device={device!r}, but this onnxruntime has no {_PROVIDERS[device][0]}; "
                                     f"install {package}")
     return [*wanted, "CPUExecutionProvider"]
@@ -216,8 +217,7 @@ class OnnxModel:
     arena's ``Cache``."""
 
     def __init__(self, path: str | os.PathLike[str], options: OnnxOptions | None = None) -> None:
-        import onnxruntime as ort
-
+        ort = require("onnxruntime", "onnx", "an ONNX model")
         self.path = Path(path).expanduser()
         self.options = options or OnnxOptions()
         if self.path.suffix == ".onnx" or self.path.name == MANIFEST:

@@ -24,8 +24,8 @@ from edgespec.export.onnx_reference import OnnxReference
 import edgespec
 from edgespec import custom_ops
 from edgespec.cli import main
-from edgespec.errors import ModelLoadError
-from edgespec.export import MissingExtraError
+from edgespec.errors import MissingExtraError, ModelLoadError
+from edgespec.extras import install_command
 from tests.conftest import hf_checkpoint, onnx_export_dir
 
 pytest.importorskip("onnxruntime")
@@ -228,7 +228,7 @@ def test_bad_sources_get_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch, smol_hf: Path, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if the package were not installed
-    with pytest.raises(MissingExtraError, match=r"pip install 'edgespec\[export\]'"):
+    with pytest.raises(MissingExtraError, match=re.escape(install_command("export"))):
         export_onnx(smol_hf, tmp_path / "o", progress=False)
 
 

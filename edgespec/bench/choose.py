@@ -30,6 +30,7 @@ from ..default_model import current_export
 from ..engine import Engine
 from ..errors import EdgespecError
 from ..exactness import NotExactError
+from ..extras import install_command
 from ..models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, ModelFamily, cache_dir
 from ..onnx_backend import OnnxModel, OnnxOptions
 from ..tuning import DefaultChoice, StoredCurve, default_choice_path, find_default_choice
@@ -142,7 +143,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         else:
             candidates.append((path, "onnx"))
     elif onnx:
-        skipped["onnx int8"] = "onnxruntime is not installed (pip install 'edgespec[onnx]')"
+        skipped["onnx int8"] = f"onnxruntime is not installed ({install_command('onnx')})"
     engines: list[tuple[str, str, Engine]] = []
     try:
         for name, backend in candidates:

@@ -7,6 +7,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from ..extras import needed
 from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
 from .replay import CURVES
@@ -163,11 +164,8 @@ def _write(result: dict, stem: Path) -> int:
 def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
     from .plots import plot, plot_chat
 
-    try:
+    with needed("bench", "plotting", ", or pass --no-plots"):
         return (plot_chat if chat else plot)(result, stem)
-    except ModuleNotFoundError as e:
-        raise BenchError(f"plots need matplotlib ({e.name} is missing): pip install 'edgespec[bench]', "
-                         "or pass --no-plots") from e
 
 
 def _replay(args: argparse.Namespace) -> int:
