@@ -68,6 +68,11 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
     choice = choose_default(families()["smollm2-135m"], key, 1, "cpu", Budget(prompts=2, max_tokens=12),
                             say=said.append)
     assert choice.skipped.pop("onnx int8") == "not exported in this test"
+    # Said first, before anything is measured: once, what, about how long, and where the result is kept.
+    assert said[0].startswith("edgespec: first use on this machine: measuring which build of smollm2-135m")
+    models = len(key["candidates"]) + 1  # the shipped GGUF's variants and its ONNX export
+    assert "an ONNX export" in said[0] and f"a race of {models} models × 2 modes on 2 texts" in said[0]
+    assert "once, about 1–5 minutes on 2 cores" in said[0] and said[0].endswith(str(default_choice_path(key)))
     raced = {r["target"] for r in choice.candidates}
     assert raced | set(choice.skipped) == {f"smollm2-135m:{q}" for q in key["candidates"]}  # each raced or skipped
     assert {(r["mode"], r["gamma"]) for r in choice.candidates} == {("none", 0), ("ngram", "auto")}

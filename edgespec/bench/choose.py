@@ -132,10 +132,9 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                    say: Callable[[str], None] = _stderr) -> DefaultChoice:
     """Measure the candidates (module docstring), store the choice and print it as a short table."""
     started = time.perf_counter()
-    say(f"edgespec: measuring the default model on this machine (once; {budget.prompts} texts × "
-        f"{budget.max_tokens} tokens per candidate)")
-    skipped: dict[str, str] = {}
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
+    say(first_use_line(family, len(candidates), bool(onnx and key["onnx"]), budget, default_choice_path(key)))
+    skipped: dict[str, str] = {}
     if onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
         path, note = onnx_candidate(family, threads, say)
         if path is None:
@@ -197,6 +196,16 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         say(line)
     say(f"edgespec: stored in {path} ({seconds} s); `edgespec tune --default` measures again")
     return choice
+
+
+def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, kept: Path) -> str:
+    """Said before the measurement starts: that it happens once, what it does, about how long, where it is kept.
+    The time is the range seen on 2 cores: 54 s on a quiet machine, 308 s on a busy one (ONNX export included)."""
+    export = "an ONNX export of its shipped weights and a quality check of it, then " if onnx else ""
+    models = ggufs + onnx
+    return (f"edgespec: first use on this machine: measuring which build of {family.name} answers quickest here "
+            f"({export}a race of {models} model{'s' if models > 1 else ''} × {len(RACED_MODES)} modes on "
+            f"{budget.prompts} texts); once, about 1–5 minutes on 2 cores; the result is kept in {kept}")
 
 
 def pick(rows: list[dict]) -> dict:
