@@ -12,7 +12,7 @@ import importlib
 import os
 from collections.abc import Sequence
 
-from .backends import BACKENDS, ModelOptions, open_model
+from .backends import BACKENDS
 from .cpu import physical_cores
 from .default_model import default_choice
 from .engine import MODES, Completion, Engine, StreamChunk
@@ -23,14 +23,14 @@ from .errors import (
     ModelLoadError,
     VocabMismatchError,
 )
-from .exactness import ExactnessWarning, NotExactError, enforce
-from .exactness import check as check_exactness
+from .exactness import ExactnessWarning, NotExactError
+from .loading import open_engine
 from .models import DEFAULT_MODEL
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .tuning import StoredCurve, Tuning, find_tuning
+from .tuning import Tuning
+from .version import __version__ as __version__
 
-__version__ = "0.1.0"
 # The concrete backends load their runtimes (llama.cpp, onnxruntime) on import: only on first use.
 _LAZY = {"ContextOptions": "llama_backend", "LlamaModel": "llama_backend", "OnnxModel": "onnx_backend"}
 
@@ -75,30 +75,8 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
             mode, gamma = mode or chosen.mode, chosen.gamma if gamma is None else gamma
         else:
             target = DEFAULT_MODEL
-    options = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, device=device, exact_numerics=exact_numerics,
-                           layer_skip=layer_skip)
-    target_model = open_model(target, backend, options)
-    try:
-        enforce(check_exactness(target_model, device, exact_numerics), require_exact, target_model.path.name)
-        draft_model = open_model(draft, backend, options) if draft is not None else None
-    except BaseException:
-        target_model.close()
-        raise
-    try:
-        tuned = (find_tuning(target_model.path, draft_model.path if draft_model else None, target_model.n_threads,
-                             device) if tuning and exact_numerics else None)
-        if tuned is not None:
-            mode = mode or tuned.mode
-            gamma = tuned.gamma if gamma is None else gamma
-        stored = (StoredCurve.find(target_model.path, target_model.n_threads, device) if tuning and exact_numerics
-                  else None)
-        return Engine(target_model, draft_model, mode=mode, gamma="auto" if gamma is None else gamma, tuning=tuned,
-                      stored_curve=stored)
-    except BaseException:
-        target_model.close()
-        if draft_model is not None:
-            draft_model.close()
-        raise
+    return open_engine(target, draft, mode, gamma, n_ctx, device, n_threads, exact_numerics, backend, layer_skip,
+                       tuning, require_exact)
 
 
 __all__ = [

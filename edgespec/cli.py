@@ -13,11 +13,11 @@ from dataclasses import asdict
 from . import custom_ops
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
-from .discovery import listing
 from .engine import Completion, Engine, collect
 from .errors import EdgespecError
 from .export.cli import add_export_command
 from .export.manifest import exported
+from .model_info import listing
 from .models import DEFAULT_MODEL, cache_dir, families
 from .server.pool import EngineSpec
 from .service_cli import add_service_commands

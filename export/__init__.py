@@ -11,6 +11,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from edgespec import extras
+from edgespec.errors import EdgespecError
+
+
+class UnsupportedArchitectureError(EdgespecError):
+    """The model's architecture is not one the exporter can write."""
 
 
 def require(module: str, extra: str = "export") -> ModuleType:

@@ -19,9 +19,9 @@ import numpy as np
 
 from edgespec import custom_ops
 
-from . import require
+from . import UnsupportedArchitectureError, require
 from .block_weights import BLOCK, BlockWeight, stack
-from .hf import UnsupportedArchitectureError, check_architecture
+from .hf import check_architecture
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"

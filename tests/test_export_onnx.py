@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.hf import UnsupportedArchitectureError
 from edgespec.export.onnx_cmd import summary
 from edgespec.export.onnx_export import export_onnx
 from edgespec.export.onnx_quality import compare, export_logits, source_logits
@@ -25,6 +24,7 @@ import edgespec
 from edgespec import custom_ops
 from edgespec.cli import main
 from edgespec.errors import MissingExtraError, ModelLoadError
+from edgespec.export import UnsupportedArchitectureError
 from edgespec.extras import install_command
 from tests.conftest import hf_checkpoint, onnx_export_dir
 

@@ -201,11 +201,11 @@ def _row_cost(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .tune import show, tune
+    from ..tune import show, tune
 
     if args.default:
+        from ..default_race import show as show_default
         from ..llama_backend import physical_cores
-        from .choose import show as show_default
 
         return show_default(args.threads or physical_cores(), args.device, measure=not args.show)
     if args.show:
