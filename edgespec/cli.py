@@ -14,7 +14,7 @@ from . import custom_ops
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
 from .engine import Completion, Engine, collect
-from .errors import EdgespecError
+from .errors import EdgespecError, InvalidParameterError
 from .export.cli import add_export_command
 from .export.manifest import exported
 from .model_info import listing
@@ -71,6 +71,8 @@ def generate_engine(flags: Sequence[str] = ()) -> Engine:
 def _prompt(engine: Engine, args: argparse.Namespace) -> str | list[int]:
     """The prompt as the model should see it: in its chat template (as Ollama's `run` and llama.cpp's CLI do)
     unless --raw asks for a plain completion or the model has none; --chat insists on the template."""
+    if not args.prompt:  # in a chat template it would still be a (pointless) request: refused as before
+        raise InvalidParameterError("the prompt is empty")
     if args.raw or (engine.chat_template is None and not args.chat):
         return args.prompt
     return engine.chat_tokens([{"role": "user", "content": args.prompt}])
@@ -206,7 +208,8 @@ def _format_warning(message: Warning | str, category: type[Warning], *_: object)
     return f"edgespec: warning: {message}\n"  # a user-facing line (the exactness check's), not a source location
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (the README's commands are checked against it)."""
     parser = argparse.ArgumentParser(prog="edgespec", description="Lossless speculative decoding on local CPUs")
     parser.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -250,8 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)
     add_bench_commands(sub)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")
     warnings.formatwarning = _format_warning
     try:
