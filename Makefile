@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LLAMA_CPP_VERSION := 0.3.36
 TORCH_VERSION ?= 2.13.*
 # Built without llamafile's sgemm kernels: with them, a batched verify pass rounds attention differently
-# from single-token decoding and greedy output can drift (README, "Exact numerics").
+# from single-token decoding and greedy output can drift (docs/exact-numerics.md).
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 # The llama.cpp build takes ~10 min on 2 cores: keep the wheel, keyed by version and build flags.
 WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)

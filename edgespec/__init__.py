@@ -1,7 +1,7 @@
 """edgespec: lossless speculative decoding for quantized local LLMs.
 
     import edgespec
-    engine = edgespec.load()    # SmolLM2-135M-Instruct as measured fastest on this machine (first use: ~2 min)
+    engine = edgespec.load()    # SmolLM2-135M-Instruct as measured fastest on this machine (first use: 1–5 min)
     out = engine.generate("The capital of France is", max_tokens=32)
     print(out.text, out.stats.decode_tokens_per_s, out.stats.acceptance_rate)
 """
@@ -58,9 +58,9 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     ``draft=``, a model with the target's vocabulary), ``layerskip`` / ``hybrid`` (ONNX models: the target
     drafts with some layers skipped; hybrid tries prompt lookup first) or ``none``. ``gamma`` is ``"auto"``
     (chosen each step from measured costs and acceptance) or a fixed number of draft tokens.
-    ``exact_numerics`` keeps logits batch-invariant, which greedy losslessness depends on (README, "Exact
-    numerics"). ``backend`` is ``llamacpp``, ``onnx`` or ``auto`` (from the path); ``layer_skip`` overrides
-    the layers an ONNX model's self-draft skips (default: the calibrated set in its manifest).
+    ``exact_numerics`` keeps logits batch-invariant, which greedy losslessness depends on
+    (docs/exact-numerics.md). ``backend`` is ``llamacpp``, ``onnx`` or ``auto`` (from the path); ``layer_skip``
+    overrides the layers an ONNX model's self-draft skips (default: the calibrated set in its manifest).
     With ``tuning`` (default), what ``edgespec tune`` measured for these files, threads and device
     replaces the start-up calibration, and its chosen mode and γ are the defaults (None) of ``mode``
     and ``gamma``; without a tuning file they are n-gram (or draft) and ``"auto"``.

@@ -2,7 +2,7 @@
 
 ``edgespec.ExactAttention`` (``kernels/exact_attention.cc``): onnxruntime's GroupQueryAttention rounds a lone new
 token differently from the same position among several, so graphs using it pad single-token calls to two rows
-(README, "Exact numerics"). The kernel computes every row in an order fixed by its own position: one new token
+(docs/exact-numerics.md). The kernel computes every row in an order fixed by its own position: one new token
 costs one row, a verify batch reads each key once, and a row's result is the same bits in any call.
 ``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/block_int8.py``).
@@ -96,8 +96,8 @@ def ensure(say: Callable[[str], None] | None = None) -> Path | None:
     `git pull` without `make setup`, or a setup that skipped it), or None where it cannot be built here.
 
     Without the library the default export falls back to GroupQueryAttention and MatMulNBits, and a default chosen
-    on it stays cached: a single token at 2000 tokens of context then costs about twice as much (README, "ONNX
-    export"). A build costs ~15 s once; a failed one is tried once per process and says why.
+    on it stays cached: a single token at 2000 tokens of context then costs about twice as much (docs/kernels.md).
+    A build costs ~15 s once; a failed one is tried once per process and says why.
     """
     global _unbuildable
     path = library()

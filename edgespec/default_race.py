@@ -10,7 +10,7 @@ whose output equals their own plain decoding, each model runs n-gram lookup with
 answered more than ``MARGIN`` quicker (``pick``), and the model that answers quickest wins: the seconds to read the
 four prompts and write a reply to each at its measured prefill and decode rates. (Judged on decode speed alone, the
 default on an AMD EPYC was the GGUF, 1.23× the ONNX export's decode but half its prefill: a chat turn that
-brings a document then waited three times as long for its first token, README "The default model".)
+brings a document then waited three times as long for its first token, docs/default-model.md.)
 The choice is stored keyed by the shipped file, candidates, threads, device and CPU.
 """
 

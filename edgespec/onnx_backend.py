@@ -64,7 +64,7 @@ claims = is_onnx_model
 
 @dataclass(frozen=True)
 class OnnxOptions:
-    """How the sessions are created. The defaults make logits batch-invariant (README, "ONNX backend")."""
+    """How the sessions are created. The defaults make logits batch-invariant (docs/layer-skip.md)."""
 
     n_ctx: int = 4096
     n_batch: int = 256
@@ -274,7 +274,7 @@ class OnnxModel:
         # Segments split at the skip set only when the layer-skip draft is first readied (``_plan``): the target's
         # logits are the same bit for bit under any split (tests/test_onnx_backend.py), and each session call
         # costs beyond its compute (SmolLM2 INT8, 2 threads, 100 tokens of context, three alternating runs:
-        # 13 sessions 15.1–15.7 ms per token, 4 sessions 14.1–14.3 ms; README "ONNX backend").
+        # 13 sessions 15.1–15.7 ms per token, 4 sessions 14.1–14.3 ms; docs/layer-skip.md).
         self._split_at: list[int] = []
         self._open_stages()
         self._all_layers = tuple(range(self.n_layer))  # plans are keyed by tuples: no new one per token

@@ -1,6 +1,6 @@
 """The edge architectures on the GGUF/llama.cpp backend: a tiny random model of each (tests/tiny_gguf.py) decodes,
 and greedy speculation with n-gram lookup and with a draft model (another tiny model of the same architecture)
-equals target-only decoding, at a short and a long context. README's support table cites these tests."""
+equals target-only decoding, at a short and a long context. docs/models.md's support table cites these tests."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def test_int4_exports_loads_and_generates(smol_onnx: dict[str, Path], smol_hf: P
 
     ops = [n.op_type for n in onnx.load(str(folder / "layer_00.onnx"), load_external_data=False).graph.node]
     assert ops.count("MatMulNBits") == 4 and "MatMul" not in ops  # q|k|v and gate|up packed: 4 calls, not 7
-    # INT4 round-to-nearest costs a 135M model a lot (README); it must still track FP32 far above chance.
+    # INT4 round-to-nearest costs a 135M model a lot (docs/kernels.md); it must still track FP32 far above chance.
     assert compare(export_logits(smol_onnx["fp32"], str(smol_hf), PROMPTS),
                    export_logits(folder, str(smol_hf), PROMPTS))["top1_agreement"] > 0.5
     runner = OnnxReference(folder)
