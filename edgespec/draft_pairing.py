@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import gguf_header
+from .cpu import physical_cores
 from .discovery import found_models
 from .errors import EdgespecError, InvalidParameterError, VocabMismatchError
-from .llama_backend import physical_cores
 from .models import QUANTS, cache_dir, families, resolve
 from .onnx_backend import is_onnx_model
 from .tune import tune

@@ -204,8 +204,8 @@ def _tune(args: argparse.Namespace) -> int:
     from ..tune import show, tune
 
     if args.default:
+        from ..cpu import physical_cores
         from ..default_race import show as show_default
-        from ..llama_backend import physical_cores
 
         return show_default(args.threads or physical_cores(), args.device, measure=not args.show)
     if args.show:
