@@ -19,8 +19,8 @@ FIXED = DefaultChoice(key={}, target=DEFAULT_MODEL, backend="auto", mode="ngram"
 
 
 def default_choice(threads: int, device: str) -> DefaultChoice:
-    """The stored choice for this machine, measured now (1.5–2 min, with progress on stderr) if there is
-    none; ``FIXED`` when tuning is off."""
+    """The stored choice for this machine, measured now if there is none (1–5 min on 2 cores, said first, with
+    progress on stderr); ``FIXED`` when tuning is off."""
     key = default_race.choice_key(threads, device) if tuning_enabled() else None
     if key is None:
         return FIXED
