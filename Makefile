@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LLAMA_CPP_VERSION := 0.3.36
 TORCH_VERSION ?= 2.13.*
 # Built without llamafile's sgemm kernels: with them, a batched verify pass rounds attention differently
-# from single-token decoding and greedy output can drift (README, "Exact numerics").
+# from single-token decoding and greedy output can drift (docs/exact-numerics.md).
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 # The llama.cpp build takes ~10 min on 2 cores: keep the wheel, keyed by version and build flags.
 WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)
@@ -14,7 +14,7 @@ WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LL
 
 # What `make demo` needs: the runtime, llama.cpp, ONNX Runtime and the GGUF → ONNX exporter; no torch. Then
 # edgespec's kernels for ONNX Runtime (exact attention, block INT8 products), compiled for this CPU once (~15 s;
-# README "ONNX export").
+# docs/kernels.md). Not the server: `edgespec serve` says the one line that adds it (.[server]).
 setup: $(VENV)/.setup-done
 	$(BIN)/edgespec build-kernel || echo "edgespec: ONNX exports will use GroupQueryAttention and MatMulNBits"
 

@@ -4,7 +4,7 @@
 
 Why: with GroupQueryAttention the ONNX graphs pad every single-token call to two rows (docs/onnx-format.md),
 because it rounds one query row differently from the same row among others (its P·V product takes MLAS's GEMV
-path when M = 1); at 2000 tokens of context that padding cost ~10 ms of a ~35 ms step (README, #14).
+path when M = 1); at 2000 tokens of context that padding cost ~10 ms of a ~35 ms step (docs/kernels.md).
 
 One layer's attention, SmolLM2's shapes (3 KV heads, 3 query heads each, head size 64). Two designs from plain
 MatMuls, a KV head's query heads stacked as the GEMM's rows (M = 3 · rows is never 1), causal masking by −inf,

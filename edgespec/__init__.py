@@ -1,7 +1,7 @@
 """edgespec: lossless speculative decoding for quantized local LLMs.
 
     import edgespec
-    engine = edgespec.load()    # SmolLM2-135M-Instruct as measured fastest on this machine (first use: ~2 min)
+    engine = edgespec.load()    # SmolLM2-135M-Instruct as measured fastest on this machine (first use: 1–5 min)
     out = engine.generate("The capital of France is", max_tokens=32)
     print(out.text, out.stats.decode_tokens_per_s, out.stats.acceptance_rate)
 """
@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 
 from . import _preload  # noqa: F401  (first: it loads llama.cpp's library before anything imports numpy)
-from .backends import BACKENDS, ModelOptions, open_model
+from .backends import BACKENDS
 from .cpu import physical_cores
 from .default_model import default_choice
 from .engine import MODES, Completion, Engine, StreamChunk
@@ -24,14 +24,14 @@ from .errors import (
     ModelLoadError,
     VocabMismatchError,
 )
-from .exactness import ExactnessWarning, NotExactError, enforce
-from .exactness import check as check_exactness
+from .exactness import ExactnessWarning, NotExactError
+from .loading import open_engine
 from .models import DEFAULT_MODEL
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .tuning import StoredCurve, Tuning, find_tuning
+from .tuning import Tuning
+from .version import __version__ as __version__
 
-__version__ = "0.1.0"
 # The concrete backends load their runtimes (llama.cpp, onnxruntime) on import: only on first use.
 _LAZY = {"ContextOptions": "llama_backend", "LlamaModel": "llama_backend", "OnnxModel": "onnx_backend"}
 
@@ -59,9 +59,9 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     ``draft=``, a model with the target's vocabulary), ``layerskip`` / ``hybrid`` (ONNX models: the target
     drafts with some layers skipped; hybrid tries prompt lookup first) or ``none``. ``gamma`` is ``"auto"``
     (chosen each step from measured costs and acceptance) or a fixed number of draft tokens.
-    ``exact_numerics`` keeps logits batch-invariant, which greedy losslessness depends on (README, "Exact
-    numerics"). ``backend`` is ``llamacpp``, ``onnx`` or ``auto`` (from the path); ``layer_skip`` overrides
-    the layers an ONNX model's self-draft skips (default: the calibrated set in its manifest).
+    ``exact_numerics`` keeps logits batch-invariant, which greedy losslessness depends on
+    (docs/exact-numerics.md). ``backend`` is ``llamacpp``, ``onnx`` or ``auto`` (from the path); ``layer_skip``
+    overrides the layers an ONNX model's self-draft skips (default: the calibrated set in its manifest).
     With ``tuning`` (default), what ``edgespec tune`` measured for these files, threads and device
     replaces the start-up calibration, and its chosen mode and γ are the defaults (None) of ``mode``
     and ``gamma``; without a tuning file they are n-gram (or draft) and ``"auto"``.
@@ -76,30 +76,8 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
             mode, gamma = mode or chosen.mode, chosen.gamma if gamma is None else gamma
         else:
             target = DEFAULT_MODEL
-    options = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, device=device, exact_numerics=exact_numerics,
-                           layer_skip=layer_skip)
-    target_model = open_model(target, backend, options)
-    try:
-        enforce(check_exactness(target_model, device, exact_numerics), require_exact, target_model.path.name)
-        draft_model = open_model(draft, backend, options) if draft is not None else None
-    except BaseException:
-        target_model.close()
-        raise
-    try:
-        tuned = (find_tuning(target_model.path, draft_model.path if draft_model else None, target_model.n_threads,
-                             device) if tuning and exact_numerics else None)
-        if tuned is not None:
-            mode = mode or tuned.mode
-            gamma = tuned.gamma if gamma is None else gamma
-        stored = (StoredCurve.find(target_model.path, target_model.n_threads, device) if tuning and exact_numerics
-                  else None)
-        return Engine(target_model, draft_model, mode=mode, gamma="auto" if gamma is None else gamma, tuning=tuned,
-                      stored_curve=stored)
-    except BaseException:
-        target_model.close()
-        if draft_model is not None:
-            draft_model.close()
-        raise
+    return open_engine(target, draft, mode, gamma, n_ctx, device, n_threads, exact_numerics, backend, layer_skip,
+                       tuning, require_exact)
 
 
 __all__ = [

@@ -13,11 +13,11 @@ from dataclasses import asdict
 from . import custom_ops
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
-from .discovery import listing
-from .engine import Engine, collect
-from .errors import EdgespecError
+from .engine import Completion, Engine, collect
+from .errors import EdgespecError, InvalidParameterError
 from .export.cli import add_export_command
 from .export.manifest import exported
+from .model_info import listing
 from .models import DEFAULT_MODEL, cache_dir, families
 from .server.pool import EngineSpec
 from .service_cli import add_service_commands
@@ -25,7 +25,9 @@ from .stats import GenerationStats
 
 
 def _stats_line(s: GenerationStats) -> str:
-    return (f"{s.generated_tokens} tokens · {s.decode_tokens_per_s:.1f} tok/s decode · "
+    # A rate needs tokens after the first (which comes with the prefill): none decoded, none to print.
+    rate = f"{s.decode_tokens_per_s:.1f} tok/s decode" if s.decode_tokens else "no tokens decoded"
+    return (f"{s.generated_tokens} tokens · {rate} · "
             f"prefill {s.prefill_s:.2f} s · α {s.acceptance_rate:.2f} · τ {s.mean_accepted_per_step:.2f} · "
             f"γ {s.gamma_mean:.1f} · draft {s.draft_s:.2f} s · verify {s.verify_s:.2f} s · mode {s.mode}")
 
@@ -66,9 +68,31 @@ def generate_engine(flags: Sequence[str] = ()) -> Engine:
     return _load(parser.parse_args(list(flags)))
 
 
+def _prompt(engine: Engine, args: argparse.Namespace) -> str | list[int]:
+    """The prompt as the model should see it: in its chat template (as Ollama's `run` and llama.cpp's CLI do)
+    unless --raw asks for a plain completion or the model has none; --chat insists on the template."""
+    if not args.prompt:  # in a chat template it would still be a (pointless) request: refused as before
+        raise InvalidParameterError("the prompt is empty")
+    if args.raw or (engine.chat_template is None and not args.chat):
+        return args.prompt
+    return engine.chat_tokens([{"role": "user", "content": args.prompt}])
+
+
+def empty_reply_reason(result: Completion, raw: bool) -> str | None:
+    """One line saying why a reply has no text, or None when it has some."""
+    if result.text.strip():
+        return None
+    if not result.tokens:
+        hint = ("; without --raw the prompt goes through the model's chat template, which an instruct model "
+                "needs to answer" if raw else "")
+        return f"the reply is empty: the model ended it at once (its end-of-generation token came first){hint}"
+    return (f"the reply has no visible text: {len(result.tokens)} tokens of whitespace or control text, then it "
+            f"ended ({result.finish_reason})")
+
+
 def _generate(args: argparse.Namespace) -> int:
     engine = _load(args)
-    prompt = engine.chat_tokens([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    prompt = _prompt(engine, args)
     kwargs = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop or ())
     if args.json:
@@ -77,20 +101,27 @@ def _generate(args: argparse.Namespace) -> int:
         result = collect(engine.stream(prompt, **kwargs), on_text=lambda text: print(text, end="", flush=True))
         print()
         print(_stats_line(result.stats), file=sys.stderr)
+    why_empty = empty_reply_reason(result, args.raw)
+    if why_empty is not None:
+        print(f"edgespec: {why_empty}", file=sys.stderr)
     report: dict[str, object] = {"text": result.text, "tokens": result.tokens,
                                  "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
     if args.compare:
         # A fresh prefill, as the first run had: the comparison is of decoding and of time to first token.
         baseline = engine.generate(prompt, **kwargs, mode="none", cache_prompt=False)
+        # A speed-up is only a ratio of two rates: a reply that ended before its second token has none.
         speedup = (result.stats.decode_tokens_per_s / baseline.stats.decode_tokens_per_s
-                   if baseline.stats.decode_tokens_per_s else 0.0)
-        report["compare"] = {"identical": baseline.tokens == result.tokens, "speedup": round(speedup, 3),
+                   if result.stats.decode_tokens and baseline.stats.decode_tokens else None)
+        report["compare"] = {"identical": baseline.tokens == result.tokens,
+                             "speedup": None if speedup is None else round(speedup, 3),
                              "target_only": baseline.stats.to_dict()}
         if not args.json:
             same = "identical to" if baseline.tokens == result.tokens else "DIFFERENT from"
-            print(f"target alone: {_stats_line(baseline.stats)}\noutput {same} target-only decoding; "
-                  f"decode speed-up {speedup:.2f}× (one reply each way, so a few percent either way is noise: "
-                  "`edgespec bench` measures many)", file=sys.stderr)
+            ratio = ("no decode speed-up to compare (a reply ended before its second token)" if speedup is None else
+                     f"decode speed-up {speedup:.2f}× (one reply each way, so a few percent either way is noise: "
+                     "`edgespec bench` measures many)")
+            print(f"target alone: {_stats_line(baseline.stats)}\noutput {same} target-only decoding; {ratio}",
+                  file=sys.stderr)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     engine.close()
@@ -177,7 +208,8 @@ def _format_warning(message: Warning | str, category: type[Warning], *_: object)
     return f"edgespec: warning: {message}\n"  # a user-facing line (the exactness check's), not a source location
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (the README's commands are checked against it)."""
     parser = argparse.ArgumentParser(prog="edgespec", description="Lossless speculative decoding on local CPUs")
     parser.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,7 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    template = g.add_mutually_exclusive_group()
+    template.add_argument("--chat", action="store_true",
+                          help="wrap the prompt in the model's chat template (the default where the model has one; "
+                               "with this flag a model without one is an error)")
+    template.add_argument("--raw", action="store_true",
+                          help="a plain completion of the prompt, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("--compare", action="store_true", help="also run the target alone and compare")
     g.set_defaults(func=_generate)
@@ -216,8 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_service_commands(sub, _add_generation_args)
     add_export_command(sub)
     add_bench_commands(sub)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR, format="%(message)s")
     warnings.formatwarning = _format_warning
     try:

@@ -2,7 +2,7 @@
 
 ``edgespec.ExactAttention`` (``kernels/exact_attention.cc``): onnxruntime's GroupQueryAttention rounds a lone new
 token differently from the same position among several, so graphs using it pad single-token calls to two rows
-(README, "Exact numerics"). The kernel computes every row in an order fixed by its own position: one new token
+(docs/exact-numerics.md). The kernel computes every row in an order fixed by its own position: one new token
 costs one row, a verify batch reads each key once, and a row's result is the same bits in any call.
 ``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/block_int8.py``).
@@ -11,9 +11,9 @@ Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec b
 export or load that wants it, ``ensure``) with the system's C++ compiler for this CPU, into the Python environment
 (``<sys.prefix>/share/edgespec/kernels``).
 onnxruntime's wheels carry no C headers: the build reads them from Debian's ``libonnxruntime-dev`` package
-(85 KB, fetched once, checked against its SHA-256; the C API is versioned and stable, so these headers serve
-newer runtimes), or from ``$ORT_INCLUDE_DIR``. Without a compiler or the headers nothing breaks: exports then
-use GroupQueryAttention and MatMulNBits.
+(85 KB, checked against its pinned SHA-256 and kept in ``$EDGESPEC_HOME/downloads``, so fetched once per machine;
+the C API is versioned and stable, so these headers serve newer runtimes), or from ``$ORT_INCLUDE_DIR``. Without a
+compiler or the headers nothing breaks: exports then use GroupQueryAttention and MatMulNBits.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from functools import cache
 from pathlib import Path
 
 from .errors import EdgespecError, ModelLoadError
+from .files import staged
+from .home import downloads_dir
 from .tuning import cpu_identity
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -94,8 +96,8 @@ def ensure(say: Callable[[str], None] | None = None) -> Path | None:
     `git pull` without `make setup`, or a setup that skipped it), or None where it cannot be built here.
 
     Without the library the default export falls back to GroupQueryAttention and MatMulNBits, and a default chosen
-    on it stays cached: a single token at 2000 tokens of context then costs about twice as much (README, "ONNX
-    export"). A build costs ~15 s once; a failed one is tried once per process and says why.
+    on it stays cached: a single token at 2000 tokens of context then costs about twice as much (docs/kernels.md).
+    A build costs ~15 s once; a failed one is tried once per process and says why.
     """
     global _unbuildable
     path = library()
@@ -164,31 +166,49 @@ def _headers(say) -> Path:
             raise KernelBuildError(f"ORT_INCLUDE_DIR={given} has no {HEADER}")
         return Path(given)
     folder = kernels_dir() / "include"
-    if (folder / HEADER).is_file():
-        return folder
-    say(f"fetching onnxruntime's C API headers from {HEADERS_URL}")
+    if not (folder / HEADER).is_file():
+        extract_headers(headers_package(say), folder)
+    return folder
+
+
+def headers_package(say) -> bytes:
+    """Debian's libonnxruntime-dev, as pinned (``HEADERS_SHA256``): from edgespec's downloads folder, else fetched
+    into it (once for every environment and checkout on this machine)."""
+    cached = downloads_dir() / HEADERS_URL.rsplit("/", 1)[1]
+    if cached.is_file():
+        deb = cached.read_bytes()
+        if hashlib.sha256(deb).hexdigest() == HEADERS_SHA256:
+            return deb
+        cached.unlink()  # cut short or altered since: fetched again below
+    say(f"fetching onnxruntime's C API headers from {HEADERS_URL} into {cached}")
+    instead = f"put that file at {cached} or set ORT_INCLUDE_DIR to a folder holding {HEADER}"
     try:
         with urllib.request.urlopen(HEADERS_URL, timeout=60) as response:
             deb = response.read()
-    except OSError as e:
-        raise KernelBuildError(f"could not fetch {HEADERS_URL}: {e} (or set ORT_INCLUDE_DIR)") from e
-    if hashlib.sha256(deb).hexdigest() != HEADERS_SHA256:
-        raise KernelBuildError(f"{HEADERS_URL}: unexpected contents (SHA-256 differs)")
-    staging = folder.with_name(f"include.tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(_ar_member(deb, "data.tar.xz")))) as tar:
-        for member in tar.getmembers():
-            name = Path(member.name)
-            if member.isfile() and "include" in name.parts and name.suffix == ".h":
-                extracted = tar.extractfile(member)
-                assert extracted is not None  # a regular file
-                (staging / name.name).write_bytes(extracted.read())
-    if not (staging / HEADER).is_file():
-        raise KernelBuildError(f"{HEADERS_URL} holds no {HEADER}")
-    shutil.rmtree(folder, ignore_errors=True)
-    staging.replace(folder)
-    return folder
+    except OSError as e:  # offline, DNS, a proxy, HTTP errors
+        raise KernelBuildError(f"could not fetch {HEADERS_URL} ({getattr(e, 'reason', e)}): {instead}") from e
+    digest = hashlib.sha256(deb).hexdigest()
+    if digest != HEADERS_SHA256:
+        raise KernelBuildError(f"{HEADERS_URL} has SHA-256 {digest}, not the pinned {HEADERS_SHA256}, so it was not "
+                               f"used: {instead}")
+    with staged(cached) as tmp:
+        tmp.write_bytes(deb)
+    return deb
+
+
+def extract_headers(deb: bytes, folder: Path) -> None:
+    """The ``.h`` files under an ``include`` folder of the package's data, into ``folder`` (replaced whole)."""
+    with staged(folder) as staging:
+        staging.mkdir()
+        with tarfile.open(fileobj=io.BytesIO(lzma.decompress(_ar_member(deb, "data.tar.xz")))) as tar:
+            for member in tar.getmembers():
+                name = Path(member.name)
+                if member.isfile() and "include" in name.parts and name.suffix == ".h":
+                    extracted = tar.extractfile(member)
+                    assert extracted is not None  # a regular file
+                    (staging / name.name).write_bytes(extracted.read())
+        if not (staging / HEADER).is_file():
+            raise KernelBuildError(f"{HEADERS_URL} holds no {HEADER}")
 
 
 def _ar_member(archive: bytes, name: str) -> bytes:

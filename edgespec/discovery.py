@@ -11,8 +11,8 @@ and folders the user names. Each found file gets a name that works as ``--model`
 - ``local:RELATIVE/PATH`` from the folders in ``$EDGESPEC_MODEL_PATH`` (separated like ``PATH``) and in
   ``$EDGESPEC_HOME/config.toml``'s ``[models] paths = [...]``.
 
-Only files are read, never written: stores belong to the tools that made them. Metadata comes from the GGUF
-header (``gguf_header``), not from loading the model.
+Only files are read, never written: stores belong to the tools that made them. What each file is (its header,
+what edgespec can do with it) is ``model_info``'s.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import gguf_header
 from .errors import EdgespecError, ModelLoadError
-from .models import cache_dir
+from .home import edgespec_home
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,7 +78,7 @@ def hf_hub_root() -> Path:
 
 
 def config_path() -> Path:
-    return cache_dir().parent / "config.toml"
+    return edgespec_home() / "config.toml"
 
 
 def user_folders() -> list[Path]:
@@ -186,89 +185,3 @@ def find(name: str) -> Path:
     known = ", ".join(m.name for m in models if m.name.startswith(f"{store}:"))
     raise ModelLoadError(f"no model {name!r} in the {store} store ({f'found: {known}' if known else 'none found'}); "
                          "`edgespec models` lists them")
-
-
-# -- what each found file is -----------------------------------------------------------------------------
-def _file_types() -> dict[int, str]:
-    """llama.cpp's ``general.file_type`` values (llama_ftype) → quantization names, from the library itself."""
-    import llama_cpp as lc
-
-    names = {}
-    for key, value in vars(lc).items():
-        if key.startswith("LLAMA_FTYPE_") and isinstance(value, int) and key != "LLAMA_FTYPE_GUESSED":
-            names[value] = key.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_").lower()
-    return names
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the header says about a GGUF, and what edgespec can do with it."""
-
-    architecture: str | None
-    quant: str | None
-    context_length: int | None
-    llamacpp: bool  # this build of llama.cpp knows the architecture
-    onnx: bool  # `edgespec export onnx` writes the architecture
-
-
-def describe(path: Path) -> ModelInfo:
-    meta = gguf_header.read_metadata(path)
-    arch = gguf_header.text(meta, "general.architecture")
-    file_type = meta.get("general.file_type")
-    context = meta.get(f"{arch}.context_length")
-    # Llama 3.x RoPE factors do not survive transformers' GGUF loader: the exporter refuses such files
-    rope_factors = "rope_freqs.weight" in meta[gguf_header.TENSORS]  # type: ignore[operator]
-    return ModelInfo(arch, _file_types().get(file_type) if isinstance(file_type, int) else None,
-                     int(context) if isinstance(context, int) else None, llamacpp_knows(path),
-                     onnx_exportable(arch) and not rope_factors)
-
-
-def llamacpp_knows(path: Path) -> bool:
-    """Whether this llama.cpp build loads the file's architecture: a vocabulary-only load (no weights read)."""
-    import llama_cpp as lc
-
-    from . import llama_backend  # noqa: F401  (routes llama.cpp's log into Python logging)
-
-    params = lc.llama_model_default_params()
-    params.vocab_only = True
-    model = lc.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
-        return False
-    lc.llama_model_free(model)
-    return True
-
-
-def onnx_exportable(architecture: str | None) -> bool:
-    from edgespec.export.hf import ARCHITECTURES, FROM_GGUF
-
-    return FROM_GGUF.get(architecture or "") in ARCHITECTURES
-
-
-def onnx_exports(model: FoundModel) -> list[Path]:
-    """ONNX exports under ``$EDGESPEC_HOME/onnx`` made from this model (by name or by path)."""
-    found = []
-    for manifest in sorted((cache_dir().parent / "onnx").glob("*/edgespec-onnx.json")):
-        try:
-            src = json.loads(manifest.read_text())["source"]["src"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        src_path = Path(src).expanduser()
-        if src == model.name or (src_path.exists() and src_path.resolve() == model.path.resolve()):
-            found.append(manifest.parent)
-    return found
-
-
-def listing() -> list[dict[str, object]]:
-    """``edgespec models``' rows for the stores: name, path, header facts, support per backend, cached exports."""
-    rows: list[dict[str, object]] = []
-    for model in found_models():
-        row: dict[str, object] = {"name": model.name, "path": str(model.path), "size_bytes": model.size_bytes}
-        try:
-            info = describe(model.path)
-        except ModelLoadError as e:  # a broken file is listed with the reason, not hidden or fatal
-            rows.append({**row, "error": str(e)})
-            continue
-        rows.append({**row, "architecture": info.architecture, "quant": info.quant,
-                     "context_length": info.context_length, "llamacpp": info.llamacpp, "onnx_export": info.onnx,
-                     "onnx_cached": [str(p) for p in onnx_exports(model)]})
-    return rows

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import gguf_header
+from .cpu import physical_cores
 from .discovery import found_models
 from .errors import EdgespecError, InvalidParameterError, VocabMismatchError
-from .llama_backend import physical_cores
 from .models import QUANTS, cache_dir, families, resolve
 from .onnx_backend import is_onnx_model
+from .tune import tune
 from .tuning import Tuning, tuning_key, tuning_path
 from .vocab import check_same_vocab
 
@@ -106,7 +107,6 @@ def choose_draft(model: str, threads: int | None, device: str) -> DraftChoice:
     """A draft model when speculating with one beat every single-model mode (by ``DRAFT_MARGIN``) in
     ``edgespec tune``'s race on this machine, else the fastest single-model mode, and why. Tunes (quick run,
     output to stderr) the pairs it has no tuning for."""
-    from .bench.tune import tune  # it imports the package: not at module level
 
     if is_onnx_model(model):
         return DraftChoice(None, None, "draft pairing reads GGUF vocabularies; an ONNX model drafts for itself "

@@ -21,3 +21,7 @@ class ContextOverflowError(EdgespecError):
 
 class InvalidParameterError(EdgespecError, ValueError):
     """A generation or load parameter is out of range."""
+
+
+class MissingExtraError(EdgespecError):
+    """A command needs a package from one of edgespec's optional extras, and it is not installed."""

@@ -21,6 +21,16 @@ _STRING, _ARRAY = 8, 9
 TENSORS = "edgespec.tensor_names"  # not a GGUF key: where read_metadata puts the tensor names
 
 
+def check_gguf(path: Path) -> None:
+    """Fail early, with the reason, on a path llama.cpp would only report as 'failed to load'."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
 class _Cursor:
     def __init__(self, buf: mmap.mmap, path: Path) -> None:
         self.buf, self.path, self.pos = buf, path, 0

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from .errors import ModelLoadError
+from .extras import require
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -35,15 +36,12 @@ class HFTokenizer:
     """tokenize / piece / token_text / special tokens from a model folder's tokenizer files."""
 
     def __init__(self, folder: Path) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:  # pragma: no cover - the onnx extra installs it
-            raise ModelLoadError("ONNX models need the 'tokenizers' package: pip install 'edgespec[onnx]'") from e
+        tokenizers = require("tokenizers", "onnx", "an ONNX model")
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise ModelLoadError(f"{folder} has no tokenizer.json (export the model with `edgespec export onnx`)")
         try:
-            self._tok = Tokenizer.from_file(str(path))
+            self._tok = tokenizers.Tokenizer.from_file(str(path))
             spec = json.loads(path.read_text(encoding="utf-8"))
         except Exception as e:  # the tokenizers library raises a bare Exception on a malformed file
             raise ModelLoadError(f"cannot read {path}: {e}") from e

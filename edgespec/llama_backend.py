@@ -24,6 +24,7 @@ from .arena import CacheState
 from .backend import ModelOptions, check_options, padded_pass_limit, split_batches
 from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .gguf_header import check_gguf
 from .models import resolve
 from .vocab import check_same_vocab
 
@@ -75,16 +76,6 @@ def _gpu_layers(device: str) -> int:
             f"CMAKE_ARGS=\"-DGGML_{device.upper()}=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python"
         )
     return -1 if device != "cpu" and gpu else 0
-
-
-def check_gguf(path: Path) -> None:
-    """Fail early, with the reason, on a path llama.cpp would only report as 'failed to load'."""
-    if not path.is_file():
-        raise ModelLoadError(f"model file not found: {path}")
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
 
 
 class LlamaModel:

@@ -16,8 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import discovery
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .files import staged
+from .gguf_header import check_gguf
+from .home import edgespec_home
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +36,7 @@ DEFAULT_MAX_KL = 0.01
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("EDGESPEC_HOME") or Path.home() / ".cache" / "edgespec") / "models"
+    path = edgespec_home() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -156,8 +159,6 @@ def families() -> dict[str, ModelFamily]:
 def resolve(model: str | os.PathLike[str]) -> Path:
     """A model name (``smollm2-135m``, ``smollm2-135m:q8_0``), a store name (``ollama:qwen2.5:0.5b``, see
     ``discovery``) or a path to a GGUF file → a GGUF path."""
-    from . import discovery  # it reads this module's cache location
-
     text = os.fspath(model)
     if discovery.is_store_name(text):
         return discovery.find(text)
@@ -187,7 +188,6 @@ def quantize(src: Path, dst: Path, quant: str | None, prune_layers: Sequence[int
     import llama_cpp as lc
 
     from .cpu import physical_cores
-    from .llama_backend import check_gguf
 
     check_gguf(src)
     params = lc.llama_model_quantize_default_params()

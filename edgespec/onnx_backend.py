@@ -35,6 +35,7 @@ from .arena import CacheState
 from .backend import ModelOptions, check_options, split_batches
 from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .extras import install_command, require
 from .hf_tokenizer import HFTokenizer
 from .vocab import check_same_vocab
 
@@ -63,7 +64,7 @@ claims = is_onnx_model
 
 @dataclass(frozen=True)
 class OnnxOptions:
-    """How the sessions are created. The defaults make logits batch-invariant (README, "ONNX backend")."""
+    """How the sessions are created. The defaults make logits batch-invariant (docs/layer-skip.md)."""
 
     n_ctx: int = 4096
     n_batch: int = 256
@@ -164,7 +165,7 @@ def _providers(device: str) -> list[str]:
     available = set(ort.get_available_providers())
     wanted = [p for p in _PROVIDERS[device] if p in available]
     if device in ("cuda", "metal") and not wanted:
-        package = "onnxruntime-gpu (pip install 'edgespec[cuda]')" if device == "cuda" else "an onnxruntime with CoreML"
+        package = f"onnxruntime-gpu ({install_command('cuda')})" if device == "cuda" else "an onnxruntime with CoreML"
         raise InvalidParameterError(f"device={device!r}, but this onnxruntime has no {_PROVIDERS[device][0]}; "
                                     f"install {package}")
     return [*wanted, "CPUExecutionProvider"]
@@ -216,8 +217,7 @@ class OnnxModel:
     arena's ``Cache``."""
 
     def __init__(self, path: str | os.PathLike[str], options: OnnxOptions | None = None) -> None:
-        import onnxruntime as ort
-
+        ort = require("onnxruntime", "onnx", "an ONNX model")
         self.path = Path(path).expanduser()
         self.options = options or OnnxOptions()
         if self.path.suffix == ".onnx" or self.path.name == MANIFEST:
@@ -274,7 +274,7 @@ class OnnxModel:
         # Segments split at the skip set only when the layer-skip draft is first readied (``_plan``): the target's
         # logits are the same bit for bit under any split (tests/test_onnx_backend.py), and each session call
         # costs beyond its compute (SmolLM2 INT8, 2 threads, 100 tokens of context, three alternating runs:
-        # 13 sessions 15.1–15.7 ms per token, 4 sessions 14.1–14.3 ms; README "ONNX backend").
+        # 13 sessions 15.1–15.7 ms per token, 4 sessions 14.1–14.3 ms; docs/layer-skip.md).
         self._split_at: list[int] = []
         self._open_stages()
         self._all_layers = tuple(range(self.n_layer))  # plans are keyed by tuples: no new one per token

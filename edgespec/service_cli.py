@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from .engine import MODES
 from .errors import EdgespecError
+from .extras import needed
 from .prompt_cache import DEFAULT_CACHE_MB
 from .server.limits import ConnectionLimits
 from .server.pool import EngineSpec, ModelPool
@@ -69,12 +70,9 @@ def _spec(args: argparse.Namespace) -> EngineSpec:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    try:
+    with needed("server", "edgespec serve"):
         from .server.app import create_app, run
         from .server.guard import allowed_hosts, is_loopback
-    except ModuleNotFoundError as e:
-        raise EdgespecError(f"edgespec serve needs the server extra ({e.name} is missing): "
-                            "pip install 'edgespec[server]'") from e
 
     if not is_loopback(args.host) and not args.api_key:
         if not args.allow_unauthenticated:

@@ -46,9 +46,14 @@ class GenerationStats:
             self.position_accepts[j] += 1
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens after the first (the first comes with the prefill); 0 when the reply ended at once."""
+        return max(self.generated_tokens - 1, 0)
+
+    @property
     def decode_tokens_per_s(self) -> float:
-        """Tokens after the first, per second of decoding (prefill excluded)."""
-        return (self.generated_tokens - 1) / self.decode_s if self.decode_s > 0 else 0.0
+        """Tokens after the first, per second of decoding (prefill excluded); 0.0 when none were decoded."""
+        return self.decode_tokens / self.decode_s if self.decode_tokens and self.decode_s > 0 else 0.0
 
     @property
     def total_tokens_per_s(self) -> float:

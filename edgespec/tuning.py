@@ -187,10 +187,10 @@ def cpu_identity() -> str:
     return f"{model} [{hashlib.sha256(flags.encode()).hexdigest()[:8]}]"
 
 
-# What the default race measures (bench/choose.py); a choice measured by another race is measured again.
+# What the default race measures (default_race.py); a choice measured by another race is measured again.
 # 2: replies to a document and three short texts, prefill included (1: decode speed on short texts only).
 # 3: the same race; choices stored by 1379a08, whose race skipped the ONNX candidate by a misread key, are redone.
-# 4: the same race; plain decoding chosen over a model's γ auto only where it won by a margin (choose.pick): a
+# 4: the same race; plain decoding chosen over a model's γ auto only where it won by a margin (default_race.pick): a
 #    choice of plain decoding on a tie is redone.
 DEFAULT_RACE = 4
 

@@ -8,20 +8,16 @@ The runtime never imports this package's heavy dependencies (torch, transformers
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
+from edgespec import extras
 from edgespec.errors import EdgespecError
 
 
-class MissingExtraError(EdgespecError):
-    """An export path needs a package from an extra that is not installed."""
+class UnsupportedArchitectureError(EdgespecError):
+    """The model's architecture is not one the exporter can write."""
 
 
 def require(module: str, extra: str = "export") -> ModuleType:
     """Import ``module`` or tell the user which extra installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise MissingExtraError(f"this export needs {module.split('.')[0]!r}, which is not installed: "
-                                f"pip install 'edgespec[{extra}]'") from e
+    return extras.require(module, extra, "this export")

@@ -17,10 +17,10 @@ import numpy as np
 
 from edgespec.errors import ModelLoadError
 
-from . import require
+from . import UnsupportedArchitectureError, require
 from .block_weights import CARRIED, BlockWeight, from_ggml
 from .ggufio import field, reader
-from .hf import UnsupportedArchitectureError, check_rope_factors
+from .hf import check_rope_factors
 from .onnx_graphs import ModelSpec, Weight
 
 ARCHITECTURES = ("llama",)  # GGUF architectures this reader maps (Gemma 3 still goes through transformers)

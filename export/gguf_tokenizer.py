@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import require
+from . import UnsupportedArchitectureError, require
 from .ggufio import field
-from .hf import UnsupportedArchitectureError
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 # llama.cpp's (0c1e57098) regular expressions per pre-tokenizer name (a file without one gets llama.cpp's

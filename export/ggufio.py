@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import EdgespecError, ModelLoadError
-from edgespec.llama_backend import check_gguf
+from edgespec.gguf_header import check_gguf
 
-from . import require
-from .hf import UnsupportedArchitectureError
+from . import UnsupportedArchitectureError, require
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 

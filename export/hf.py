@@ -17,12 +17,13 @@ from collections.abc import Collection
 from pathlib import Path
 
 from edgespec.discovery import is_store_name
-from edgespec.errors import EdgespecError, InvalidParameterError, ModelLoadError
+from edgespec.errors import InvalidParameterError, ModelLoadError
 from edgespec.files import staged
-from edgespec.llama_backend import check_gguf
+from edgespec.gguf_header import check_gguf
 from edgespec.models import cache_dir, prepare_named, resolve
 
-from . import require
+from . import UnsupportedArchitectureError, require
+from .ggufio import reader
 
 # model_type values the ONNX exporter handles
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
@@ -30,10 +31,6 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3
 # tested (tests/test_export_gguf_archs.py; Qwen3 and Gemma 2 GGUFs failed transformers' loader there)
 FROM_GGUF = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma3": "gemma3_text"}
 DTYPES = ("float32", "float16", "bfloat16")
-
-
-class UnsupportedArchitectureError(EdgespecError):
-    """The model's architecture is not one the exporter can write."""
 
 
 def resolve_source(src: str | os.PathLike[str]) -> Path:
@@ -64,8 +61,6 @@ def check_rope_factors(gguf: Path) -> None:
     and edgespec's own GGUF reader does not write yet: the export would silently compute another model (measured
     on a tiny Llama with rope_freqs: logits off by 0.27 of 69 against llama.cpp's). Refused on both paths; the
     model's Hugging Face folder exports correctly."""
-    from .ggufio import reader
-
     if any(t.name == "rope_freqs.weight" for t in reader(gguf).tensors):
         raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) are not "
                                            "carried over from a GGUF yet; export the model's Hugging Face folder "

@@ -23,9 +23,9 @@ from edgespec.errors import ModelLoadError
 from edgespec.files import staged
 from edgespec.models import cache_dir
 
-from . import require
+from . import UnsupportedArchitectureError, require
 from .files import ensure_space
-from .hf import UnsupportedArchitectureError, check_architecture
+from .hf import check_architecture
 
 ARCHITECTURES = {"llama": "llama", "gemma3_text": "gemma3"}  # HF model_type → GGUF architecture
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from edgespec import custom_ops
 
-from . import require
+from . import UnsupportedArchitectureError, require
 from .block_weights import BLOCK, BlockWeight, stack
-from .hf import UnsupportedArchitectureError, check_architecture
+from .hf import check_architecture
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -225,7 +225,7 @@ def single_row_padding(g: GraphBuilder, x: str) -> tuple[str, str]:
     Q·Kᵀ, and MatMulNBits at accuracy_level 0–2 — which rounds differently from the multi-row path, while every
     path with ≥ 2 rows gives a row bit-identical results whatever the other rows are (with head_dim > 128 only
     past 64 keys: ``attention_min_total``). Padding single-row calls to two rows makes a position's logits
-    independent of how many tokens share the call (README, "ONNX export").
+    independent of how many tokens share the call (docs/kernels.md).
     """
     seq = g.one("Slice", [g.one("Shape", [x]), g.ints(1), g.ints(2)])
     return g.one("Max", [g.one("Sub", [g.ints(2), seq]), g.ints(0)]), seq
@@ -235,7 +235,7 @@ def pad_rows(g: GraphBuilder, x: str, pad: str) -> str:
     """x with ``pad`` copies of its last row appended (any finite row will do: the extra rows' results are
     dropped); ``pad`` may exceed the number of rows. One Pad op, not Slice + Expand + Concat: per layer and
     token that is two kernel launches fewer (SmolLM2 INT8, 2 threads: 2–3% of a single-token pass in scratch timings,
-    README "ONNX export")."""
+    docs/kernels.md)."""
     return g.one("Pad", [x, g.one("Concat", [g.ints(0, 0, 0, 0), pad, g.ints(0)], axis=0)], mode="edge")
 
 

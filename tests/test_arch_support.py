@@ -1,6 +1,6 @@
 """The edge architectures on the GGUF/llama.cpp backend: a tiny random model of each (tests/tiny_gguf.py) decodes,
 and greedy speculation with n-gram lookup and with a draft model (another tiny model of the same architecture)
-equals target-only decoding, at a short and a long context. README's support table cites these tests."""
+equals target-only decoding, at a short and a long context. docs/models.md's support table cites these tests."""
 
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def test_target_decodes_a_whole_context(tiny_pair: Engine, spec_bench: SpecBench
 
 
 def test_architecture_names_are_listed(tmp_path: Path) -> None:
-    from edgespec import discovery
+    from edgespec import model_info
 
     for arch in ARCHITECTURES:
-        info = discovery.describe(tiny_gguf(tmp_path / f"{arch}.gguf", arch, smollm2_vocabulary=False))
+        info = model_info.describe(tiny_gguf(tmp_path / f"{arch}.gguf", arch, smollm2_vocabulary=False))
         assert info.architecture == ("llama" if arch == "llama3" else arch) and info.llamacpp
         # the exporter's path from a GGUF is tested on these (tests/test_export_gguf_archs.py)
         assert info.onnx == (arch in ("llama", "qwen2", "phi3"))  # llama3's rope_freqs: refused

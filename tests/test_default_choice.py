@@ -9,10 +9,9 @@ import pytest
 from edgespec.export.onnx_graphs import GRAPHS_REVISION
 
 import edgespec
-from edgespec import custom_ops
-from edgespec.bench import choose
-from edgespec.bench.choose import Budget, choose_default, table
-from edgespec.default_model import FIXED, choice_key, default_choice
+from edgespec import custom_ops, default_race
+from edgespec.default_model import FIXED, default_choice
+from edgespec.default_race import Budget, choice_key, choose_default, table
 from edgespec.models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, families
 from edgespec.onnx_backend import FORMAT, MANIFEST
 from edgespec.tuning import DefaultChoice, default_choice_path
@@ -46,15 +45,15 @@ def _row(target: str, mode: str, reply_s: float, identical: str = "4/4") -> dict
 def test_a_model_runs_lookup_unless_plain_decoding_won_by_the_margin() -> None:
     """γ auto declines drafts that would not pay: a tie on the race's texts (noise) keeps it; plain decoding
     must answer more than ``tune.MARGIN`` quicker to be chosen, and a lookup run that changed the output never is."""
-    assert choose.pick([_row("a", "none", 3.83), _row("a", "ngram", 3.84)])["mode"] == "ngram"
-    assert choose.pick([_row("a", "none", 3.0), _row("a", "ngram", 3.0 * 1.06)])["mode"] == "none"
-    assert choose.pick([_row("a", "none", 3.83), _row("a", "ngram", 3.0, "3/4")])["mode"] == "none"
+    assert default_race.pick([_row("a", "none", 3.83), _row("a", "ngram", 3.84)])["mode"] == "ngram"
+    assert default_race.pick([_row("a", "none", 3.0), _row("a", "ngram", 3.0 * 1.06)])["mode"] == "none"
+    assert default_race.pick([_row("a", "none", 3.83), _row("a", "ngram", 3.0, "3/4")])["mode"] == "none"
     # Models compete with the row each would run: b's lookup (4.0 s) loses to a's plain decoding (3.5 s), though
     # b's plain decoding (3.9 s) was quicker than its lookup.
     rows = [_row("a", "none", 3.5), _row("a", "ngram", 3.8), _row("b", "none", 3.9), _row("b", "ngram", 4.0)]
-    assert (choose.pick(rows)["target"], choose.pick(rows)["mode"]) == ("a", "none")
+    assert (default_race.pick(rows)["target"], default_race.pick(rows)["mode"]) == ("a", "none")
     rows[1] = _row("a", "ngram", 3.6)
-    assert (choose.pick(rows)["target"], choose.pick(rows)["mode"]) == ("a", "ngram")
+    assert (default_race.pick(rows)["target"], default_race.pick(rows)["mode"]) == ("a", "ngram")
 
 
 def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,18 +63,23 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
     assert key is not None
     said: list[str] = []
     # The ONNX candidate is asked for (onnxruntime is installed) but not exported here: test_onnx_export does that.
-    monkeypatch.setattr(choose, "onnx_candidate", lambda *_: (None, "not exported in this test"))
+    monkeypatch.setattr(default_race, "onnx_candidate", lambda *_: (None, "not exported in this test"))
     choice = choose_default(families()["smollm2-135m"], key, 1, "cpu", Budget(prompts=2, max_tokens=12),
                             say=said.append)
     assert choice.skipped.pop("onnx int8") == "not exported in this test"
+    # Said first, before anything is measured: once, what, about how long, and where the result is kept.
+    assert said[0].startswith("edgespec: first use on this machine: measuring which build of smollm2-135m")
+    models = len(key["candidates"]) + 1  # the shipped GGUF's variants and its ONNX export
+    assert "an ONNX export" in said[0] and f"a race of {models} models × 2 modes on 2 texts" in said[0]
+    assert "once, about 1–5 minutes on 2 cores" in said[0] and said[0].endswith(str(default_choice_path(key)))
     raced = {r["target"] for r in choice.candidates}
     assert raced | set(choice.skipped) == {f"smollm2-135m:{q}" for q in key["candidates"]}  # each raced or skipped
     assert {(r["mode"], r["gamma"]) for r in choice.candidates} == {("none", 0), ("ngram", "auto")}
-    best = choose.pick(choice.candidates)
+    best = default_race.pick(choice.candidates)
     assert (choice.target, choice.mode) == (best["target"], best["mode"])  # every row here is lossless
     for r in choice.candidates:  # the first text is the document: prefill is part of what a user waits for
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
-        expected = choose.reply_seconds(r, r["prompt_tokens"], 2, 12)
+        expected = default_race.reply_seconds(r, r["prompt_tokens"], 2, 12)
         assert r["reply_s"] == pytest.approx(expected, abs=0.01)
     assert all(r["identical"] == "2/2" for r in choice.candidates)
     assert default_choice_path(key).is_file() and any("edgespec: default = " in line for line in said)
@@ -84,7 +88,7 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
     def measure_again(*_: object, **__: object) -> None:
         raise AssertionError("the stored choice should have been used")
 
-    monkeypatch.setattr(choose, "choose_default", measure_again)
+    monkeypatch.setattr(default_race, "choose_default", measure_again)
     engine = edgespec.load(n_threads=1, n_ctx=512)
     try:
         assert engine.target.path == families()["smollm2-135m"].prepare(choice.target.partition(":")[2])
@@ -105,7 +109,7 @@ def test_a_stored_onnx_choice_holds_only_while_its_export_does(tmp_path: Path, m
     monkeypatch.setattr(custom_ops, "default_attention", lambda: "exact")
     key = choice_key(1, "cpu")
     assert key is not None
-    export = choose.onnx_export_path(families()["smollm2-135m"])
+    export = default_race.onnx_export_path(families()["smollm2-135m"])
     manifest = {"format": FORMAT, "num_layers": 0, "num_kv_heads": 1, "head_dim": 64, "hidden_size": 64,
                 "vocab_size": 8, "context_length": 64, "embed": "embed.onnx", "layers": [], "head": "head.onnx",
                 "quant_options": {"attention": custom_ops.ATTENTION}, "source": {"graphs": GRAPHS_REVISION}}
@@ -114,10 +118,10 @@ def test_a_stored_onnx_choice_holds_only_while_its_export_does(tmp_path: Path, m
     DefaultChoice(key=key, target=str(export), backend="onnx", mode="ngram", gamma="auto", reason="raced",
                   candidates=[], skipped={}).save()
     measured: list[object] = []
-    monkeypatch.setattr(choose, "choose_default", lambda *args, **_: measured.append(args) or FIXED)
+    monkeypatch.setattr(default_race, "choose_default", lambda *args, **_: measured.append(args) or FIXED)
     assert default_choice(1, "cpu").target == str(export) and not measured
     manifest["quant_options"]["attention"] = "com.microsoft.GroupQueryAttention"
     (export / MANIFEST).write_text(json.dumps(manifest))
     assert default_choice(1, "cpu") is FIXED and len(measured) == 1
     monkeypatch.setattr(custom_ops, "default_attention", lambda: "gqa")
-    assert choose.onnx_export_path(families()["smollm2-135m"]) != export
+    assert default_race.onnx_export_path(families()["smollm2-135m"]) != export

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import edgespec
-from edgespec import discovery
+from edgespec import discovery, model_info
 from edgespec.cli import main
 from edgespec.draft_pairing import choose_draft, drafts_for
 from edgespec.errors import ModelLoadError
@@ -126,7 +126,7 @@ def test_a_listed_name_loads_and_generates_without_writing_to_the_store(stores: 
         assert len(tiny.generate(prompt, max_tokens=4).tokens) == 4
     finally:
         tiny.close()
-    assert discovery.listing()
+    assert model_info.listing()
     assert _snapshot(stores) == before  # no file added, changed or touched
 
 

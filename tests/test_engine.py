@@ -74,7 +74,7 @@ def test_gamma_zero_is_plain_decoding(engine: Engine) -> None:
 
 def test_cli_generate_json_compare() -> None:
     result = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", PROMPT, "--max-tokens", "24",
-                             "--json", "--compare"], capture_output=True, text=True, timeout=600)
+                             "--raw", "--json", "--compare"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["compare"]["identical"] is True

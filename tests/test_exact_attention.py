@@ -236,13 +236,3 @@ def test_a_missing_build_is_compiled_on_first_use(tmp_path: Path, monkeypatch: p
     said: list[str] = []
     assert custom_ops.ensure(said.append) == custom_ops.library_path() == custom_ops.library()
     assert custom_ops.default_attention() == "exact" and said[0].startswith("building")
-
-
-def test_headers_are_read_from_the_debian_package_format() -> None:
-    """A .deb is an ar archive: the build takes data.tar.xz out of it with no dpkg."""
-    members = [("debian-binary", b"2.0\n"), ("data.tar.xz", b"odd")]
-    headers = [f"{n:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(d):<10}`\n".encode() for n, d in members]
-    archive = b"!<arch>\n" + b"".join(h + d + b"\n" * (len(d) % 2) for h, (_, d) in zip(headers, members, strict=True))
-    assert custom_ops._ar_member(archive, "data.tar.xz") == b"odd"
-    with pytest.raises(custom_ops.KernelBuildError, match=r"no control\.tar\.xz"):
-        custom_ops._ar_member(archive, "control.tar.xz")

@@ -1,7 +1,7 @@
 """The edge architectures in the ONNX writer: a tiny random transformers model of each (2 layers, hidden size 64,
 SmolLM2's tokenizer) exports to edgespec ONNX (`edgespec export onnx FOLDER --quant fp32`), its logits match
 transformers', and greedy speculation (n-gram, layer-skip, hybrid) on the export equals target-only decoding.
-README's support table cites these."""
+docs/models.md's support table cites these."""
 
 from __future__ import annotations
 

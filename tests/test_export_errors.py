@@ -13,6 +13,7 @@ from edgespec.export.layers import LayerSetError, check_keep, parse_layers
 
 from edgespec import custom_ops
 from edgespec.cli import main
+from edgespec.extras import install_command
 from edgespec.models import families
 
 
@@ -96,7 +97,7 @@ def test_missing_export_extra(module: str, smollm2: Path, tmp_path: Path) -> Non
             f"'--out', {str(tmp_path / 'o.gguf')!r}, '--no-quality']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
-    assert f"needs {module!r}" in result.stderr and "pip install 'edgespec[export]'" in result.stderr
+    assert f"needs {module!r}" in result.stderr and install_command("export") in result.stderr
     assert "Traceback" not in result.stderr
 
 

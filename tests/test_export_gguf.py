@@ -57,7 +57,7 @@ def test_f16_export_greedy_equals_source(smollm2: dict[str, Path], home: Path, t
 def test_requantized_weights_are_the_source_weights(smollm2: dict[str, Path], home: Path, tmp_path: Path) -> None:
     """Q4_1 → F16 changes the storage, not the numbers: every weight is the dequantized source weight,
     rounded to F16. (Greedy output of the two can still differ: llama.cpp's Q4/Q8 kernels quantize the
-    activations to 8 bits, its F16 kernels do not — README, "Export".)"""
+    activations to 8 bits, its F16 kernels do not — docs/export.md.)"""
     out = tmp_path / "q41-f16.gguf"
     assert main(["export", "gguf", str(smollm2["q4_1"]), "--quant", "f16", "--out", str(out), "--no-quality"]) == 0
     gguf = pytest.importorskip("gguf")

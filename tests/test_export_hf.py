@@ -43,7 +43,7 @@ def test_hf_folder_to_gguf_round_trip(round_trip: tuple[Path, Path, Path], tmp_p
     back_engine = edgespec.load(out, n_ctx=1024, n_threads=1)
     try:
         assert back_engine.chat_template is not None
-        for text in quality.prompts(2):  # no digits in these two: see README on SmolLM2's digit splitting
+        for text in quality.prompts(2):  # no digits in these two: see docs/export.md on SmolLM2's digit splitting
             messages = [{"role": "user", "content": text}]
             prompt = src_engine.chat_tokens(messages)
             assert back_engine.chat_tokens(messages) == prompt

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.hf import UnsupportedArchitectureError
 from edgespec.export.onnx_cmd import summary
 from edgespec.export.onnx_export import export_onnx
 from edgespec.export.onnx_quality import compare, export_logits, source_logits
@@ -24,8 +23,9 @@ from edgespec.export.onnx_reference import OnnxReference
 import edgespec
 from edgespec import custom_ops
 from edgespec.cli import main
-from edgespec.errors import ModelLoadError
-from edgespec.export import MissingExtraError
+from edgespec.errors import MissingExtraError, ModelLoadError
+from edgespec.export import UnsupportedArchitectureError
+from edgespec.extras import install_command
 from tests.conftest import hf_checkpoint, onnx_export_dir
 
 pytest.importorskip("onnxruntime")
@@ -102,7 +102,7 @@ def test_int4_exports_loads_and_generates(smol_onnx: dict[str, Path], smol_hf: P
 
     ops = [n.op_type for n in onnx.load(str(folder / "layer_00.onnx"), load_external_data=False).graph.node]
     assert ops.count("MatMulNBits") == 4 and "MatMul" not in ops  # q|k|v and gate|up packed: 4 calls, not 7
-    # INT4 round-to-nearest costs a 135M model a lot (README); it must still track FP32 far above chance.
+    # INT4 round-to-nearest costs a 135M model a lot (docs/kernels.md); it must still track FP32 far above chance.
     assert compare(export_logits(smol_onnx["fp32"], str(smol_hf), PROMPTS),
                    export_logits(folder, str(smol_hf), PROMPTS))["top1_agreement"] > 0.5
     runner = OnnxReference(folder)
@@ -228,7 +228,7 @@ def test_bad_sources_get_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_missing_extra_names_what_to_install(monkeypatch: pytest.MonkeyPatch, smol_hf: Path, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if the package were not installed
-    with pytest.raises(MissingExtraError, match=r"pip install 'edgespec\[export\]'"):
+    with pytest.raises(MissingExtraError, match=re.escape(install_command("export"))):
         export_onnx(smol_hf, tmp_path / "o", progress=False)
 
 

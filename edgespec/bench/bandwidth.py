@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import require
+
 
 def measure_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
     """Bytes per second that ``threads`` threads stream out of main memory."""
@@ -33,9 +35,7 @@ def bytes_per_token(gguf_path: str | Path) -> dict[str, float]:
     The token-embedding table is read one row per token, unless the output layer is tied to it (no separate
     ``output.weight``), in which case the output projection reads all of it.
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_path))
+    reader = require("gguf", "bench", "edgespec bench's bandwidth bound").GGUFReader(str(gguf_path))
     sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
     weights = sum(sizes.values())
     if "output.weight" in sizes and "token_embd.weight" in sizes:

@@ -7,6 +7,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from ..extras import needed
 from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
 from .replay import CURVES
@@ -169,11 +170,8 @@ def _write(result: dict, stem: Path) -> int:
 def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
     from .plots import plot, plot_chat
 
-    try:
+    with needed("bench", "plotting", ", or pass --no-plots"):
         return (plot_chat if chat else plot)(result, stem)
-    except ModuleNotFoundError as e:
-        raise BenchError(f"plots need matplotlib ({e.name} is missing): pip install 'edgespec[bench]', "
-                         "or pass --no-plots") from e
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -213,11 +211,11 @@ def _row_cost(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .tune import show, tune
+    from ..tune import show, tune
 
     if args.default:
-        from ..llama_backend import physical_cores
-        from .choose import show as show_default
+        from ..cpu import physical_cores
+        from ..default_race import show as show_default
 
         return show_default(args.threads or physical_cores(), args.device, measure=not args.show)
     if args.show:

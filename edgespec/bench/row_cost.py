@@ -8,7 +8,7 @@ integer accumulation is exact for any number of rows, so it would need no paddin
 for it), and its attention op alone (GroupQueryAttention, or edgespec's ExactAttention) at a given context.
 Prints a table, writes JSON and a PNG.
 
-Measured here (Xeon with AMX, 2 threads, SmolLM2 INT8; README, "ONNX export") MatMulNBits' cost grows about
+Measured here (Xeon with AMX, 2 threads, SmolLM2 INT8; docs/kernels.md) MatMulNBits' cost grows about
 linearly with the rows (4–8× one row's for 17: its int8 kernel is compute-bound per row), while
 MatMulInteger's hardly moves: that is where ONNX Runtime's verify curve comes from, and what a format with
 integer GEMMs would change.

@@ -109,7 +109,7 @@ def open_setup(args: RunArgs) -> tuple[Engine, Setup]:
     """The one tokenizer and chat template every configuration's prompts come from, and what they share."""
     import edgespec
 
-    from ..llama_backend import physical_cores
+    from ..cpu import physical_cores
     from ..models import resolve
 
     model_path = resolve(args.model)

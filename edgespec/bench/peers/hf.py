@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+from ...extras import require
 from ..worker import Result, Setup, cut_at_eog
 
 
@@ -42,9 +43,8 @@ def load_dequantized(path: Path) -> object:
 
 class TransformersRunner:
     def __init__(self, options: dict[str, object], setup: Setup) -> None:
-        import torch
-        import transformers
-
+        torch = require("torch", "export-hf", "the transformers peer")
+        transformers = require("transformers", "export-hf", "the transformers peer")
         torch.set_num_threads(setup.threads)
         torch.manual_seed(setup.seed)
         self.torch, self.setup = torch, setup

@@ -7,13 +7,13 @@ import json
 import time
 from typing import Any
 
+from ...extras import require
 from ..worker import Result, Setup, timed
 
 
 class OrtGenaiRunner:
     def __init__(self, options: dict[str, object], setup: Setup) -> None:
-        import onnxruntime_genai as og
-
+        og = require("onnxruntime_genai", "export-hf", "the onnxruntime-genai peer")
         self.og, self.setup, self.model_dir = og, setup, str(options["model_dir"])
         config = og.Config(self.model_dir)
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {

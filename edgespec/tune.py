@@ -19,15 +19,15 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-import edgespec
-
-from ..cpu import physical_cores
-from ..engine import Engine
-from ..errors import EdgespecError
-from ..gamma import MAX_GAMMA, expected_step
-from ..models import resolve
-from ..stats import GenerationStats
-from ..tuning import Tuning, find_tuning, tuning_key, tuning_path
+from .cpu import physical_cores
+from .engine import Engine
+from .errors import EdgespecError
+from .gamma import MAX_GAMMA, expected_step
+from .loading import open_engine
+from .models import resolve
+from .stats import GenerationStats
+from .tuning import Tuning, find_tuning, tuning_key, tuning_path
+from .version import __version__
 
 CALIBRATION_SET = "edgespec-tune/1 (built-in, not from Spec-Bench)"
 CALIBRATION_PROMPTS = [
@@ -46,7 +46,7 @@ CALIBRATION_PROMPTS = [
 ]
 _ACCEPTANCE_GAMMA = 8
 # What a fixed choice must win by, on a few built-in texts, over one that adapts to the text (γ auto) to be chosen:
-# a few percent is the race's noise (choose.pick, _preference).
+# a few percent is the race's noise (default_race.pick, _preference).
 MARGIN = 1.05
 _MIN_TRIALS = 3  # draft positions tried fewer times than this take the previous position's rate
 
@@ -54,7 +54,7 @@ _MIN_TRIALS = 3  # draft positions tried fewer times than this take the previous
 def tune(model: str, draft: str | None, threads: int | None, device: str, quick: bool, as_json: bool) -> int:
     started = time.perf_counter()
     prompts, max_tokens, rounds = (CALIBRATION_PROMPTS[:2], 32, 1) if quick else (CALIBRATION_PROMPTS, 128, 2)
-    engine = edgespec.load(model, draft=draft, mode="none", gamma=0, n_threads=threads, device=device, tuning=False)
+    engine = open_engine(model, draft=draft, mode="none", gamma=0, n_threads=threads, device=device, tuning=False)
     try:
         say = (lambda _text: None) if as_json else print
         say(f"tuning {engine.target.path.name}" + (f" with draft {engine.draft_model.path.name}"
@@ -98,7 +98,7 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
         tuning.mode, tuning.gamma = mode, ("auto" if mode == "none" else gamma)
         tuning.expected_speedup = best["speedup"]
         tuning.details = {
-            "date": datetime.now(timezone.utc).isoformat(), "edgespec": edgespec.__version__, "quick": quick,
+            "date": datetime.now(timezone.utc).isoformat(), "edgespec": __version__, "quick": quick,
             "calibration_set": CALIBRATION_SET, "prompts": len(prompts), "max_tokens": max_tokens,
             "rounds": rounds, "seconds": round(time.perf_counter() - started, 1),
             "expected_rate_by_fixed_gamma": {d: {str(k): round(r / e[0], 3) for k, r in enumerate(e)}
@@ -172,7 +172,7 @@ def race(entries: list[Entry], max_tokens: int, rounds: int,
                         prefill["tokens"] += len(prompts[i])
                         prefill["seconds"] += out.stats.prefill_s
                     t = engine_totals[(mode, gamma)]
-                    t["decoded"] += max(out.stats.generated_tokens - 1, 0)
+                    t["decoded"] += out.stats.decode_tokens
                     t["decode_s"] += out.stats.decode_s
                     t["identical"] += out.tokens == plain
                     t["generations"] += 1

@@ -1,0 +1,3 @@
+"""edgespec's version (pyproject.toml's), for the records that measurements keep."""
+
+__version__ = "0.1.0"
