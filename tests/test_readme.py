@@ -25,8 +25,6 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-# Written by another change in parallel with the README's rewrite; linked from it already.
-PENDING = {"docs/server.md"}
 QUICK_MAX_TOKENS = 64
 
 
@@ -117,5 +115,5 @@ def test_named_extras_exist_and_links_resolve() -> None:
                                                                           README))
     assert named and named <= set(extras), named - set(extras)
     links = [link for link in re.findall(r"\]\(([^)#]+)\)", README) if "://" not in link]
-    missing = [link for link in links if not (ROOT / link).exists() and link not in PENDING]
+    missing = [link for link in links if not (ROOT / link).exists()]
     assert links and not missing, missing
