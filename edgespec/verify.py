@@ -30,6 +30,28 @@ def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int,
     return n, int(best[n])
 
 
+def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
+                       target_logits: np.ndarray) -> tuple[list[int], int]:
+    """Greedy verification of a draft tree (``Draft``'s layout: node i follows ``parents[i]``, -1 the committed
+    sequence). ``target_logits`` row 0 follows the last committed token, row i + 1 follows node i, each computed
+    over the node's own path only. Returns the accepted nodes (the longest root-to-node path whose every token is
+    the target's argmax after its parent) and the target's own next token after them: exactly what target-only
+    greedy decoding would produce, one token at a time. A chain (parents i - 1) gives ``verify_greedy``'s answer."""
+    best = target_logits.argmax(axis=1)
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    path: list[int] = []
+    node = -1
+    while True:
+        want = int(best[node + 1])
+        match = next((c for c in children.get(node, ()) if tokens[c] == want), None)
+        if match is None:
+            return path, want
+        path.append(match)
+        node = match
+
+
 def verify_sampled(
     draft: Sequence[int],
     draft_probs: np.ndarray | None,

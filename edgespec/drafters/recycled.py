@@ -1,0 +1,75 @@
+"""Recycled logits (after Token Recycling): each token's likeliest successors, taken from the target's own verify
+passes. Every verify pass computes a row of logits after each token it feeds; the engine already has them, so
+keeping their top-k costs no target work. A token's entry is overwritten by the latest row that followed it."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+from ..sampling import SamplingParams
+from .base import ROOT, Draft
+
+
+class RecycledDrafter:
+    """A table of ``k`` successors per token with the target's probability for each (``observe``), drafted as a
+    best-first tree: a node's score is the product of the probabilities down its path."""
+
+    name = "recycled"
+    costs_per_token = False
+
+    def __init__(self, n_vocab: int, k: int = 4, min_prob: float = 0.05, max_draft: int = 16) -> None:
+        if k < 1 or n_vocab < k or not 0 <= min_prob <= 1:
+            raise InvalidParameterError(f"need 1 <= k <= n_vocab and 0 <= min_prob <= 1, got k={k}, "
+                                        f"n_vocab={n_vocab}, min_prob={min_prob}")
+        self.k, self.min_prob, self.max_draft = k, min_prob, max_draft
+        self.successors = np.full((n_vocab, k), -1, dtype=np.int32)  # best first; -1: never seen
+        self.probs = np.zeros((n_vocab, k), dtype=np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.successors.nbytes + self.probs.nbytes
+
+    def begin(self, context: Sequence[int]) -> None:
+        """Nothing per request: what the target said after a token holds across requests."""
+
+    def observe(self, tokens: Sequence[int], logits: np.ndarray) -> None:
+        """Row i of ``logits`` is the target's distribution after ``tokens[i]`` (in its context then)."""
+        if not len(tokens):
+            return
+        rows = np.asarray(logits, dtype=np.float32)
+        top = np.argpartition(rows, -self.k, axis=1)[:, -self.k:]
+        top_logits = np.take_along_axis(rows, top, axis=1)
+        order = np.argsort(-top_logits, axis=1)
+        top, top_logits = np.take_along_axis(top, order, axis=1), np.take_along_axis(top_logits, order, axis=1)
+        peak = top_logits[:, :1]
+        norm = np.exp(rows - peak, dtype=np.float32).sum(axis=1, keepdims=True)
+        index = np.asarray(tokens)
+        self.successors[index] = top
+        self.probs[index] = np.exp(top_logits - peak) / norm
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        size = min(max_tokens, self.max_draft)
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        heap: list[tuple[float, int, int, int]] = []  # (-score, insertion order, token, parent in the draft)
+
+        def expand(token: int, parent: int, score: float) -> None:
+            for successor, p in zip(self.successors[token], self.probs[token], strict=True):
+                if successor >= 0 and score * p >= self.min_prob:
+                    heapq.heappush(heap, (-score * float(p), len(heap) + len(tokens), int(successor), parent))
+
+        if size > 0 and context:
+            expand(context[-1], ROOT, 1.0)
+        while heap and len(tokens) < size:
+            neg, _, token, parent = heapq.heappop(heap)
+            tokens.append(token)
+            parents.append(parent)
+            scores.append(-neg)
+            expand(token, len(tokens) - 1, -neg)
+        return Draft(tokens, parents=parents, scores=scores)
