@@ -53,6 +53,12 @@ def test_tree_verification_takes_the_path_the_target_would_generate() -> None:
     assert verify_tree_greedy(tokens, parents, one_hot_rows([8, 0, 0, 0, 0, 0, 0])) == ([], 8)  # nothing matches
 
 
+def test_of_two_equal_siblings_the_longer_accepted_path_wins() -> None:
+    tokens, parents = [3, 5, 3, 4], [ROOT, 0, ROOT, 2]  # two nodes '3' at depth 1; only the second goes on right
+    path, token = verify_tree_greedy(tokens, parents, one_hot_rows([3, 9, 9, 4, 6]))
+    assert path == [2, 3] and token == 6
+
+
 def test_on_a_chain_tree_verification_is_chain_verification() -> None:
     rng = np.random.default_rng(1)
     for _ in range(200):

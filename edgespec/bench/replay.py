@@ -19,10 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from ..arena import common_prefix
-from ..drafters.base import Draft
+from ..drafters import OutputStore, RecycledDrafter, SuffixDrafter
+from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
 from ..drafters.ngram import NgramDrafter
+from ..drafters.tree import TreeDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
 from ..sampling import SamplingParams
+from ..verify import accepted_tree_path
 from .questions import BenchError
 
 # Verify cost of k tokens in one pass relative to one token, as measured (k: relative cost); linear in between
@@ -131,6 +134,7 @@ class Tally:
                 "tau": round(self.tokens / self.steps, 3) if self.steps else 0.0,
                 "gamma_mean": round(self.drafted / self.steps, 3) if self.steps else 0.0,
                 "alpha": round(self.accepted / self.drafted, 3) if self.drafted else 0.0,
+                "depth_mean": round(self.accepted / self.steps, 3) if self.steps else 0.0,
                 "generations": 0}
 
 
@@ -164,6 +168,45 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
         tally.drafted += k
         tally.accepted += accepted
         tally.passes += shape[k + 1] + overhead
+        context.extend(committed)
+        pos += len(committed)
+    return tally
+
+
+def accepted_path(tree: Draft, truth: Sequence[int]) -> list[int]:
+    """The nodes greedy tree verification keeps when the target's tokens are ``truth``: verify_tree_greedy's rule,
+    each node's row replaced by the recorded token at its depth."""
+    depth = depths(tree.parent_list())
+    return accepted_tree_path(tree.tokens, tree.parent_list(),
+                              lambda node: truth[d] if (d := 0 if node == ROOT else depth[node]) < len(truth) else None)
+
+
+def _replay_tree_one(stream: Stream, drafter: TreeDrafter, max_leaves: int, controller: GammaController,
+                     shape: np.ndarray, overhead: float, noise: Callable[[], float]) -> Tally:
+    """``_replay_one`` for mode tree (Engine._speculate_tree's step): the tree the drafter shapes for the curve,
+    verified against the recorded output. The recycled table stays empty: recorded streams hold no logits."""
+    drafter.begin(stream.prompt)
+    controller.begin()
+    out = stream.output
+    context = [*stream.prompt, *out[:1]]
+    tally = Tally(tokens=max(len(out) - 1, 0))
+    tally.plain_passes = tally.tokens * (1 + overhead)
+    params = SamplingParams()
+    rng = np.random.default_rng(0)
+    pos = 1
+    while pos < len(out):
+        room = min(len(out) - pos - 1, MAX_GAMMA)
+        tree, origins = drafter.propose_tree(context, room, controller, max_leaves, params, rng)
+        path = accepted_path(tree, out[pos:pos + room])
+        committed = out[pos:pos + len(path) + 1]
+        controller.observe_overhead(overhead * _SCALE)
+        controller.observe(None, 0, len(tree), len(path), 0.0, float(shape[len(tree) + 1]) * _SCALE * noise(),
+                           committed=committed)
+        drafter.learn(tree, origins, path)
+        tally.steps += 1
+        tally.drafted += len(tree)
+        tally.accepted += len(path)
+        tally.passes += shape[len(tree) + 1] + overhead
         context.extend(committed)
         pos += len(committed)
     return tally
@@ -218,16 +261,23 @@ class LookupCutWhereWrong(_KnowsTheOutput):
         return Draft(draft.tokens[:common_prefix(draft.tokens, self.truth(context, len(draft)))], key=draft.key)
 
 
+TREE_DRAFTERS = {"ngram": 0, "tree": MAX_TREE_LEAVES, "tree-chain": 1}  # --drafter: max leaves (0: lookup alone)
+
+
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
-             drafter: Callable[[], NgramDrafter] = NgramDrafter) -> dict[str, dict[str, float]]:
-    """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller and one drafter play
-    every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token
-    passes. ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine;
-    seeded). ``drafter``: a free drafter proposing as n-gram lookup does (``LookupThenGuess``)."""
+             drafter: Callable[[], NgramDrafter] = NgramDrafter, tree_leaves: int = 0) -> dict[str, dict[str, float]]:
+    """Per category and overall: speed-up over target-only, τ, mean γ (tree: mean tree size), α, mean accepted
+    depth. One controller and one drafter play every stream in order, as one engine serves a bench run's requests;
+    ``overhead`` is per step, in single-token passes. ``noise``: the controller sees each pass's time scaled by
+    exp(noise · N(0, 1)) (a busy machine; seeded). ``drafter``: a free drafter proposing as n-gram lookup does
+    (``LookupThenGuess``). ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
     proposer = drafter()
+    streams = list(streams)
+    tree = TreeDrafter(proposer, SuffixDrafter(OutputStore()),
+                       RecycledDrafter(1 + max((t for s in streams for t in (*s.prompt, *s.output)), default=1)))
     tallies: dict[str, Tally] = defaultdict(Tally)
     counts: dict[str, int] = defaultdict(int)
 
@@ -235,7 +285,8 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
         return float(np.exp(noise * rng.standard_normal()))
 
     for stream in streams:
-        tally = _replay_one(stream, proposer, ctl, shape, overhead, seen)
+        tally = (_replay_tree_one(stream, tree, tree_leaves, ctl, shape, overhead, seen) if tree_leaves else
+                 _replay_one(stream, proposer, ctl, shape, overhead, seen))
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1
