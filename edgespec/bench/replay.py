@@ -138,32 +138,29 @@ class Tally:
                 "generations": 0}
 
 
-def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaController, shape: np.ndarray,
-                overhead: float, noise: Callable[[], float]) -> Tally:
-    """Mirrors Engine._run's step: propose from the committed text, let the controller cut the draft, keep the
-    draft's prefix that matches the recorded output plus the target's own token."""
-    drafter.begin(stream.prompt)
+# One replayed step: (committed context, room, the recorded tokens ahead) → (rows drafted, accepted, and the name and
+# key the controller learns the draft under: None when nothing to learn or already judged).
+Step = Callable[[list[int], int, Sequence[int]], tuple[int, int, str | None, int]]
+
+
+def _replay_stream(stream: Stream, begin: Callable[[list[int]], None], step: Step, controller: GammaController,
+                   shape: np.ndarray, overhead: float, noise: Callable[[], float]) -> Tally:
+    """Mirrors Engine._run's loop: each step drafts from the committed text, keeps what matches the recorded output
+    plus the target's own token, and the controller learns from the time the curve gives the pass."""
+    begin(stream.prompt)
     controller.begin()
     out = stream.output
     context = [*stream.prompt, *out[:1]]
     tally = Tally(tokens=max(len(out) - 1, 0))
     tally.plain_passes = tally.tokens * (1 + overhead)
-    params = SamplingParams()
-    rng = np.random.default_rng(0)
     pos = 1
     while pos < len(out):
         room = min(len(out) - pos - 1, MAX_GAMMA)
-        draft = drafter.propose(context, room, params, rng) if room > 0 else None
-        k = 0
-        if draft is not None:
-            k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
-        tokens = draft.tokens[:k] if draft is not None else []
-        accepted = common_prefix(tokens, out[pos:])
+        k, accepted, name, key = step(context, room, out[pos:pos + room])
         committed = out[pos:pos + accepted + 1]
         seconds = float(shape[k + 1]) * _SCALE * noise()  # what the controller sees; the tally counts the curve
         controller.observe_overhead(overhead * _SCALE)
-        controller.observe(drafter.name if k else None, draft.key if draft is not None else 0, k, accepted,
-                           0.0, seconds, committed=committed)
+        controller.observe(name, key, k, accepted, 0.0, seconds, committed=committed)
         tally.steps += 1
         tally.drafted += k
         tally.accepted += accepted
@@ -173,43 +170,40 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
     return tally
 
 
+def lookup_step(drafter: NgramDrafter, controller: GammaController) -> Step:
+    """Engine._speculate's step for a free drafter: the controller cuts the draft, its prefix that matches is kept."""
+    params, rng = SamplingParams(), np.random.default_rng(0)
+
+    def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
+        draft = drafter.propose(context, room, params, rng) if room > 0 else None
+        if draft is None:
+            return 0, 0, None, 0
+        k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
+        return k, common_prefix(draft.tokens[:k], truth), drafter.name if k else None, draft.key
+
+    return step
+
+
+def tree_step(drafter: TreeDrafter, controller: GammaController, max_leaves: int) -> Step:
+    """Engine._speculate_tree's step: the tree the drafter shapes for the curve, verified against the recorded
+    output. The recycled table stays empty: recorded streams hold no logits."""
+    params, rng = SamplingParams(), np.random.default_rng(0)
+
+    def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
+        tree, origins = drafter.propose_tree(context, room, controller, max_leaves, params, rng)
+        path = accepted_path(tree, truth)
+        drafter.learn(tree, origins, path)
+        return len(tree), len(path), None, 0  # the lookup spine is judged on the committed tokens
+
+    return step
+
+
 def accepted_path(tree: Draft, truth: Sequence[int]) -> list[int]:
     """The nodes greedy tree verification keeps when the target's tokens are ``truth``: verify_tree_greedy's rule,
     each node's row replaced by the recorded token at its depth."""
     depth = depths(tree.parent_list())
     return accepted_tree_path(tree.tokens, tree.parent_list(),
                               lambda node: truth[d] if (d := 0 if node == ROOT else depth[node]) < len(truth) else None)
-
-
-def _replay_tree_one(stream: Stream, drafter: TreeDrafter, max_leaves: int, controller: GammaController,
-                     shape: np.ndarray, overhead: float, noise: Callable[[], float]) -> Tally:
-    """``_replay_one`` for mode tree (Engine._speculate_tree's step): the tree the drafter shapes for the curve,
-    verified against the recorded output. The recycled table stays empty: recorded streams hold no logits."""
-    drafter.begin(stream.prompt)
-    controller.begin()
-    out = stream.output
-    context = [*stream.prompt, *out[:1]]
-    tally = Tally(tokens=max(len(out) - 1, 0))
-    tally.plain_passes = tally.tokens * (1 + overhead)
-    params = SamplingParams()
-    rng = np.random.default_rng(0)
-    pos = 1
-    while pos < len(out):
-        room = min(len(out) - pos - 1, MAX_GAMMA)
-        tree, origins = drafter.propose_tree(context, room, controller, max_leaves, params, rng)
-        path = accepted_path(tree, out[pos:pos + room])
-        committed = out[pos:pos + len(path) + 1]
-        controller.observe_overhead(overhead * _SCALE)
-        controller.observe(None, 0, len(tree), len(path), 0.0, float(shape[len(tree) + 1]) * _SCALE * noise(),
-                           committed=committed)
-        drafter.learn(tree, origins, path)
-        tally.steps += 1
-        tally.drafted += len(tree)
-        tally.accepted += len(path)
-        tally.passes += shape[len(tree) + 1] + overhead
-        context.extend(committed)
-        pos += len(committed)
-    return tally
 
 
 class _KnowsTheOutput(NgramDrafter):
@@ -284,9 +278,10 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     def seen() -> float:  # the factor on a pass's time that the controller sees
         return float(np.exp(noise * rng.standard_normal()))
 
+    begin, step = ((tree.begin, tree_step(tree, ctl, tree_leaves)) if tree_leaves else
+                   (proposer.begin, lookup_step(proposer, ctl)))
     for stream in streams:
-        tally = (_replay_tree_one(stream, tree, tree_leaves, ctl, shape, overhead, seen) if tree_leaves else
-                 _replay_one(stream, proposer, ctl, shape, overhead, seen))
+        tally = _replay_stream(stream, begin, step, ctl, shape, overhead, seen)
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1

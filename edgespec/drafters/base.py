@@ -3,9 +3,11 @@ logits): ``propose`` returns a ``Draft``, a token tree whose most common shape i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -89,6 +91,35 @@ def check_tree(parents: Sequence[int], n: int) -> None:
     for i, p in enumerate(parents):
         if not ROOT <= p < i:
             raise EdgespecError(f"internal: draft node {i} has parent {p}: a parent must come before its child")
+
+
+State = TypeVar("State")
+
+
+def best_first(root: State, size: int, min_score: float,
+               children: Callable[[State], Iterable[tuple[int, float, State]]]) -> Draft:
+    """The tree of the ``size`` likeliest nodes grown from ``root``: ``children(state)`` gives (token, probability
+    given the parent, the child's state); a node's score is the product of the probabilities down its path, and
+    nodes scoring under ``min_score`` are left out. Parents come before children, the likeliest first."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    order = itertools.count()  # ties: the node offered first
+    heap: list[tuple[float, int, int, int, State]] = []
+
+    def expand(state: State, parent: int, score: float) -> None:
+        for token, p, child in children(state):
+            if score * p >= min_score:
+                heapq.heappush(heap, (-score * p, next(order), token, parent, child))
+
+    expand(root, ROOT, 1.0)
+    while heap and len(tokens) < size:
+        neg, _, token, parent, child = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        scores.append(-neg)
+        expand(child, len(tokens) - 1, -neg)
+    return Draft(tokens, parents=parents, scores=scores)
 
 
 def depths(parents: Sequence[int]) -> list[int]:

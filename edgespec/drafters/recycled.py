@@ -4,14 +4,13 @@ keeping their top-k costs no target work. A token's entry is overwritten by the 
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from ..errors import InvalidParameterError
 from ..sampling import SamplingParams
-from .base import ROOT, Draft
+from .base import Draft, best_first
 
 
 class RecycledDrafter:
@@ -53,23 +52,11 @@ class RecycledDrafter:
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        size = min(max_tokens, self.max_draft)
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        heap: list[tuple[float, int, int, int]] = []  # (-score, insertion order, token, parent in the draft)
+        if max_tokens <= 0 or not context:
+            return Draft([])
 
-        def expand(token: int, parent: int, score: float) -> None:
-            for successor, p in zip(self.successors[token], self.probs[token], strict=True):
-                if successor >= 0 and score * p >= self.min_prob:
-                    heapq.heappush(heap, (-score * float(p), len(heap) + len(tokens), int(successor), parent))
+        def children(token: int) -> Iterable[tuple[int, float, int]]:
+            return ((int(t), float(p), int(t)) for t, p in zip(self.successors[token], self.probs[token], strict=True)
+                    if t >= 0)
 
-        if size > 0 and context:
-            expand(context[-1], ROOT, 1.0)
-        while heap and len(tokens) < size:
-            neg, _, token, parent = heapq.heappop(heap)
-            tokens.append(token)
-            parents.append(parent)
-            scores.append(-neg)
-            expand(token, len(tokens) - 1, -neg)
-        return Draft(tokens, parents=parents, scores=scores)
+        return best_first(context[-1], min(max_tokens, self.max_draft), self.min_prob, children)

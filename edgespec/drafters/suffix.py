@@ -10,7 +10,6 @@ trie whose tree has the largest expected accepted length (the sum of its probabi
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ import numpy as np
 
 from ..errors import InvalidParameterError
 from ..sampling import SamplingParams
-from .base import ROOT, Draft
+from .base import Draft, best_first
 
 _SHIFT = 20  # child key: node << _SHIFT | token (vocabularies up to ~1M tokens)
 
@@ -100,25 +99,12 @@ class SuffixTrie:
 
     def grow(self, node: int, size: int, min_prob: float) -> Draft:
         """The best-first tree of up to ``size`` continuations of ``node`` (see the module docstring)."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        heap: list[tuple[float, int, int, int]] = []  # (-probability, trie node, token, parent in the draft)
 
-        def expand(at: int, parent: int, prob: float) -> None:
-            if self._depth[at] < self.depth:
-                for token, child, share in self.children(at):
-                    if prob * share >= min_prob:
-                        heapq.heappush(heap, (-prob * share, child, token, parent))
+        def children(at: int) -> list[tuple[int, float, int]]:
+            return [(token, share, child) for token, child, share in self.children(at)] \
+                if self._depth[at] < self.depth else []
 
-        expand(node, ROOT, 1.0)
-        while heap and len(tokens) < size:
-            neg, child, token, parent = heapq.heappop(heap)
-            tokens.append(token)
-            parents.append(parent)
-            scores.append(-neg)
-            expand(child, len(tokens) - 1, -neg)
-        return Draft(tokens, parents=parents, scores=scores)
+        return best_first(node, size, min_prob, children)
 
     # -- nodes ----------------------------------------------------------------------------------------
     def _step(self, node: int, token: int) -> int:
