@@ -1,6 +1,7 @@
 """Are llama.cpp's rows for a token tree what one-token decoding of each node's path gives? Per numerics setting.
 
-    python benchmarks/tree_rows.py [--contexts 40,300,900] [--trees 6] [--threads 2] [--out DIR]
+    python benchmarks/tree_rows.py [--contexts 40,300,900] [--trees 6] [--numerics exact,f32-fa] [--threads 2]
+                                   [--out DIR]
 
 A token tree verified in one llama.cpp batch (one sequence per root-to-leaf path, each node tagged with the
 sequences of the leaves below it: what LlamaModel.decode_tree does) puts node i in the KV cell after node i - 1,
@@ -68,7 +69,9 @@ class Context:
 
     def prefill(self, prefix: list[int]) -> None:
         lc.llama_memory_clear(self.memory, True)
-        self.decode(prefix, list(range(len(prefix))), [[0]] * len(prefix), False)
+        for start in range(0, len(prefix), 512):  # the batch holds 512 tokens
+            chunk = prefix[start:start + 512]
+            self.decode(chunk, list(range(start, start + len(chunk))), [[0]] * len(chunk), False)
 
     def truncate(self, n: int) -> None:
         """Back to the first n cells of sequence 0, as after their prefill (the next cell used is cell n)."""
@@ -88,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contexts", default="40,300,900")
     parser.add_argument("--trees", type=int, default=6)
+    parser.add_argument("--numerics", default=",".join(SETTINGS), help="settings to compare (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
@@ -102,7 +106,8 @@ def main() -> None:
     text = list(buf[:lc.llama_tokenize(vocab, data, len(data), buf, len(data), True, False)])
     rng = np.random.default_rng(0)
     results = []
-    for name, flash in SETTINGS.items():
+    for name in args.numerics.split(","):
+        flash = SETTINGS[name]
         tree_ctx, ref_ctx = (Context(model, flash, args.threads or physical_cores()) for _ in range(2))
         for context in (int(c) for c in args.contexts.split(",")):
             tally = {"rows": 0, "first_path_rows": 0, "same_as_one_token": 0, "first_path_same_as_one_token": 0,

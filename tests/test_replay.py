@@ -109,6 +109,14 @@ def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.C
     assert all(results[curve]["overall"]["speedup"] >= 0.99 for curve in ("amd-q4_1", "flat"))
     assert main(args) == 0  # already recorded: nothing is added
     assert load_streams(path) == streams
+    # The recycled table's rows: the model's top-4 after every output token, the first the recorded next token.
+    assert main(["replay", str(path), "--annotate", "--threads", "1", "--drafter", "tree", "--curves", "flat"]) == 0
+    assert "argmax equals the recorded next token" in capsys.readouterr().out
+    for stream in load_streams(path):
+        assert stream.successors is not None and stream.successor_probs is not None
+        assert len(stream.successors) == len(stream.output) and all(len(row) == 4 for row in stream.successors)
+        assert [row[0] for row in stream.successors[:-1]] == stream.output[1:]
+        assert all(1 >= p[0] >= p[1] >= p[2] >= p[3] > 0 for p in stream.successor_probs)
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -101,6 +101,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                    help="time per step outside verifying, in single-token passes (default: %(default)s)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="the controller sees each pass's time times exp(NOISE · N(0,1)), as on a busy machine")
+    p.add_argument("--annotate", action="store_true",
+                   help="first add the target's top-4 successors after every output token to the streams (with "
+                        "--model, the model that recorded them): the recycled table's rows, for --drafter tree")
     p.add_argument("--drafter", default="ngram", choices=sorted(TREE_DRAFTERS),
                    help="ngram: lookup chains (mode ngram); tree: mode tree's token trees (lookup, suffix tries; the "
                         "recycled table needs logits, which recordings lack); tree-chain: the same as chains")
@@ -175,7 +178,7 @@ def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
 
 def _replay(args: argparse.Namespace) -> int:
     from .questions import load_questions
-    from .replay import curve_shape, load_streams, record, simulate, table
+    from .replay import annotate, curve_shape, load_streams, record, simulate, table
 
     curves = [c for c in args.curves.split(",") if c]
     unknown = [c for c in curves if c not in CURVES]
@@ -187,6 +190,8 @@ def _replay(args: argparse.Namespace) -> int:
         questions = load_questions(args.questions, args.categories.split(",") if args.categories else None,
                                    args.per_category)
         record(args.model, questions, args.max_tokens, args.streams, args.threads)
+    if args.annotate:
+        annotate(args.model, args.streams, threads=args.threads)
     streams = load_streams(args.streams)
     results = {c: simulate(streams, curve_shape(CURVES[c]), args.overhead, args.noise,
                            tree_leaves=TREE_DRAFTERS[args.drafter]) for c in curves}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from ..arena import common_prefix
 from ..drafters import OutputStore, RecycledDrafter, SuffixDrafter
 from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
 from ..drafters.ngram import NgramDrafter
+from ..drafters.recycled import top_successors
 from ..drafters.tree import TreeDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
 from ..sampling import SamplingParams
@@ -72,6 +73,9 @@ class Stream:
     turn: int
     prompt: list[int]
     output: list[int]
+    # Row j: the target's top-k tokens after output[j], and their probabilities (``annotate``); None: not recorded.
+    successors: list[list[int]] | None = None
+    successor_probs: list[list[float]] | None = None
 
 
 def load_streams(path: str | Path) -> list[Stream]:
@@ -114,6 +118,37 @@ def record(model: str, questions: list[dict], max_tokens: int, path: str | Path,
         engine.close()
 
 
+def annotate(model: str, path: str | Path, k: int = 4, threads: int | None = None,
+             log: Callable[[str], None] = print) -> None:
+    """Add to recorded streams what the target's verify passes would show the recycled table: its top-k tokens
+    after every output token, from one pass over prompt + output per stream (with exact numerics, the rows that
+    one-token decoding gives). Rewrites ``path``; the recorded output must be the model's own greedy one."""
+    import edgespec
+
+    streams = load_streams(path)
+    engine = edgespec.load(model, mode="none", gamma=0, n_threads=threads, tuning=False)
+    annotated = []
+    agree = total = 0
+    try:
+        for i, stream in enumerate(streams):
+            engine.arena.reset([*stream.prompt, *stream.output], reuse=False)
+            rows = engine.arena.extend("target", [], len(stream.output))
+            agree += int((rows[:-1].argmax(axis=1) == stream.output[1:]).sum())
+            total += len(stream.output) - 1
+            top, probs = top_successors(rows, k)
+            annotated.append(replace(stream, successors=top.tolist(),
+                                     successor_probs=np.round(probs, 5).tolist()))
+            log(f"  annotated {i + 1}/{len(streams)}")
+    finally:
+        engine.close()
+    # A recording by another build or model: the rows would describe another model than the one that wrote them.
+    if agree < 0.98 * total:
+        raise BenchError(f"{path}: {model}'s argmax equals the recorded next token at {agree} of {total} positions: "
+                         "not this model's greedy output")
+    log(f"  {model}'s argmax equals the recorded next token at {agree} of {total} positions")
+    Path(path).write_text("".join(json.dumps(asdict(s)) + "\n" for s in annotated))
+
+
 @dataclass
 class Tally:
     """What a replay of some streams cost, in single-token target passes."""
@@ -143,11 +178,11 @@ class Tally:
 Step = Callable[[list[int], int, Sequence[int]], tuple[int, int, str | None, int]]
 
 
-def _replay_stream(stream: Stream, begin: Callable[[list[int]], None], step: Step, controller: GammaController,
+def _replay_stream(stream: Stream, begin: Callable[[Stream], None], step: Step, controller: GammaController,
                    shape: np.ndarray, overhead: float, noise: Callable[[], float]) -> Tally:
     """Mirrors Engine._run's loop: each step drafts from the committed text, keeps what matches the recorded output
     plus the target's own token, and the controller learns from the time the curve gives the pass."""
-    begin(stream.prompt)
+    begin(stream)
     controller.begin()
     out = stream.output
     context = [*stream.prompt, *out[:1]]
@@ -184,18 +219,30 @@ def lookup_step(drafter: NgramDrafter, controller: GammaController) -> Step:
     return step
 
 
-def tree_step(drafter: TreeDrafter, controller: GammaController, max_leaves: int) -> Step:
+def tree_replay(drafter: TreeDrafter, controller: GammaController,
+                max_leaves: int) -> tuple[Callable[[Stream], None], Step]:
     """Engine._speculate_tree's step: the tree the drafter shapes for the curve, verified against the recorded
-    output. The recycled table stays empty: recorded streams hold no logits."""
+    output. The recycled table learns from the rows of the committed tokens where the streams carry them
+    (``annotate``; the engine also sees rejected nodes' rows), and stays empty where they do not."""
     params, rng = SamplingParams(), np.random.default_rng(0)
+    current: list[Stream] = []
+
+    def begin(stream: Stream) -> None:
+        current[:] = [stream]
+        drafter.begin(stream.prompt)
 
     def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
         tree, origins = drafter.propose_tree(context, room, controller, max_leaves, params, rng)
         path = accepted_path(tree, truth)
         drafter.learn(tree, origins, path)
+        stream = current[0]
+        if stream.successors is not None and stream.successor_probs is not None:
+            rows = slice(len(context) - len(stream.prompt) - 1, len(context) - len(stream.prompt) + len(path))
+            drafter.recycled.learn(stream.output[rows], np.array(stream.successors[rows]),
+                                   np.array(stream.successor_probs[rows]))
         return len(tree), len(path), None, 0  # the lookup spine is judged on the committed tokens
 
-    return step
+    return begin, step
 
 
 def accepted_path(tree: Draft, truth: Sequence[int]) -> list[int]:
@@ -278,8 +325,8 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     def seen() -> float:  # the factor on a pass's time that the controller sees
         return float(np.exp(noise * rng.standard_normal()))
 
-    begin, step = ((tree.begin, tree_step(tree, ctl, tree_leaves)) if tree_leaves else
-                   (proposer.begin, lookup_step(proposer, ctl)))
+    begin, step = (tree_replay(tree, ctl, tree_leaves) if tree_leaves else
+                   (lambda stream: proposer.begin(stream.prompt), lookup_step(proposer, ctl)))
     for stream in streams:
         tally = _replay_stream(stream, begin, step, ctl, shape, overhead, seen)
         for name in (stream.category, "overall"):

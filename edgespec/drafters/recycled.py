@@ -13,6 +13,18 @@ from ..sampling import SamplingParams
 from .base import Draft, best_first
 
 
+def top_successors(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the ``k`` likeliest tokens (best first) and their probabilities (softmax over the whole row)."""
+    rows = np.asarray(logits, dtype=np.float32)
+    top = np.argpartition(rows, -k, axis=1)[:, -k:]
+    top_logits = np.take_along_axis(rows, top, axis=1)
+    order = np.argsort(-top_logits, axis=1)
+    top, top_logits = np.take_along_axis(top, order, axis=1), np.take_along_axis(top_logits, order, axis=1)
+    peak = top_logits[:, :1]
+    norm = np.exp(rows - peak, dtype=np.float32).sum(axis=1, keepdims=True)
+    return top.astype(np.int32), np.exp(top_logits - peak) / norm
+
+
 class RecycledDrafter:
     """A table of ``k`` successors per token with the target's probability for each (``observe``), drafted as a
     best-first tree: a node's score is the product of the probabilities down its path."""
@@ -37,18 +49,14 @@ class RecycledDrafter:
 
     def observe(self, tokens: Sequence[int], logits: np.ndarray) -> None:
         """Row i of ``logits`` is the target's distribution after ``tokens[i]`` (in its context then)."""
-        if not len(tokens):
-            return
-        rows = np.asarray(logits, dtype=np.float32)
-        top = np.argpartition(rows, -self.k, axis=1)[:, -self.k:]
-        top_logits = np.take_along_axis(rows, top, axis=1)
-        order = np.argsort(-top_logits, axis=1)
-        top, top_logits = np.take_along_axis(top, order, axis=1), np.take_along_axis(top_logits, order, axis=1)
-        peak = top_logits[:, :1]
-        norm = np.exp(rows - peak, dtype=np.float32).sum(axis=1, keepdims=True)
+        if len(tokens):
+            self.learn(tokens, *top_successors(logits, self.k))
+
+    def learn(self, tokens: Sequence[int], successors: np.ndarray, probs: np.ndarray) -> None:
+        """Each token's entry replaced by ``top_successors``' row for it (``observe``, or rows recorded earlier)."""
         index = np.asarray(tokens)
-        self.successors[index] = top
-        self.probs[index] = np.exp(top_logits - peak) / norm
+        self.successors[index] = np.asarray(successors)[:, :self.k]
+        self.probs[index] = np.asarray(probs)[:, :self.k]
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
