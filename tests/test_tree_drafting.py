@@ -148,14 +148,28 @@ def test_mode_tree_verifies_trees_with_several_leaves(clock: FakeClock) -> None:
 
 
 def test_eos_inside_a_branch_ends_the_generation_there(clock: FakeClock) -> None:
-    """The prompt has 'end.' followed by EOS; the output repeats 'end.' then stops: the tree that holds EOS in a
-    branch is cut there, as target-only is."""
-    body = [BOS, *encode("go to the end."), EOS, *encode(" go to the end.")]
-    sequence = [*body, EOS]
-    model = FakeModel(scripted(sequence), n_ctx=256, clock=clock, pass_cost=lambda n: 0.01)
-    reference = Engine(model, mode="none", gamma=0).generate(sequence[:20], max_tokens=100)
-    out = Engine(model, mode="tree", gamma=8).generate(sequence[:20], max_tokens=100)
-    assert out.tokens == reference.tokens == sequence[20:-1] and out.finish_reason == "stop"
+    """After EOS, the prompt has 'say ab' twice and 'say ac' once, each ended by EOS; the target says 'say ac' and
+    stops. Lookup copies the latest 'say ab' (the spine, wrong at 'b'); the suffix trie offers 'c' then EOS as a
+    branch: the accepted path runs through it, and the generation ends at its EOS, as target-only's does."""
+    sequence = [BOS, *encode("."), *encode(" say ab"), EOS, *encode(" say ab"), EOS, *encode(" say ac"), EOS,
+                *encode(" say ab"), EOS, *encode(" say ac"), EOS]
+    prompt = sequence[:-3]  # ... ' say ': the target goes on with 'a' (the prefill's token), 'c' and EOS
+    model = FakeModel(scripted(sequence), n_ctx=512, clock=clock, pass_cost=lambda n: 0.01)
+    reference = Engine(model, mode="none", gamma=0).generate(prompt, max_tokens=20)
+    branches: list[tuple[list[int], list[int]]] = []
+    original = model.decode_tree
+
+    def spy(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        branches.append((tokens, parents))
+        return original(tokens, parents, start)
+
+    model.decode_tree = spy  # type: ignore[method-assign]
+    out = Engine(model, mode="tree", gamma=16).generate(prompt, max_tokens=20)
+    assert out.tokens == reference.tokens == encode("ac") and out.finish_reason == "stop"
+    assert out.stats.accepted == 2  # c and EOS, from the branch
+    tokens, parents = branches[0]
+    first_path_end = next(i for i in range(len(parents)) if i + 1 == len(parents) or parents[i + 1] != i)
+    assert EOS in tokens[first_path_end + 1:]  # EOS sits in a branch besides the first path
 
 
 @pytest.mark.parametrize("gamma", [4, 16])
