@@ -314,7 +314,7 @@ class LlamaModel:
         """Whether every tree row equals a one-token pass over its path, bit for bit: not with these kernels. With
         flash attention off, a row's sums depend on which KV cells its ancestors sit in (SIMD lanes, blocks of 16),
         and only the first root path of a tree sits where sequential decoding puts it: a node of another branch
-        differed by up to 0.22 (docs/tree-drafting.md). The engine then verifies chains only."""
+        differed by up to 0.65 (benchmarks/tree_rows.py, docs/tree-drafting.md). The engine verifies chains here."""
         return False
 
     def truncate(self, keep: int) -> None:

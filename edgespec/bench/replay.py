@@ -141,8 +141,9 @@ def annotate(model: str, path: str | Path, k: int = 4, threads: int | None = Non
             log(f"  annotated {i + 1}/{len(streams)}")
     finally:
         engine.close()
-    # A recording by another build or model: the rows would describe another model than the one that wrote them.
-    if agree < 0.98 * total:
+    # Another model (Q4_0 against Q4_1 agree on ~84% of top-1 tokens) would describe other rows than the recording
+    # saw; an older build of the same model differs on near-ties only (a 2026-11-23 recording: 97.5%).
+    if agree < 0.95 * total:
         raise BenchError(f"{path}: {model}'s argmax equals the recorded next token at {agree} of {total} positions: "
                          "not this model's greedy output")
     log(f"  {model}'s argmax equals the recorded next token at {agree} of {total} positions")
