@@ -288,6 +288,8 @@ class Engine:
             path, next_token = verify_tree_greedy(tree.tokens, tree.parent_list(), logits)
             self.arena.keep_path("target", path)
         else:
+            if not tree.is_chain:  # shaped with one leaf
+                raise EdgespecError("internal: a draft tree where only chains are verified")
             logits = self.arena.extend("target", tree.tokens, len(tree) + 1)
             if params.greedy:
                 n_accepted, next_token = verify_greedy(tree.tokens, logits)

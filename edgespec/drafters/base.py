@@ -62,15 +62,6 @@ class Draft:
         """Every node's parent, a chain's included."""
         return list(range(-1, len(self.tokens) - 1)) if self.parents is None else list(self.parents)
 
-    def path(self, node: int) -> list[int]:
-        """The nodes from the root's first child down to ``node``."""
-        parents = self.parent_list()
-        nodes = []
-        while node != ROOT:
-            nodes.append(node)
-            node = parents[node]
-        return nodes[::-1]
-
     def truncated(self, k: int) -> Draft:
         """The first ``k`` nodes (a chain's first k tokens): still a tree, since parents come first."""
         if k >= len(self.tokens):
@@ -78,10 +69,6 @@ class Draft:
         return Draft(self.tokens[:k], None if self.probs is None else self.probs[:k], self.key, self.passes,
                      self.source, None if self.parents is None else self.parents[:k],
                      None if self.scores is None else self.scores[:k])
-
-    @classmethod
-    def chain(cls, tokens: Sequence[int], scores: Sequence[float] | None = None, key: int = 0) -> Draft:
-        return cls(list(tokens), key=key, scores=None if scores is None else list(scores))
 
 
 def check_tree(parents: Sequence[int], n: int) -> None:
