@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from edgespec.arena import KVArena
-from edgespec.drafters import Draft, OutputStore, RecycledDrafter, SuffixDrafter
+from edgespec.drafters import Draft, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
 from edgespec.drafters.base import ROOT, depths
 from edgespec.drafters.suffix import SuffixTrie
-from edgespec.drafters.tree import merge, shape, subtree
+from edgespec.drafters.tree import TreeDrafter, merge, shape, subtree
 from edgespec.engine import Engine
 from edgespec.errors import EdgespecError
 from edgespec.sampling import SamplingParams
@@ -298,3 +298,18 @@ def test_shape_never_exceeds_its_budget_or_leaves() -> None:
 
 def test_vocabulary_of_the_fake_model_fits_the_recycled_table() -> None:
     assert RecycledDrafter(N_VOCAB).successors.shape == (N_VOCAB, 4)
+
+
+def test_branch_scores_follow_what_verification_accepted() -> None:
+    """A branch drafter whose tested nodes are never accepted has its scores scaled down."""
+    drafter = TreeDrafter(NgramDrafter(), SuffixDrafter(OutputStore()), RecycledDrafter(N_VOCAB))
+    context = [BOS, *encode(". say ab"), EOS, *encode(" say ac"), EOS, *encode(" say ab"), EOS, *encode(" say a")]
+    drafter.begin(context)  # lookup copies the latest 'say ab'; the suffix trie offers 'c' as well
+    tree, origins = drafter.propose_tree(context, 16, None, 16, GREEDY, RNG)
+    suffix_nodes = [i for i, (name, _) in enumerate(origins) if name == "suffix"]
+    assert suffix_nodes
+    for _ in range(50):
+        drafter.learn(tree, origins, [])  # tested, never accepted
+    again, _ = drafter.propose_tree(context, 16, None, 16, GREEDY, RNG)
+    assert again.tokens == tree.tokens
+    assert all(again.scores[i] < 0.2 * tree.scores[i] for i in suffix_nodes)  # type: ignore[index]

@@ -22,7 +22,7 @@ from .ngram import NgramDrafter
 from .recycled import RecycledDrafter
 from .suffix import SuffixDrafter
 
-_PRIOR = 1.0  # a branch drafter's estimates are taken at face value until verification has weighed a few
+_PRIOR = 1.0  # a branch drafter's estimates are taken at face value until verification has weighed a few (one node)
 _DECAY = 0.99  # per verify step
 
 
@@ -105,7 +105,6 @@ def subtree(tree: Draft, nodes: Sequence[int]) -> tuple[Draft, list[int]]:
                  scores=[scores[i] for i in order]), order
 
 
-
 class TreeDrafter:
     """Mode ``tree``: n-gram lookup's chain as the spine, cut by the γ controller exactly as in mode ``ngram``;
     the suffix tries' and the recycled table's candidates as branches (GOOSE's asymmetric shape), each kept while
@@ -118,7 +117,7 @@ class TreeDrafter:
     def __init__(self, lookup: NgramDrafter, suffix: SuffixDrafter, recycled: RecycledDrafter) -> None:
         self.lookup, self.suffix, self.recycled = lookup, suffix, recycled
         # Per branch drafter: decayed (accepted, estimated) over the nodes verification tested.
-        self._calibration = {suffix.name: [_PRIOR, _PRIOR], recycled.name: [_PRIOR, _PRIOR]}
+        self._calibration = {suffix.name: [0.0, 0.0], recycled.name: [0.0, 0.0]}
 
     def begin(self, context: Sequence[int]) -> None:
         self.lookup.begin(context)
@@ -161,10 +160,10 @@ class TreeDrafter:
         """The draft with scores scaled by what its drafter's estimates turned out to be worth, node by node given
         the parent; and its own estimates given the parent (what ``learn`` weighs the outcome against)."""
         got, estimated = self._calibration[name]
-        factor = got / estimated
+        factor = (got + _PRIOR) / (estimated + _PRIOR)
         raw = draft.scores or [1.0] * len(draft)
         parents = draft.parent_list()
-        given_parent = [s / (1.0 if p == ROOT else raw[p]) for s, p in zip(raw, parents, strict=True)]
+        given_parent = [s / raw[p] if p != ROOT and raw[p] > 0 else s for s, p in zip(raw, parents, strict=True)]
         scores: list[float] = []
         for p, c in zip(parents, given_parent, strict=True):
             scores.append((1.0 if p == ROOT else scores[p]) * min(1.0, factor * c))
