@@ -59,6 +59,18 @@ class Cache(Protocol):
     def cache_end(self) -> int: ...
 
 
+class TreeCache(Cache, Protocol):
+    """A cache that can verify a token tree in one pass (each node attending to its own path only)."""
+
+    def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        """Feed a tree whose root nodes (parent -1) follow position ``start - 1``; node i goes at position
+        start + its depth - 1. Returns one row of logits per node, valid until the next decode."""
+
+    def keep_tree_path(self, nodes: list[int]) -> None:
+        """After ``decode_tree``: keep the nodes of one root path (``nodes``, root first) at positions start..,
+        and drop every other node's entries."""
+
+
 class OwnedCache(Cache, Protocol):
     """A cache with memory of its own (not a view): its entries can be copied out and back in."""
 
@@ -115,6 +127,7 @@ class KVArena:
         self.tokens: list[int] = []  # committed: prompt + accepted output
         self.held: dict[str, list[int]] = {name: [] for name in caches}  # tokens whose KV each cache holds
         self._agreed: dict[str, int] = {name: 0 for name in caches}  # held[:n] is known to match self.tokens
+        self._tree: tuple[str, list[int], int] | None = None  # a tree fed by extend_tree, until keep_path
 
     @property
     def n_ctx(self) -> int:
@@ -160,6 +173,40 @@ class KVArena:
         if not feed:  # callers always have a token to feed: the target's last (bonus) token is never held
             raise EdgespecError(f"internal: nothing to feed cache {name!r}")
         return self._feed(name, feed, n_logits)
+
+    def extend_tree(self, name: str, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Feed cache ``name`` the committed tokens it lacks, then a draft tree (``Draft``'s layout: parent -1 is the
+        committed sequence), in one pass where each node sees only its own path. Returns the logits after the last
+        committed token (row 0) and after each node (row i + 1). The cache holds the whole tree until ``keep_path``
+        names the accepted nodes; nothing else may touch it in between."""
+        lacking = self.tokens[len(self.held[name]):]
+        if not lacking:  # as in extend: the target's last (bonus) token is never held
+            raise EdgespecError(f"internal: nothing to feed cache {name!r}")
+        if name in self.views:
+            raise EdgespecError(f"internal: cache {name!r} is a view; trees are verified by the target")
+        held, cache = self.held[name], cast(TreeCache, self.caches[name])
+        # The lacking tokens lead the tree as a chain; the draft's roots hang off its last one.
+        feed = [*lacking, *tokens]
+        n = len(lacking)
+        parents_fed = [*range(-1, n - 1), *(n - 1 if p < 0 else p + n for p in parents)]
+        if len(held) + len(feed) > cache.n_ctx:  # every node takes a cell, not only the accepted ones
+            raise ContextOverflowError(
+                f"the {name} context is full ({cache.n_ctx} tokens); load the model with a larger n_ctx")
+        logits = cache.decode_tree(feed, parents_fed, len(held))
+        self._tree = (name, feed, n)
+        return logits[n - 1:]
+
+    def keep_path(self, name: str, path: Sequence[int]) -> None:
+        """After ``extend_tree``: the cache keeps the lacking committed tokens and the draft nodes ``path`` (the
+        accepted ones, root first); every other node's entries are removed. ``commit`` then finds them held."""
+        if self._tree is None or self._tree[0] != name:
+            raise EdgespecError(f"internal: keep_path({name!r}) without a tree fed to it")
+        _, feed, n = self._tree
+        self._tree = None
+        nodes = [*range(n), *(i + n for i in path)]
+        cast(TreeCache, self.caches[name]).keep_tree_path(nodes)
+        self.held[name].extend(feed[i] for i in nodes)
+        self._sync_views(name)
 
     def catch_up(self, name: str) -> None:
         """Feed cache ``name`` the committed tokens it lacks but the last (the next ``extend`` feeds that one for

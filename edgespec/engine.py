@@ -18,7 +18,9 @@ import numpy as np
 from .arena import Cache, KVArena, common_prefix
 from .backend import Backend, SelfDraft
 from .chat import ChatTemplate, Message
-from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
+from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
+from .drafters.base import MAX_TREE_LEAVES
+from .drafters.tree import TreeDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .prompt_cache import PromptCache
@@ -26,11 +28,11 @@ from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
 from .tuning import StoredCurve, Tuning
-from .verify import verify_greedy, verify_sampled
+from .verify import verify_greedy, verify_sampled, verify_tree_greedy
 
 log = logging.getLogger("edgespec.engine")
 
-MODES = ("ngram", "draft", "layerskip", "hybrid", "none")
+MODES = ("ngram", "draft", "layerskip", "hybrid", "tree", "none")
 SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subset of its layers
 # The layer-skip draft stops at a position whose own top-1 probability is below this (a round value, not tuned).
 LAYERSKIP_MIN_CONFIDENCE = 0.5
@@ -90,6 +92,13 @@ class Engine:
         self.modes.update((name, (drafter,)) for name, drafter in self.drafters.items())
         if "layerskip" in self.drafters:
             self.modes["hybrid"] = (self.drafters["ngram"], self.drafters["layerskip"])
+        # Tree: lookup's chain plus suffix-trie and recycled-logits branches, verified as one token tree where the
+        # target's rows are exact for trees (else, and when sampling, the best chain of it). Earlier outputs are
+        # kept per engine (a server's process), bounded.
+        self.output_store = OutputStore()
+        self.tree_drafter = TreeDrafter(cast(NgramDrafter, self.drafters["ngram"]), SuffixDrafter(self.output_store),
+                                        RecycledDrafter(target.n_vocab))
+        self.modes["tree"] = (self.tree_drafter,)
         self.mode = mode or ("draft" if draft is not None else "ngram")
         self._check_mode(self.mode)
         self.gamma = _check_gamma(gamma)
@@ -181,23 +190,29 @@ class Engine:
         if next_token is None:  # cancelled during the prefill
             return
         stats.prefill_s = time.perf_counter() - start
-        draft, n_accepted = Draft([]), 0
+        accepted: list[int] = []
+        drafted = 0
         while True:
             bookkeeping_start = time.perf_counter()
-            new, piece, finish = self._accept(draft.tokens[:n_accepted] + [next_token], out, text, max_tokens)
-            from_draft = min(n_accepted, len(new))
+            new, piece, finish = self._accept(accepted + [next_token], out, text, max_tokens)
+            from_draft = min(len(accepted), len(new))
             if finish is not None:
                 stats.generated_tokens = len(out)
                 stats.decode_s = time.perf_counter() - start - stats.prefill_s
-                yield StreamChunk(piece + text.flush(), new, len(draft), from_draft, finish, stats)
+                yield StreamChunk(piece + text.flush(), new, drafted, from_draft, finish, stats)
                 return
             if controller is not None:
                 controller.observe_overhead(time.perf_counter() - bookkeeping_start)
-            yield StreamChunk(piece, new, len(draft), from_draft)
-            # Accepted draft plus the target's own token must fit the context: target-only stops when it is full.
+            yield StreamChunk(piece, new, drafted, from_draft)
+            # Accepted draft plus the target's own token must fit the context: target-only stops when it is full
+            # (a tree's nodes all take a cell, so they must fit too).
             room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA,
                        self._pass_room())
-            draft, n_accepted, next_token = self._speculate(drafters, gamma, controller, room, params, rng, stats)
+            if mode == "tree":
+                accepted, drafted, next_token = self._speculate_tree(gamma, controller, room, params, rng, stats)
+            else:
+                accepted, drafted, next_token = self._speculate(drafters, gamma, controller, room, params, rng,
+                                                                stats)
 
     def _prefill(self, prompt: list[int], cache_prompt: bool, drafters: tuple[Drafter, ...],
                  controller: GammaController | None, params: SamplingParams, rng: np.random.Generator,
@@ -244,9 +259,9 @@ class Engine:
 
     def _speculate(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
                    room: int, params: SamplingParams, rng: np.random.Generator,
-                   stats: GenerationStats) -> tuple[Draft, int, int]:
+                   stats: GenerationStats) -> tuple[list[int], int, int]:
         """One speculative step: draft (cut to the chosen γ), verify the draft and one more position in one target
-        pass, let the controller learn. Returns the draft, how many of its tokens the target accepted, and the
+        pass, let the controller learn. Returns the draft tokens the target accepted, how many were drafted, and the
         target's own next token."""
         step_start = time.perf_counter()
         draft = self._propose(drafters, gamma, controller, room, params, rng)
@@ -264,7 +279,45 @@ class Engine:
             controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
                                drafted_at - step_start, verified_at - drafted_at, draft.passes,
                                committed=draft.tokens[:n_accepted] + [next_token])
-        return draft, n_accepted, next_token
+        return draft.tokens[:n_accepted], len(draft), next_token
+
+    def _speculate_tree(self, gamma: int | str, controller: GammaController | None, room: int,
+                        params: SamplingParams, rng: np.random.Generator,
+                        stats: GenerationStats) -> tuple[list[int], int, int]:
+        """``_speculate`` for mode tree: one pass verifies a token tree where the target's rows are exact for trees
+        and decoding is greedy; elsewhere the tree is shaped as a chain (one leaf) and verified as one. Every pass's
+        rows refill the recycled table."""
+        step_start = time.perf_counter()
+        trees = params.greedy and bool(getattr(self.target, "exact_trees", False))
+        budget = min(room, MAX_GAMMA if gamma == "auto" else int(gamma))
+        tree, origins = self.tree_drafter.propose_tree(self.arena.tokens, budget, controller,
+                                                       MAX_TREE_LEAVES if trees else 1, params, rng)
+        drafted_at = time.perf_counter()
+        last = self.arena.tokens[-1]
+        if trees and len(tree):
+            logits = self.arena.extend_tree("target", tree.tokens, tree.parent_list())
+            path, next_token = verify_tree_greedy(tree.tokens, tree.parent_list(), logits)
+            self.arena.keep_path("target", path)
+        else:
+            if not tree.is_chain:  # shaped with one leaf
+                raise EdgespecError("internal: a draft tree where only chains are verified")
+            logits = self.arena.extend("target", tree.tokens, len(tree) + 1)
+            if params.greedy:
+                n_accepted, next_token = verify_greedy(tree.tokens, logits)
+            else:
+                n_accepted, next_token = verify_sampled(tree.tokens, None, logits, params, rng)
+            path = list(range(n_accepted))
+        verified_at = time.perf_counter()
+        self.tree_drafter.observe([last, *tree.tokens], logits)
+        self.tree_drafter.learn(tree, origins, path)
+        accepted = [tree.tokens[i] for i in path]
+        stats.record_step(len(tree), len(path))
+        stats.draft_s += drafted_at - step_start
+        stats.verify_s += verified_at - drafted_at
+        if controller is not None:  # the lookup spine is judged from the committed tokens, as in mode ngram
+            controller.observe(None, 0, len(tree), len(path), drafted_at - step_start, verified_at - drafted_at,
+                               committed=[*accepted, next_token])
+        return accepted, len(tree), next_token
 
     def _pass_room(self) -> int:
         """Draft tokens the target's next pass can verify exactly: that pass also carries the committed tokens its

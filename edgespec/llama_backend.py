@@ -23,6 +23,7 @@ import numpy as np
 from .arena import CacheState
 from .backend import ModelOptions, check_options, padded_pass_limit, split_batches
 from .cpu import physical_cores
+from .drafters.base import MAX_TREE_LEAVES
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .gguf_header import check_gguf
 from .models import resolve
@@ -102,7 +103,10 @@ class LlamaModel:
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = self.options.n_ctx
         cparams.n_batch = cparams.n_ubatch = self.options.n_batch
-        cparams.n_seq_max = 1
+        # Sequence 0 holds the committed tokens; a draft tree's root-to-leaf paths take sequences 1..MAX_TREE_LEAVES
+        # for one pass (decode_tree). One unified cache: every sequence's cells come out of the same n_ctx.
+        cparams.n_seq_max = MAX_TREE_LEAVES + 1
+        cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
         if self.options.exact_numerics:
@@ -120,6 +124,8 @@ class LlamaModel:
         self.n_batch = lc.llama_n_batch(self._ctx)  # and clamp the batch to the context
         self._memory = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._tree_batch: lc.llama_batch | None = None  # made by the first decode_tree: room for many seq ids a row
+        self._tree: tuple[int, list[list[int]]] = (0, [])  # the last decode_tree's start, and each node's seq ids
         self._piece = ctypes.create_string_buffer(256)
         self._n_cells = self.n_ctx
         # 0: each pass decodes just its tokens. B > 0: every pass of up to B tokens is padded to B rows (see
@@ -130,6 +136,8 @@ class LlamaModel:
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             lc.llama_batch_free(self._batch)
+            if self._tree_batch is not None:
+                lc.llama_batch_free(self._tree_batch)
             lc.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
@@ -287,6 +295,72 @@ class LlamaModel:
             raise EdgespecError(f"llama_decode failed with code {rc} at position {start} (context {self.n_ctx} tokens)")
         ptr = lc.llama_get_logits_ith(self._ctx, n - n_logits)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+
+    def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        """One pass over a token tree (``KVArena.extend_tree``): node i at position start + depth - 1, attending to
+        the committed tokens and its own ancestors only. Each root-to-leaf path is a sequence of its own (1, 2, ..;
+        the committed prefix is copied to each first, which in a unified cache only tags its cells) and every node
+        carries the sequences of the leaves below it: llama.cpp's mask lets a token see the cells of its sequence
+        at positions up to its own, which are exactly its ancestors. Returns one row of logits per node (a copy).
+        ``keep_tree_path`` must follow before any other call on the cache."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise EdgespecError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
+        is_parent = set(parents)
+        leaves = [i for i in range(n) if i not in is_parent]
+        if len(leaves) > MAX_TREE_LEAVES:
+            raise EdgespecError(f"internal: a tree of {len(leaves)} leaves, more than {MAX_TREE_LEAVES}")
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        for seq, leaf in enumerate(leaves, 1):
+            node = leaf
+            while node >= 0:
+                seqs[node].append(seq)
+                node = parents[node]
+        for seq in range(1, len(leaves) + 1):
+            lc.llama_memory_seq_cp(self._memory, 0, seq, -1, -1)
+        if self._tree_batch is None:
+            self._tree_batch = lc.llama_batch_init(self.n_batch, 0, MAX_TREE_LEAVES)
+        batch = self._tree_batch
+        batch.n_tokens = n
+        depth = [0] * n
+        for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+            depth[i] = 0 if parent < 0 else depth[parent] + 1
+            batch.token[i] = token
+            batch.pos[i] = start + depth[i]
+            batch.n_seq_id[i] = len(seqs[i])
+            for j, seq in enumerate(seqs[i]):
+                batch.seq_id[i][j] = seq
+            batch.logits[i] = True
+        self._tree = (start, seqs)
+        rc = lc.llama_decode(self._ctx, batch)
+        if rc != 0:
+            self._drop_tree_sequences(len(leaves))
+            raise EdgespecError(f"llama_decode failed with code {rc} on a tree of {n} nodes at position {start}")
+        return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+                         for i in range(n)])
+
+    def keep_tree_path(self, nodes: list[int]) -> None:
+        """After ``decode_tree``: sequence 0 takes the cells of ``nodes`` (a root path), the tree's sequences go."""
+        start, seqs = self._tree
+        if nodes:
+            end = start + len(nodes)
+            lc.llama_memory_seq_cp(self._memory, seqs[nodes[-1]][0], 0, start, end)  # one path through them all
+        self._drop_tree_sequences(max((max(s) for s in seqs), default=0))
+        if self.cache_end() != start + len(nodes):
+            raise EdgespecError(f"internal: after a tree step the cache ends at {self.cache_end()}, "
+                                f"not {start + len(nodes)}")
+
+    def _drop_tree_sequences(self, n_leaves: int) -> None:
+        for seq in range(1, n_leaves + 1):
+            lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+
+    @property
+    def exact_trees(self) -> bool:
+        """Whether every tree row equals a one-token pass over its path, bit for bit: not with these kernels. With
+        flash attention off, a row's sums depend on which KV cells its ancestors sit in (SIMD lanes, blocks of 16),
+        and only the first root path of a tree sits where sequential decoding puts it: a node of another branch
+        differed by up to 0.65 (benchmarks/tree_rows.py, docs/tree-drafting.md). The engine verifies chains here."""
+        return False
 
     def truncate(self, keep: int) -> None:
         """Drop every cache entry at position >= keep."""

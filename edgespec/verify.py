@@ -8,7 +8,7 @@ the target, so every verify pass yields at least one token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +28,36 @@ def verify_greedy(draft: Sequence[int], target_logits: np.ndarray) -> tuple[int,
     while n < len(draft) and best[n] == draft[n]:
         n += 1
     return n, int(best[n])
+
+
+def accepted_tree_path(tokens: Sequence[int], parents: Sequence[int],
+                       target_token: Callable[[int], int | None]) -> list[int]:
+    """The longest root-to-node path of a draft tree (``Draft``'s layout: node i follows ``parents[i]``, -1 the
+    committed sequence) whose every token is ``target_token`` of its parent: the target's token after that node
+    (-1: after the committed sequence; None: not known). Among paths as long, the one through earlier nodes."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    best: list[int] = []
+    stack: list[tuple[int, list[int]]] = [(-1, [])]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > len(best):
+            best = path
+        want = target_token(node)
+        stack.extend((c, [*path, c]) for c in reversed(children.get(node, [])) if tokens[c] == want)
+    return best
+
+
+def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
+                       target_logits: np.ndarray) -> tuple[list[int], int]:
+    """Greedy verification of a draft tree. ``target_logits`` row 0 follows the last committed token, row i + 1
+    follows node i, each computed over the node's own path only. Returns the accepted nodes (``accepted_tree_path``
+    with the target's argmax) and the target's own next token after them: exactly what target-only greedy decoding
+    would produce, one token at a time. A chain (parents i - 1) gives ``verify_greedy``'s answer."""
+    best = target_logits.argmax(axis=1)
+    path = accepted_tree_path(tokens, parents, lambda node: int(best[node + 1]))
+    return path, int(best[path[-1] + 1 if path else 0])
 
 
 def verify_sampled(

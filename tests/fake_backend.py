@@ -126,6 +126,7 @@ class FakeModel:
         self._target = _Pass(self, logits, "target", 1.0)
         self._draft = None if self_draft is None else FakeSkipView(self, self_draft, draft_cost_ratio, calibrated)
         self.passes: list[int] = []  # tokens fed per forward pass, in order
+        self._tree: tuple[int, list[int], list[int]] = (0, [], [])  # the last decode_tree's start, tokens, parents
         self.closed = False
         self.shape_dependent = shape_dependent
         self.pass_rows = 0  # 0: passes of their own size; B: padded to B rows (set_pass_rows)
@@ -159,6 +160,36 @@ class FakeModel:
 
     def truncate(self, keep: int) -> None:
         self._target.truncate(keep)
+
+    exact_trees = True  # a node's row is a function of its own path's tokens only
+
+    def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        """One pass over a token tree: node i's row from the context held before ``start`` plus its own path."""
+        if start != self._target.end:
+            raise EdgespecError(f"fake: tree decode at {start}, but the cache ends at {self._target.end}")
+        if start + len(tokens) > self.n_ctx:
+            raise EdgespecError(f"fake: cannot hold a tree of {len(tokens)} nodes at {start} (n_ctx {self.n_ctx})")
+        self.passes.append(len(tokens))
+        if self.clock is not None:
+            self.clock.now += self.pass_cost(len(tokens))
+        held = self.kv[:start]
+        corrupt = any(e.writer != "target" for e in held)  # type: ignore[union-attr]
+        paths: list[list[int]] = []
+        rows = []
+        for token, parent in zip(tokens, parents, strict=True):
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+            row = self.logits([e.token for e in held] + paths[-1])  # type: ignore[union-attr]
+            rows.append(np.roll(row, 1) if corrupt else row)
+        self._tree = (start, tokens, parents)
+        return np.array(rows, dtype=np.float32).reshape(len(rows), N_VOCAB)
+
+    def keep_tree_path(self, nodes: list[int]) -> None:
+        start, tokens, parents = self._tree
+        if any(parents[b] != a for a, b in zip([-1, *nodes], nodes, strict=False)):
+            raise EdgespecError(f"fake: nodes {nodes} are not a root path of the tree")
+        for i, node in enumerate(nodes):
+            self.kv[start + i] = _Entry(tokens[node], "target")
+        self._target.end = start + len(nodes)
 
     def cache_end(self) -> int:
         return self._target.cache_end()

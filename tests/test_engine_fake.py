@@ -212,7 +212,7 @@ def _marginals(target: FakeModel, last: int, params: SamplingParams, n: int) -> 
 
 
 @pytest.mark.parametrize(("mode", "params"), [("draft", SamplingParams(1.0)), ("draft", SamplingParams(0.8, top_k=4)),
-                                               ("ngram", SamplingParams(1.0))])
+                                               ("ngram", SamplingParams(1.0)), ("tree", SamplingParams(1.0))])
 def test_sampled_output_follows_the_target_distribution(mode: str, params: SamplingParams) -> None:
     target = FakeModel(bigram(1, SUPPORT))
     engine = Engine(target, FakeModel(bigram(2, SUPPORT)), mode=mode, gamma=3)

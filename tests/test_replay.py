@@ -13,11 +13,14 @@ from edgespec.bench.replay import (
     LookupCutWhereWrong,
     LookupThenGuess,
     Stream,
+    accepted_path,
     curve_shape,
     load_streams,
     simulate,
 )
 from edgespec.cli import main
+from edgespec.drafters import Draft
+from edgespec.drafters.base import ROOT
 
 
 def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
@@ -106,6 +109,14 @@ def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.C
     assert all(results[curve]["overall"]["speedup"] >= 0.99 for curve in ("amd-q4_1", "flat"))
     assert main(args) == 0  # already recorded: nothing is added
     assert load_streams(path) == streams
+    # The recycled table's rows: the model's top-4 after every output token, the first the recorded next token.
+    assert main(["replay", str(path), "--annotate", "--threads", "1", "--drafter", "tree", "--curves", "flat"]) == 0
+    assert "argmax equals the recorded next token" in capsys.readouterr().out
+    for stream in load_streams(path):
+        assert stream.successors is not None and stream.successor_probs is not None
+        assert len(stream.successors) == len(stream.output) and all(len(row) == 4 for row in stream.successors)
+        assert [row[0] for row in stream.successors[:-1]] == stream.output[1:]
+        assert all(1 >= p[0] >= p[1] >= p[2] >= p[3] > 0 for p in stream.successor_probs)
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,3 +129,32 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "unknown curves gpu" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "bad.jsonl"), "--curve-file", str(tmp_path / "bad.jsonl")]) == 2
     assert "is not a verify_curve_sizes result" in capsys.readouterr().err
+
+
+def test_accepted_path_is_the_greedy_tree_rule_on_recorded_tokens() -> None:
+    tree = Draft([5, 6, 5, 7, 8], parents=[ROOT, 0, ROOT, 2, 3])
+    assert accepted_path(tree, [5, 7, 8, 9]) == [2, 3, 4]  # the second root, not the first
+    assert accepted_path(tree, [5, 6]) == [0, 1] and accepted_path(tree, [4]) == []
+    assert accepted_path(tree, [5, 7, 8][:1]) == [0]  # never deeper than the recorded tokens
+
+
+def test_tree_replay_judges_trees_without_timing() -> None:
+    """Mode tree replayed: deterministic, never far below target-only where rows are dear, and on a flat curve at
+    least lookup's τ (the same spine, plus branches where they pay); its chain variant verifies one leaf."""
+    streams = _scripted_streams()
+    flat = curve_shape(CURVES["flat"])
+    lookup = simulate(streams, flat)["overall"]
+    tree = simulate(streams, flat, tree_leaves=16)
+    assert tree == simulate(streams, flat, tree_leaves=16)
+    assert tree["overall"]["tau"] >= lookup["tau"] and tree["overall"]["depth_mean"] == pytest.approx(
+        tree["overall"]["tau"] - 1, abs=0.01)
+    steep = simulate(streams, curve_shape({1: 1.0, 2: 2.0, 9: 9.0}), tree_leaves=16)
+    assert all(s["speedup"] >= 0.97 for s in steep.values()), steep
+
+
+def test_replay_cli_replays_trees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "streams.jsonl"
+    path.write_text("".join(json.dumps(s.__dict__) + "\n" for s in _scripted_streams()[:3]))
+    assert main(["replay", str(path), "--drafter", "tree", "--curves", "flat", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["flat"]["overall"]["generations"] == 3 and result["flat"]["overall"]["gamma_mean"] > 0

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..extras import needed
 from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
-from .replay import CURVES
+from .replay import CURVES, TREE_DRAFTERS
 
 
 def _positive(text: str) -> int:
@@ -108,6 +108,12 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                    help="time per step outside verifying, in single-token passes (default: %(default)s)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="the controller sees each pass's time times exp(NOISE · N(0,1)), as on a busy machine")
+    p.add_argument("--annotate", action="store_true",
+                   help="first add the target's top-4 successors after every output token to the streams (with "
+                        "--model, the model that recorded them): the recycled table's rows, for --drafter tree")
+    p.add_argument("--drafter", default="ngram", choices=sorted(TREE_DRAFTERS),
+                   help="ngram: lookup chains (mode ngram); tree: mode tree's token trees (lookup, suffix tries; the "
+                        "recycled table needs logits, which recordings lack); tree-chain: the same as chains")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=_replay)
 
@@ -176,7 +182,7 @@ def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
 
 def _replay(args: argparse.Namespace) -> int:
     from .questions import load_questions
-    from .replay import curve_shape, load_streams, measured_curves, record, simulate, table
+    from .replay import annotate, curve_shape, load_streams, measured_curves, record, simulate, table
 
     measured: dict[str, dict[int, float]] = {}
     for path in args.curve_file:
@@ -192,8 +198,11 @@ def _replay(args: argparse.Namespace) -> int:
         questions = load_questions(args.questions, args.categories.split(",") if args.categories else None,
                                    args.per_category)
         record(args.model, questions, args.max_tokens, args.streams, args.threads)
+    if args.annotate:
+        annotate(args.model, args.streams, threads=args.threads)
     streams = load_streams(args.streams)
-    results = {c: simulate(streams, curve_shape(known[c]), args.overhead, args.noise) for c in curves}
+    results = {c: simulate(streams, curve_shape(known[c]), args.overhead, args.noise,
+                           tree_leaves=TREE_DRAFTERS[args.drafter]) for c in curves}
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 

@@ -13,16 +13,20 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..arena import common_prefix
-from ..drafters.base import Draft
+from ..drafters import OutputStore, RecycledDrafter, SuffixDrafter
+from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
 from ..drafters.ngram import NgramDrafter
+from ..drafters.recycled import top_successors
+from ..drafters.tree import TreeDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
 from ..sampling import SamplingParams
+from ..verify import accepted_tree_path
 from .questions import BenchError
 
 # Verify cost of k tokens in one pass relative to one token, as measured (k: relative cost); linear in between
@@ -81,6 +85,9 @@ class Stream:
     turn: int
     prompt: list[int]
     output: list[int]
+    # Row j: the target's top-k tokens after output[j], and their probabilities (``annotate``); None: not recorded.
+    successors: list[list[int]] | None = None
+    successor_probs: list[list[float]] | None = None
 
 
 def load_streams(path: str | Path) -> list[Stream]:
@@ -123,6 +130,38 @@ def record(model: str, questions: list[dict], max_tokens: int, path: str | Path,
         engine.close()
 
 
+def annotate(model: str, path: str | Path, k: int = 4, threads: int | None = None,
+             log: Callable[[str], None] = print) -> None:
+    """Add to recorded streams what the target's verify passes would show the recycled table: its top-k tokens
+    after every output token, from one pass over prompt + output per stream (with exact numerics, the rows that
+    one-token decoding gives). Rewrites ``path``; the recorded output must be the model's own greedy one."""
+    import edgespec
+
+    streams = load_streams(path)
+    engine = edgespec.load(model, mode="none", gamma=0, n_threads=threads, tuning=False)
+    annotated = []
+    agree = total = 0
+    try:
+        for i, stream in enumerate(streams):
+            engine.arena.reset([*stream.prompt, *stream.output], reuse=False)
+            rows = engine.arena.extend("target", [], len(stream.output))
+            agree += int((rows[:-1].argmax(axis=1) == stream.output[1:]).sum())
+            total += len(stream.output) - 1
+            top, probs = top_successors(rows, k)
+            annotated.append(replace(stream, successors=top.tolist(),
+                                     successor_probs=np.round(probs, 5).tolist()))
+            log(f"  annotated {i + 1}/{len(streams)}")
+    finally:
+        engine.close()
+    # Another model (Q4_0 against Q4_1 agree on ~84% of top-1 tokens) would describe other rows than the recording
+    # saw; an older build of the same model differs on near-ties only (a 2026-11-23 recording: 97.5%).
+    if agree < 0.95 * total:
+        raise BenchError(f"{path}: {model}'s argmax equals the recorded next token at {agree} of {total} positions: "
+                         "not this model's greedy output")
+    log(f"  {model}'s argmax equals the recorded next token at {agree} of {total} positions")
+    Path(path).write_text("".join(json.dumps(asdict(s)) + "\n" for s in annotated))
+
+
 @dataclass
 class Tally:
     """What a replay of some streams cost, in single-token target passes."""
@@ -143,35 +182,33 @@ class Tally:
                 "tau": round(self.tokens / self.steps, 3) if self.steps else 0.0,
                 "gamma_mean": round(self.drafted / self.steps, 3) if self.steps else 0.0,
                 "alpha": round(self.accepted / self.drafted, 3) if self.drafted else 0.0,
+                "depth_mean": round(self.accepted / self.steps, 3) if self.steps else 0.0,
                 "generations": 0}
 
 
-def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaController, shape: np.ndarray,
-                overhead: float, noise: Callable[[], float]) -> Tally:
-    """Mirrors Engine._run's step: propose from the committed text, let the controller cut the draft, keep the
-    draft's prefix that matches the recorded output plus the target's own token."""
-    drafter.begin(stream.prompt)
+# One replayed step: (committed context, room, the recorded tokens ahead) → (rows drafted, accepted, and the name and
+# key the controller learns the draft under: None when nothing to learn or already judged).
+Step = Callable[[list[int], int, Sequence[int]], tuple[int, int, str | None, int]]
+
+
+def _replay_stream(stream: Stream, begin: Callable[[Stream], None], step: Step, controller: GammaController,
+                   shape: np.ndarray, overhead: float, noise: Callable[[], float]) -> Tally:
+    """Mirrors Engine._run's loop: each step drafts from the committed text, keeps what matches the recorded output
+    plus the target's own token, and the controller learns from the time the curve gives the pass."""
+    begin(stream)
     controller.begin()
     out = stream.output
     context = [*stream.prompt, *out[:1]]
     tally = Tally(tokens=max(len(out) - 1, 0))
     tally.plain_passes = tally.tokens * (1 + overhead)
-    params = SamplingParams()
-    rng = np.random.default_rng(0)
     pos = 1
     while pos < len(out):
         room = min(len(out) - pos - 1, MAX_GAMMA)
-        draft = drafter.propose(context, room, params, rng) if room > 0 else None
-        k = 0
-        if draft is not None:
-            k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
-        tokens = draft.tokens[:k] if draft is not None else []
-        accepted = common_prefix(tokens, out[pos:])
+        k, accepted, name, key = step(context, room, out[pos:pos + room])
         committed = out[pos:pos + accepted + 1]
         seconds = float(shape[k + 1]) * _SCALE * noise()  # what the controller sees; the tally counts the curve
         controller.observe_overhead(overhead * _SCALE)
-        controller.observe(drafter.name if k else None, draft.key if draft is not None else 0, k, accepted,
-                           0.0, seconds, committed=committed)
+        controller.observe(name, key, k, accepted, 0.0, seconds, committed=committed)
         tally.steps += 1
         tally.drafted += k
         tally.accepted += accepted
@@ -179,6 +216,54 @@ def _replay_one(stream: Stream, drafter: NgramDrafter, controller: GammaControll
         context.extend(committed)
         pos += len(committed)
     return tally
+
+
+def lookup_step(drafter: NgramDrafter, controller: GammaController) -> Step:
+    """Engine._speculate's step for a free drafter: the controller cuts the draft, its prefix that matches is kept."""
+    params, rng = SamplingParams(), np.random.default_rng(0)
+
+    def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
+        draft = drafter.propose(context, room, params, rng) if room > 0 else None
+        if draft is None:
+            return 0, 0, None, 0
+        k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
+        return k, common_prefix(draft.tokens[:k], truth), drafter.name if k else None, draft.key
+
+    return step
+
+
+def tree_replay(drafter: TreeDrafter, controller: GammaController,
+                max_leaves: int) -> tuple[Callable[[Stream], None], Step]:
+    """Engine._speculate_tree's step: the tree the drafter shapes for the curve, verified against the recorded
+    output. The recycled table learns from the rows of the committed tokens where the streams carry them
+    (``annotate``; the engine also sees rejected nodes' rows), and stays empty where they do not."""
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    current: list[Stream] = []
+
+    def begin(stream: Stream) -> None:
+        current[:] = [stream]
+        drafter.begin(stream.prompt)
+
+    def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
+        tree, origins = drafter.propose_tree(context, room, controller, max_leaves, params, rng)
+        path = accepted_path(tree, truth)
+        drafter.learn(tree, origins, path)
+        stream = current[0]
+        if stream.successors is not None and stream.successor_probs is not None:
+            rows = slice(len(context) - len(stream.prompt) - 1, len(context) - len(stream.prompt) + len(path))
+            drafter.recycled.learn(stream.output[rows], np.array(stream.successors[rows]),
+                                   np.array(stream.successor_probs[rows]))
+        return len(tree), len(path), None, 0  # the lookup spine is judged on the committed tokens
+
+    return begin, step
+
+
+def accepted_path(tree: Draft, truth: Sequence[int]) -> list[int]:
+    """The nodes greedy tree verification keeps when the target's tokens are ``truth``: verify_tree_greedy's rule,
+    each node's row replaced by the recorded token at its depth."""
+    depth = depths(tree.parent_list())
+    return accepted_tree_path(tree.tokens, tree.parent_list(),
+                              lambda node: truth[d] if (d := 0 if node == ROOT else depth[node]) < len(truth) else None)
 
 
 class _KnowsTheOutput(NgramDrafter):
@@ -230,24 +315,33 @@ class LookupCutWhereWrong(_KnowsTheOutput):
         return Draft(draft.tokens[:common_prefix(draft.tokens, self.truth(context, len(draft)))], key=draft.key)
 
 
+TREE_DRAFTERS = {"ngram": 0, "tree": MAX_TREE_LEAVES, "tree-chain": 1}  # --drafter: max leaves (0: lookup alone)
+
+
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
-             drafter: Callable[[], NgramDrafter] = NgramDrafter) -> dict[str, dict[str, float]]:
-    """Per category and overall: speed-up over target-only, τ, mean γ, α. One controller and one drafter play
-    every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in single-token
-    passes. ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine;
-    seeded). ``drafter``: a free drafter proposing as n-gram lookup does (``LookupThenGuess``)."""
+             drafter: Callable[[], NgramDrafter] = NgramDrafter, tree_leaves: int = 0) -> dict[str, dict[str, float]]:
+    """Per category and overall: speed-up over target-only, τ, mean γ (tree: mean tree size), α, mean accepted
+    depth. One controller and one drafter play every stream in order, as one engine serves a bench run's requests;
+    ``overhead`` is per step, in single-token passes. ``noise``: the controller sees each pass's time scaled by
+    exp(noise · N(0, 1)) (a busy machine; seeded). ``drafter``: a free drafter proposing as n-gram lookup does
+    (``LookupThenGuess``). ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
     proposer = drafter()
+    streams = list(streams)
+    tree = TreeDrafter(proposer, SuffixDrafter(OutputStore()),
+                       RecycledDrafter(1 + max((t for s in streams for t in (*s.prompt, *s.output)), default=1)))
     tallies: dict[str, Tally] = defaultdict(Tally)
     counts: dict[str, int] = defaultdict(int)
 
     def seen() -> float:  # the factor on a pass's time that the controller sees
         return float(np.exp(noise * rng.standard_normal()))
 
+    begin, step = (tree_replay(tree, ctl, tree_leaves) if tree_leaves else
+                   (lambda stream: proposer.begin(stream.prompt), lookup_step(proposer, ctl)))
     for stream in streams:
-        tally = _replay_one(stream, proposer, ctl, shape, overhead, seen)
+        tally = _replay_stream(stream, begin, step, ctl, shape, overhead, seen)
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1

@@ -3,5 +3,7 @@
 from .base import Draft, Drafter
 from .draft_model import DraftModelDrafter
 from .ngram import NgramDrafter
+from .recycled import RecycledDrafter
+from .suffix import OutputStore, SuffixDrafter
 
-__all__ = ["Draft", "DraftModelDrafter", "Drafter", "NgramDrafter"]
+__all__ = ["Draft", "DraftModelDrafter", "Drafter", "NgramDrafter", "OutputStore", "RecycledDrafter", "SuffixDrafter"]

@@ -1,0 +1,315 @@
+"""Token trees: the tree type, greedy tree verification, the suffix-trie and recycled-logits drafters, the tree's
+shape, and mode ``tree`` on the scripted fake backend (whose rows are exact for trees), all against target-only."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from edgespec.arena import KVArena
+from edgespec.drafters import Draft, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
+from edgespec.drafters.base import ROOT, depths
+from edgespec.drafters.suffix import SuffixTrie
+from edgespec.drafters.tree import TreeDrafter, merge, shape, subtree
+from edgespec.engine import Engine
+from edgespec.errors import EdgespecError
+from edgespec.sampling import SamplingParams
+from edgespec.verify import verify_greedy, verify_tree_greedy
+from tests.fake_backend import BOS, EOS, N_VOCAB, FakeClock, FakeModel, encode, scripted
+
+GREEDY = SamplingParams()
+RNG = np.random.default_rng(0)
+
+
+def one_hot_rows(best: Sequence[int], n_vocab: int = 16) -> np.ndarray:
+    rows = np.zeros((len(best), n_vocab), dtype=np.float32)
+    rows[np.arange(len(best)), best] = 1.0
+    return rows
+
+
+# -- the tree type ------------------------------------------------------------------------------------------
+def test_a_chain_is_the_tree_whose_parents_are_the_previous_nodes() -> None:
+    chain = Draft([5, 6, 7])
+    assert chain.is_chain and chain.parent_list() == [ROOT, 0, 1]
+    tree = Draft([5, 6, 7, 8], parents=[ROOT, 0, ROOT, 2], scores=[0.9, 0.5, 0.3, 0.2])
+    assert not tree.is_chain and depths(tree.parent_list()) == [1, 2, 1, 2]
+    assert tree.truncated(3).parents == [ROOT, 0, ROOT] and tree.truncated(3).scores == [0.9, 0.5, 0.3]
+    with pytest.raises(EdgespecError, match="parent must come before"):
+        Draft([1, 2], parents=[1, ROOT])
+
+
+# -- greedy tree verification ----------------------------------------------------------------------------------
+def test_tree_verification_takes_the_path_the_target_would_generate() -> None:
+    # Row 0 follows the committed text, row i + 1 node i. The target's chain is 3, 4, 9 then 2.
+    tokens = [3, 7, 3, 4, 4, 9]
+    parents = [ROOT, 0, ROOT, 2, 0, 4]  # node 0 (3) → 7 (wrong) and 4; node 2 (also 3) → 4
+    best = [3, 4, 0, 0, 0, 9, 2]
+    path, token = verify_tree_greedy(tokens, parents, one_hot_rows(best))
+    assert path == [0, 4, 5] and token == 2  # not the first branch at depth 2: the second child of node 0
+    assert verify_tree_greedy(tokens, parents, one_hot_rows([8, 0, 0, 0, 0, 0, 0])) == ([], 8)  # nothing matches
+
+
+def test_of_two_equal_siblings_the_longer_accepted_path_wins() -> None:
+    tokens, parents = [3, 5, 3, 4], [ROOT, 0, ROOT, 2]  # two nodes '3' at depth 1; only the second goes on right
+    path, token = verify_tree_greedy(tokens, parents, one_hot_rows([3, 9, 9, 4, 6]))
+    assert path == [2, 3] and token == 6
+
+
+def test_on_a_chain_tree_verification_is_chain_verification() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        draft = [int(t) for t in rng.integers(0, 4, rng.integers(0, 6))]
+        logits = rng.normal(size=(len(draft) + 1, 4)).astype(np.float32)
+        n, token = verify_greedy(draft, logits)
+        assert verify_tree_greedy(draft, list(range(-1, len(draft) - 1)), logits) == (list(range(n)), token)
+
+
+# -- the arena and the fake backend --------------------------------------------------------------------------
+SEQUENCE = [BOS, *encode("the cat sat on the mat. " * 6)]
+PROMPT = SEQUENCE[:30]
+
+
+def _arena(n_ctx: int = 256) -> tuple[KVArena, FakeModel]:
+    model = FakeModel(scripted(SEQUENCE), n_ctx=n_ctx)
+    arena = KVArena({"target": model})
+    arena.reset(PROMPT)
+    arena.commit([int(arena.extend("target", [], 1)[0].argmax())])  # the first generated token
+    return arena, model
+
+
+def test_a_tree_step_keeps_the_accepted_branch_and_nothing_else() -> None:
+    arena, model = _arena()
+    n = len(arena.tokens)
+    right = SEQUENCE[n:n + 3]
+    wrong = [encode("x")[0], encode("y")[0]]
+    # First branch wrong at depth 1, second branch right for two tokens, then wrong.
+    tokens = [wrong[0], right[0], right[1], wrong[1]]
+    parents = [ROOT, ROOT, 1, 2]
+    logits = arena.extend_tree("target", tokens, parents)
+    path, token = verify_tree_greedy(tokens, parents, logits)
+    assert path == [1, 2] and token == right[2]
+    arena.keep_path("target", path)
+    arena.commit([*right[:2], token])
+    assert model.cache_end() == n + 2 == len(arena.held["target"])  # the last committed token, then the path
+    assert [e.token for e in model.kv[:n + 2]] == SEQUENCE[:n + 2]  # type: ignore[union-attr]
+    # Decoding goes on as after target-only steps.
+    assert int(arena.extend("target", [], 1)[0].argmax()) == SEQUENCE[n + 3]
+
+
+# -- mode tree through the engine ----------------------------------------------------------------------------
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    c = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+def _copying_model(clock: FakeClock, n_ctx: int = 1024) -> FakeModel:
+    """Each pass costs 1 + 0.02 per extra row: trees pay."""
+    return FakeModel(scripted(SEQUENCE), n_ctx=n_ctx, clock=clock, pass_cost=lambda n: 0.01 * (1 + 0.02 * (n - 1)))
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 16, "auto"])
+def test_mode_tree_greedy_equals_target_only(clock: FakeClock, gamma: int | str) -> None:
+    model = _copying_model(clock)
+    reference = Engine(model, mode="none", gamma=0).generate(PROMPT, max_tokens=500)
+    engine = Engine(model, mode="tree", gamma=gamma)
+    before = len(model.passes) + 1  # after the reference and this run's prefill
+    out = engine.generate(PROMPT, max_tokens=500)
+    assert out.tokens == reference.tokens and out.finish_reason == reference.finish_reason == "stop"
+    assert out.stats.accepted > 0
+    if gamma != "auto":  # (auto first times passes of every size)
+        assert max(model.passes[before:]) <= gamma + 1
+    again = engine.generate(PROMPT, max_tokens=500)  # the prompt cache reuses the arena after tree steps
+    assert again.tokens == reference.tokens and again.stats.cached_tokens == len(PROMPT) - 1
+
+
+def test_mode_tree_verifies_trees_with_several_leaves(clock: FakeClock) -> None:
+    """Text where the same two bytes are followed by different ones: the suffix trie offers both, as branches."""
+    rng = np.random.default_rng(4)
+    text = "".join(f"ab{rng.integers(1, 4)} " for _ in range(40))
+    sequence = [BOS, *encode(text)]
+    model = FakeModel(scripted(sequence), n_ctx=2048, clock=clock, pass_cost=lambda n: 0.01)  # rows are free
+    trees: list[int] = []
+    original = model.decode_tree
+
+    def spy(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        trees.append(sum(1 for i in range(len(tokens)) if i not in set(parents)))
+        return original(tokens, parents, start)
+
+    model.decode_tree = spy  # type: ignore[method-assign]
+    out = Engine(model, mode="tree", gamma="auto").generate(sequence[:40], max_tokens=200)
+    assert out.tokens == sequence[40:]
+    assert max(trees) > 1  # some verified tree had several root-to-leaf paths
+
+
+def test_eos_inside_a_branch_ends_the_generation_there(clock: FakeClock) -> None:
+    """After EOS, the prompt has 'say ab' twice and 'say ac' once, each ended by EOS; the target says 'say ac' and
+    stops. Lookup copies the latest 'say ab' (the spine, wrong at 'b'); the suffix trie offers 'c' then EOS as a
+    branch: the accepted path runs through it, and the generation ends at its EOS, as target-only's does."""
+    sequence = [BOS, *encode("."), *encode(" say ab"), EOS, *encode(" say ab"), EOS, *encode(" say ac"), EOS,
+                *encode(" say ab"), EOS, *encode(" say ac"), EOS]
+    prompt = sequence[:-3]  # ... ' say ': the target goes on with 'a' (the prefill's token), 'c' and EOS
+    model = FakeModel(scripted(sequence), n_ctx=512, clock=clock, pass_cost=lambda n: 0.01)
+    reference = Engine(model, mode="none", gamma=0).generate(prompt, max_tokens=20)
+    branches: list[tuple[list[int], list[int]]] = []
+    original = model.decode_tree
+
+    def spy(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        branches.append((tokens, parents))
+        return original(tokens, parents, start)
+
+    model.decode_tree = spy  # type: ignore[method-assign]
+    out = Engine(model, mode="tree", gamma=16).generate(prompt, max_tokens=20)
+    assert out.tokens == reference.tokens == encode("ac") and out.finish_reason == "stop"
+    assert out.stats.accepted == 2  # c and EOS, from the branch
+    tokens, parents = branches[0]
+    first_path_end = next(i for i in range(len(parents)) if i + 1 == len(parents) or parents[i + 1] != i)
+    assert EOS in tokens[first_path_end + 1:]  # EOS sits in a branch besides the first path
+
+
+@pytest.mark.parametrize("gamma", [4, 16])
+def test_a_tree_at_the_end_of_the_context(clock: FakeClock, gamma: int) -> None:
+    n_ctx = 64
+    engine = Engine(_copying_model(clock, n_ctx), mode="tree", gamma=gamma)
+    out = engine.generate(PROMPT, max_tokens=500)
+    assert out.finish_reason == "length" and out.tokens == SEQUENCE[len(PROMPT):n_ctx]
+    last = engine.generate(SEQUENCE[:n_ctx - 1], max_tokens=500)
+    assert last.tokens == [SEQUENCE[n_ctx - 1]]
+
+
+def test_mode_tree_on_a_target_without_exact_trees_verifies_chains(clock: FakeClock) -> None:
+    model = _copying_model(clock)
+    model.exact_trees = False  # type: ignore[misc]
+    model.decode_tree = None  # type: ignore[assignment,method-assign]
+    out = Engine(model, mode="tree", gamma="auto").generate(PROMPT, max_tokens=500)
+    assert out.tokens == SEQUENCE[len(PROMPT):] and out.stats.accepted > 0
+
+
+def test_mode_tree_samples_the_target_distribution_with_chains(clock: FakeClock) -> None:
+    """Sampling stays chains-only: a sampled run in mode tree draws what mode none draws with the same seed where
+    nothing was drafted, and every token it produces is one the target gives probability."""
+    model = _copying_model(clock)
+    out = Engine(model, mode="tree", gamma=4).generate(PROMPT, max_tokens=60, temperature=0.8, seed=3)
+    assert all(p <= 5 for p in model.passes[1:]) and out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 60]
+
+
+# -- the suffix trie -----------------------------------------------------------------------------------------
+def test_suffix_trie_counts_what_followed() -> None:
+    trie = SuffixTrie(depth=8)
+    trie.start_document()
+    trie.extend([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    node = trie.find([1, 2])
+    assert node is not None
+    assert sorted((t, round(p, 3)) for t, _, p in trie.children(node)) == [(3, 0.667), (4, 0.333)]
+    tree = trie.grow(node, 3, 0.0)
+    assert tree.tokens[0] == 3 and tree.scores[0] == pytest.approx(2 / 3)  # type: ignore[index]
+    assert trie.find([2, 2]) is None
+    trie.remove_document([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    assert trie.nodes == 0 and trie.find([1]) is None
+
+
+def test_suffix_drafter_offers_every_continuation_with_its_frequency() -> None:
+    drafter = SuffixDrafter()
+    context = [9, 1, 2, 3, 7, 1, 2, 3, 8, 1, 2, 3, 7, 5, 1, 2, 3]
+    drafter.begin(context)
+    draft = drafter.propose(context, 8, GREEDY, RNG)
+    first = {draft.tokens[i]: draft.scores[i] for i, p in enumerate(draft.parent_list()) if p == ROOT}  # type: ignore[index]
+    assert first == {7: pytest.approx(2 / 3), 8: pytest.approx(1 / 3)}
+    assert draft.key == 3  # matched '1 2 3' (longer matches were tried: ' 5 1 2 3' occurs once, at the end)
+
+
+def test_earlier_outputs_are_drafted_from_in_the_next_request() -> None:
+    store = OutputStore()
+    drafter = SuffixDrafter(store)
+    drafter.begin([1, 2])
+    drafter.propose([1, 2, 40, 41, 42, 43, 44], 8, GREEDY, RNG)  # the output 40..44
+    drafter.begin([3, 40, 41])  # a new request: the last output joins the store
+    assert len(store) == 1
+    draft = drafter.propose([3, 40, 41], 8, GREEDY, RNG)
+    assert draft.tokens[:3] == [42, 43, 44]
+
+
+def test_the_output_store_stays_within_its_bound_on_a_long_session() -> None:
+    rng = np.random.default_rng(5)
+    store = OutputStore(max_nodes=10_000, depth=16)
+    outputs = [[int(t) for t in rng.integers(0, 5000, 200)] for _ in range(100)]
+    tracemalloc.start()
+    for output in outputs:  # 20k tokens, ~15 nodes a token on random text: 30 times the bound
+        store.add(output)
+        assert store.trie.nodes <= 10_000
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(store) < 10  # the oldest went
+    assert peak < 6_000_000  # ~600 bytes a node at most, the kept outputs' tokens included
+    for output in list(store._outputs.values()):
+        store.trie.remove_document(output)
+    assert store.trie.nodes == 0  # removal takes back exactly what adding put in
+
+
+# -- the recycled table --------------------------------------------------------------------------------------
+def test_recycled_table_drafts_the_targets_own_top_successors() -> None:
+    drafter = RecycledDrafter(n_vocab=10, k=3, min_prob=0.01)
+    logits = np.full((2, 10), -10.0, dtype=np.float32)
+    logits[0, [4, 5, 6]] = [3.0, 2.0, 1.0]  # after token 1
+    logits[1, 7] = 5.0  # after token 4
+    drafter.observe([1, 4], logits)
+    assert list(drafter.successors[1]) == [4, 5, 6] and drafter.probs[1].sum() < 1.0
+    draft = drafter.propose([0, 1], 4, GREEDY, RNG)
+    assert draft.tokens[0] == 4 and draft.parent_list()[0] == ROOT
+    assert 7 in draft.tokens and draft.parent_list()[draft.tokens.index(7)] == 0  # 4 → 7, below node 0
+    assert drafter.nbytes == 10 * 3 * 8
+
+
+# -- the shape ----------------------------------------------------------------------------------------------------
+def test_merge_shape_and_layout() -> None:
+    spine = Draft([1, 2, 3], scores=[0.9, 0.8, 0.7])
+    branches = Draft([1, 5, 6], parents=[ROOT, 0, ROOT], scores=[0.95, 0.5, 0.05])
+    tree, origins = merge([("ngram", spine, [0.9, 0.9, 0.9]), ("suffix", branches, [0.95, 0.5, 0.05])])
+    assert tree.tokens == [1, 2, 3, 5, 6] and tree.parents == [ROOT, 0, 1, 0, ROOT]
+    assert origins[0] == ("suffix", 0.95) and origins[3] == ("suffix", 0.5)
+    # Rows cost 0.1 tokens each: node 6 (0.05) does not pay, node 5 (0.5) does.
+    chosen = shape(tree, 3, 16, 16, lambda rows: 0.1)
+    assert chosen == [0, 1, 2, 3]
+    assert shape(tree, 3, 16, 1, lambda rows: 0.1) == [0, 1, 2]  # one leaf: a chain
+    laid, order = subtree(tree, [0, 1, 2, 3])
+    assert laid.tokens == [1, 2, 3, 5] and laid.parents == [ROOT, 0, 1, 0] and order == [0, 1, 2, 3]
+
+
+def test_shape_never_exceeds_its_budget_or_leaves() -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        n = int(rng.integers(1, 30))
+        parents = [ROOT] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        scores = []
+        for p in parents:
+            scores.append((1.0 if p == ROOT else scores[p]) * float(rng.uniform(0.3, 1)))
+        tree = Draft(list(range(n)), parents=parents, scores=scores)
+        budget, leaves = int(rng.integers(1, 17)), int(rng.integers(1, 5))
+        chosen = shape(tree, 0, budget, leaves, lambda rows: 0.0)
+        laid, _ = subtree(tree, chosen)
+        assert len(laid) <= budget and sum(1 for i in range(len(laid)) if i not in set(laid.parent_list())) <= leaves
+        assert all(p == ROOT or p in set(range(len(laid))) for p in laid.parent_list())
+
+
+def test_vocabulary_of_the_fake_model_fits_the_recycled_table() -> None:
+    assert RecycledDrafter(N_VOCAB).successors.shape == (N_VOCAB, 4)
+
+
+def test_branch_scores_follow_what_verification_accepted() -> None:
+    """A branch drafter whose tested nodes are never accepted has its scores scaled down."""
+    drafter = TreeDrafter(NgramDrafter(), SuffixDrafter(OutputStore()), RecycledDrafter(N_VOCAB))
+    context = [BOS, *encode(". say ab"), EOS, *encode(" say ac"), EOS, *encode(" say ab"), EOS, *encode(" say a")]
+    drafter.begin(context)  # lookup copies the latest 'say ab'; the suffix trie offers 'c' as well
+    tree, origins = drafter.propose_tree(context, 16, None, 16, GREEDY, RNG)
+    suffix_nodes = [i for i, (name, _) in enumerate(origins) if name == "suffix"]
+    assert suffix_nodes
+    for _ in range(50):
+        drafter.learn(tree, origins, [])  # tested, never accepted
+    again, _ = drafter.propose_tree(context, 16, None, 16, GREEDY, RNG)
+    assert again.tokens == tree.tokens
+    assert all(again.scores[i] < 0.2 * tree.scores[i] for i in suffix_nodes)  # type: ignore[index]
