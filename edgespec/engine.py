@@ -199,6 +199,7 @@ class Engine:
             if finish is not None:
                 stats.generated_tokens = len(out)
                 stats.decode_s = time.perf_counter() - start - stats.prefill_s
+                self._keep_learned(controller)
                 yield StreamChunk(piece + text.flush(), new, drafted, from_draft, finish, stats)
                 return
             if controller is not None:
@@ -391,9 +392,22 @@ class Engine:
         view = cast("SelfDraft | None", self.arena.caches.get("layerskip"))  # the target's self_draft()
         estimate = view.calibrated if view is not None else None
         if estimate is None:
-            return GammaController(curve)
-        agreement, cost_ratio = estimate
-        return GammaController(curve, {"layerskip": [agreement]}, {"layerskip": cost_ratio * curve.scale})
+            controller = GammaController(curve)
+        else:
+            agreement, cost_ratio = estimate
+            controller = GammaController(curve, {"layerskip": [agreement]}, {"layerskip": cost_ratio * curve.scale})
+        learned = self.stored_curve.read_learned() if self.stored_curve is not None else None
+        if learned is not None:
+            try:
+                controller.start_from(learned)  # warm from the first step: what earlier processes learned
+            except ValueError as e:
+                log.warning("ignoring %s: %s", self.stored_curve.learned_path, e)  # type: ignore[union-attr]
+        return controller
+
+    def _keep_learned(self, controller: GammaController | None) -> None:
+        """After a request, what the untuned controller has learned, for the next process (``StoredCurve``)."""
+        if controller is not None and self.tuning is None and self.stored_curve is not None:
+            self.stored_curve.write_learned(controller.learned())
 
     def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
                   context: Sequence[int] | None = None) -> CostCurve:

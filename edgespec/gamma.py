@@ -165,6 +165,18 @@ class _Acceptance:
         self.trials *= _DECAY
         self.accepts *= _DECAY
 
+    def as_lists(self) -> list[list[float]]:
+        return [self.trials.tolist(), self.accepts.tolist()]
+
+    @classmethod
+    def from_lists(cls, lists: object) -> _Acceptance:
+        """The counts ``as_lists`` wrote; ValueError for anything else (a damaged or foreign file)."""
+        trials, accepts = (np.array(x, dtype=float) for x in lists)  # type: ignore[union-attr]
+        if trials.shape != (MAX_GAMMA,) or accepts.shape != (MAX_GAMMA,) or not (
+                np.all(np.isfinite(trials)) and np.all(accepts >= 0) and np.all(accepts <= trials + 1e-9)):
+            raise ValueError("not acceptance counts")
+        return cls(trials, accepts)
+
     def rates(self, prior: np.ndarray, lower_z: float = 0.0) -> np.ndarray:
         """Posterior mean of each position's rate, or ``lower_z`` standard deviations below it."""
         n = self.trials + _PRIOR_WEIGHT
@@ -199,6 +211,28 @@ class GammaController:
         self._overhead = overhead  # seconds per step outside drafting and verifying
         self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
         self._seconds = 0.0
+
+    def learned(self) -> dict[str, object]:
+        """What this controller learned of its drafters — acceptance per draft position, pooled and per key, and a
+        draft token's cost — for the next process on the same model to start from (``start_from``): a one-shot
+        ``edgespec generate`` otherwise spends its first steps relearning what every earlier run knew."""
+        return {"pooled": {name: a.as_lists() for name, a in self._pooled.items()},
+                "keyed": [[name, key, streak, a.as_lists()] for (name, key, streak), a in self._keyed.items()],
+                "draft_ratio": dict(self._draft_ratio)}
+
+    def start_from(self, learned: dict[str, object]) -> None:
+        """Take what an earlier controller learned (``learned``'s dict); ValueError if it is not one, and then
+        nothing is taken."""
+        try:
+            pooled = {str(n): _Acceptance.from_lists(v) for n, v in learned["pooled"].items()}  # type: ignore
+            keyed = {(str(n), int(k), bool(s)): _Acceptance.from_lists(v)
+                     for n, k, s, v in learned["keyed"]}  # type: ignore[union-attr]
+            ratios = {str(n): float(r) for n, r in learned["draft_ratio"].items()}  # type: ignore[union-attr]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"not a controller's learned state: {e}") from e
+        self._pooled.update(pooled)
+        self._keyed.update(keyed)
+        self._draft_ratio.update({n: r for n, r in ratios.items() if np.isfinite(r) and r >= 0})
 
     def begin(self) -> None:
         """A new sequence starts: no drafter has a previous draft in it, so none is on a streak (a streak carried

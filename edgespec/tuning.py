@@ -126,9 +126,11 @@ def find_tuning(target: str | os.PathLike[str], draft: str | os.PathLike[str] | 
 
 @dataclass(frozen=True)
 class StoredCurve:
-    """The verify-cost curve an untuned engine calibrated on its first request, kept for the next process on the
-    same model file, thread count and device: calibrating costs ~3 s of the first reply's time (17 batch sizes,
-    3 rounds), and the γ controller follows the scale and steepness online from the first step anyway."""
+    """What an untuned engine measured and learned, kept for the next process on the same model file, thread count
+    and device: the verify-cost curve it calibrated on its first request (calibrating costs ~3 s of the first
+    reply's time: 17 batch sizes, 3 rounds; the γ controller follows the scale and steepness online from the first
+    step anyway), and beside it what its γ controller learned of the drafters' acceptance, rewritten after every
+    request (``GammaController.learned``)."""
 
     path: Path
 
@@ -154,6 +156,21 @@ class StoredCurve:
     def write(self, curve: CostCurve) -> None:
         write_text(self.path, json.dumps({"format": FORMAT, "shape": [0.0, *curve.shape[1:].tolist()],
                                           "scale": curve.scale}))
+
+    @property
+    def learned_path(self) -> Path:
+        return self.path.with_name(f"{self.path.stem}-learned.json")
+
+    def read_learned(self) -> dict[str, object] | None:
+        """The controller's learned state written last; None when there is none or it cannot be read."""
+        try:
+            d = json.loads(self.learned_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return d.get("learned") if isinstance(d, dict) and d.get("format") == FORMAT else None
+
+    def write_learned(self, learned: dict[str, object]) -> None:
+        write_text(self.learned_path, json.dumps({"format": FORMAT, "learned": learned}))
 
 
 @dataclass

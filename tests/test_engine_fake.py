@@ -3,9 +3,11 @@ the drafters and the sampling rule in milliseconds, including cases real models 
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +15,9 @@ from scipy.stats import chisquare
 
 from edgespec.engine import Completion, Engine
 from edgespec.errors import ContextOverflowError
-from edgespec.gamma import MAX_GAMMA
+from edgespec.gamma import MAX_GAMMA, GammaController
 from edgespec.sampling import SamplingParams
+from edgespec.tuning import StoredCurve
 from tests.fake_backend import BOS, EOS, FakeClock, FakeModel, Logits, bigram, encode, scripted
 
 TEXT = "the cat sat on the mat. " * 6
@@ -231,3 +234,24 @@ def test_sampled_output_follows_the_target_distribution(mode: str, params: Sampl
         assert set(seen[i]) <= set(support)
         _, p_value = chisquare([seen[i][t] for t in support], [RUNS * expected[t] for t in support])
         assert p_value > 1e-4, (i, dict(seen[i]), {t: RUNS * expected[t] for t in support})
+
+
+def test_what_the_controller_learned_is_kept_for_the_next_process(clock: FakeClock, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """An untuned engine writes its controller's learned acceptance after each request beside its stored curve; the
+    next engine on the same model starts from it instead of the prior (a one-shot generate starts warm). Outputs
+    never change: what is kept only chooses γ. A damaged file is ignored, said once, and rewritten."""
+    stored = StoredCurve(tmp_path / "curve.json")
+    first = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
+    out = first.generate(PROMPT, max_tokens=60)
+    assert out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 60] and stored.learned_path.is_file()
+    learned = first._get_controller().learned()
+    assert learned["pooled"] and learned["keyed"] and not GammaController(stored.read()).learned()["pooled"]
+    second = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
+    assert second._get_controller().learned() == learned  # the first engine's state, not the prior
+    assert second.generate(PROMPT, max_tokens=60).tokens == out.tokens
+    stored.learned_path.write_text(json.dumps({"format": 1, "learned": {"pooled": {"ngram": [[1.0], [2.0]]}}}))
+    third = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
+    with caplog.at_level("WARNING", logger="edgespec.engine"):
+        assert third.generate(PROMPT, max_tokens=60).tokens == out.tokens
+    assert "ignoring" in caplog.text and stored.read_learned() != {"pooled": {"ngram": [[1.0], [2.0]]}}
