@@ -104,8 +104,10 @@ class LlamaModel:
         cparams.n_ctx = self.options.n_ctx
         cparams.n_batch = cparams.n_ubatch = self.options.n_batch
         # Sequence 0 holds the committed tokens; a draft tree's root-to-leaf paths take sequences 1..MAX_TREE_LEAVES
-        # for one pass (decode_tree). One unified cache: every sequence's cells come out of the same n_ctx.
-        cparams.n_seq_max = MAX_TREE_LEAVES + 1
+        # for one pass (decode_tree). One unified cache: every sequence's cells come out of the same n_ctx. llama.cpp
+        # reserves an output row per sequence and aborts where that exceeds the batch (a context of 16 tokens).
+        cparams.n_seq_max = min(MAX_TREE_LEAVES + 1, self.options.n_batch, self.options.n_ctx)
+        self._max_leaves = cparams.n_seq_max - 1
         cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
@@ -308,8 +310,8 @@ class LlamaModel:
             raise EdgespecError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
         is_parent = set(parents)
         leaves = [i for i in range(n) if i not in is_parent]
-        if len(leaves) > MAX_TREE_LEAVES:
-            raise EdgespecError(f"internal: a tree of {len(leaves)} leaves, more than {MAX_TREE_LEAVES}")
+        if len(leaves) > self._max_leaves:
+            raise EdgespecError(f"internal: a tree of {len(leaves)} leaves, more than {self._max_leaves}")
         seqs: list[list[int]] = [[] for _ in range(n)]
         for seq, leaf in enumerate(leaves, 1):
             node = leaf
