@@ -31,7 +31,6 @@ from .exactness import NotExactError
 from .extras import install_command
 from .loading import open_engine
 from .models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, DEFAULT_MODEL, ModelFamily, cache_dir, families
-from .onnx_backend import OnnxModel, OnnxOptions, read_manifest
 from .tune import CALIBRATION_PROMPTS, MARGIN, race
 from .tuning import DefaultChoice, StoredCurve, default_choice_key, default_choice_path, find_default_choice
 from .version import __version__
@@ -87,6 +86,7 @@ def current_export(export: Path) -> bool:
     """Whether ``export`` holds an export by today's graph writer (an older one may lack a later fix) with the
     attention op this machine runs best (edgespec's kernel where it can be built, else GroupQueryAttention)."""
     from .export.onnx_graphs import GRAPHS_REVISION
+    from .onnx_backend import read_manifest  # here: importing edgespec loads no backend (test_backend_contract)
 
     try:
         manifest = read_manifest(export)
@@ -141,6 +141,8 @@ def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]
             export_onnx(source, out, quant="int8", progress=True)
         except (EdgespecError, OSError) as e:  # a missing extra (torch today), disk, an unsupported model
             return None, f"the ONNX export could not be built: {e}"
+    from .onnx_backend import OnnxModel, OnnxOptions  # only when an export is measured
+
     say("  ONNX INT8 quality against the shipped weights")
     src = quality.open_model(source, threads)
     try:

@@ -204,7 +204,7 @@ def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path,
         first.send(id=1, cmd="load", model="smollm2-135m:q8_0")
         loaded = first.until(1, {"loaded", "error"})[-1]
         assert loaded == {"id": 1, "event": "loaded", "model": "smollm2-135m:q8_0", "n_ctx": 4096, "mode": "ngram",
-                          "modes": ["none", "ngram"]}
+                          "modes": ["none", "ngram", "tree"]}
         # Same ids in two sessions do not collide; each session sees only its own events.
         first.send(id=1, cmd="generate", prompt=PROMPT, max_tokens=12, model="smollm2-135m:q8_0")
         second.send(id=1, cmd="generate", prompt=PROMPT, max_tokens=12)

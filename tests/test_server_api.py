@@ -162,7 +162,7 @@ def test_two_model_speculation_served() -> None:
     """--draft with a second model: mode "draft" by default, still exactly the target's greedy output."""
     with LiveServer.start("--model", "smollm2-135m:q8_0", "--draft", "smollm2-135m:q4_0", "--gamma", "3") as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        assert client.models.list().data[0].model_extra["modes"] == ["none", "ngram", "draft"]
+        assert client.models.list().data[0].model_extra["modes"] == ["none", "ngram", "draft", "tree"]
         target_only = client.completions.create(model="smollm2-135m:q8_0", prompt=PROMPT, max_tokens=N,
                                                 temperature=0, extra_body={"speculative": {"mode": "none"}})
         drafted = client.completions.create(model="smollm2-135m:q8_0", prompt=PROMPT, max_tokens=N, temperature=0)
