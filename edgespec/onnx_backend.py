@@ -269,6 +269,8 @@ class OnnxModel:
         self._kv_bytes = int(np.prod(kv_shape[2:], dtype=np.int64)) * self.kv.dtype.itemsize
         self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
+        self._no_tree = np.zeros(0, dtype=np.int32)  # tree_parents of a chain
+        self._tree: int | None = None  # where the tree fed by decode_tree starts, until keep_tree_path
         self._layer_files = files[1:-1]
         self._session: Callable[[str, Path], Any] = session
         # Segments split at the skip set only when the layer-skip draft is first readied (``_plan``): the target's
@@ -309,6 +311,7 @@ class OnnxModel:
                 self._bind_stage(stage)
                 stages.append(stage)
         self._stages = stages
+        self._tree_input = all(self._has_tree_input(stage) for stage in stages)
         self._stage_of = {stage.layers[0]: stage for stage in stages}
 
     def _bind_stage(self, stage: _Stage) -> None:
@@ -321,6 +324,16 @@ class OnnxModel:
                 stage.io.bind_output(stage.name(present, layer), self.device_type, 0, dtype, shape, ptr)
         stage.io.bind_input("seqlens_k", "cpu", 0, np.int32, [1], self._pos.ctypes.data)
         stage.io.bind_input("total_sequence_length", "cpu", 0, np.int32, [], self._total.ctypes.data)
+        if self._has_tree_input(stage):
+            self._bind_parents(stage, self._no_tree)
+
+    @staticmethod
+    def _has_tree_input(stage: _Stage) -> bool:
+        inputs = [*stage.session.get_inputs(), *stage.session.get_overridable_initializers()]
+        return any(i.name == segments.TREE_INPUT for i in inputs)
+
+    def _bind_parents(self, stage: _Stage, parents: np.ndarray) -> None:
+        stage.io.bind_input(segments.TREE_INPUT, "cpu", 0, np.int32, [len(parents)], parents.ctypes.data)
 
     def _plan(self, layers: Sequence[int]) -> list[_Stage]:
         """The sessions that run exactly ``layers``. A set the loaded segments cannot run splits them at the
@@ -470,6 +483,48 @@ class OnnxModel:
 
     def truncate(self, keep: int) -> None:
         self._end = min(self._end, keep)
+
+    @property
+    def exact_trees(self) -> bool:
+        """Whether a token tree can be verified in one pass with every row the bits of a one-token pass over its
+        path: with edgespec's attention, whose ``tree_parents`` input masks each row to its path and sums its keys in
+        the order a chain would (tests/test_exact_attention.py, tests/test_onnx_trees.py); exports of graphs
+        revision 10 on."""
+        return self.device_type == "cpu" and self._tree_input
+
+    def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        """One pass over a token tree (``KVArena.extend_tree``): node i in cell start + i, at position start + its
+        depth, attending to the cached positions and its own ancestors only. One row of logits per node.
+        ``keep_tree_path`` must follow before any other call on the cache."""
+        n = len(tokens)
+        if start != self._end:
+            raise EdgespecError(f"internal: a tree at {start}, but the cache ends at {self._end}")
+        if not 0 < n <= self.n_batch or not self.exact_trees:
+            raise EdgespecError(f"internal: a tree of {n} nodes (n_batch {self.n_batch}, trees: {self.exact_trees})")
+        tree = np.asarray(parents, dtype=np.int32)
+        stages = self._plan(self._all_layers)
+        for stage in stages:
+            self._bind_parents(stage, tree)
+        try:
+            logits = self.forward(self._all_layers, tokens, start, n)
+        finally:
+            for stage in stages:
+                self._bind_parents(stage, self._no_tree)
+        self._tree, self._end = start, start + n
+        return logits
+
+    def keep_tree_path(self, nodes: list[int]) -> None:
+        """After ``decode_tree``: the K/V of ``nodes`` (a root path, root first) move to the cells of their positions
+        (the keys were rotated by position, so they are what a chain's would be); the other nodes' are dropped."""
+        start, self._tree = self._tree, None
+        if start is None:
+            raise EdgespecError("internal: keep_tree_path without a tree")
+        kv = self.kv.array
+        assert kv is not None  # trees run on the CPU only (``exact_trees``)
+        for depth, node in enumerate(nodes):  # node ≥ depth: each cell is read before anything overwrites it
+            if node != depth:
+                kv[..., start + depth, :] = kv[..., start + node, :]
+        self._end = start + len(nodes)
 
     def cache_end(self) -> int:
         return self._end

@@ -8,10 +8,10 @@ model loads, the layer graphs are merged into segments: runs of consecutive laye
 layer-skip draft is readied, the segments are planned again, split where a run of skipped layers starts or ends,
 so that the draft chains the ones it keeps. Every layer's weights are in exactly one session.
 
-A segment graph is the layer graphs joined hidden_out → hidden, with every name prefixed by its layer,
-``seqlens_k``/``total_sequence_length`` shared, and each layer's KV as ``past_key.{i}``/``present_key.{i}``
-(and value). The graph optimizer may then fuse across layer boundaries: numerics stay batch-invariant (the
-same kernels run for any number of rows), which is what losslessness needs (tests/test_onnx_backend.py).
+A segment graph is the layer graphs joined hidden_out → hidden, with every name prefixed by its layer, the
+step's inputs (``SHARED_INPUTS``) shared, and each layer's KV as ``past_key.{i}``/``present_key.{i}`` (and
+value). The graph optimizer may then fuse across layer boundaries: numerics stay batch-invariant (the same
+kernels run for any number of rows), which is what losslessness needs (tests/test_onnx_backend.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 LAYER_INPUTS = ("hidden", "past_key", "past_value", "seqlens_k", "total_sequence_length")
 LAYER_OUTPUTS = ("hidden_out", "present_key", "present_value")
 KV_NAMES = ("past_key", "past_value", "present_key", "present_value")
-SHARED_INPUTS = ("seqlens_k", "total_sequence_length")
+TREE_INPUT = "tree_parents"  # each row's parent row for a token tree; exact-attention exports only
+SHARED_INPUTS = ("seqlens_k", "total_sequence_length", TREE_INPUT)
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Dropout"}
 # Segment size cap, in layer-file bytes. A session call costs ~40 µs beyond its compute (SmolLM2 INT8, 2 threads:
 # 10.3 ms per token over 30 sessions, 9.4 over 5, the same over 3), and 48 MiB of weights take ~1.5 ms to read
@@ -95,10 +96,15 @@ def fuse(files: Sequence[Path], layers: Sequence[int], out: Path) -> None:
             raise ValueError(f"{file}: its opsets differ from {files[0]}'s")
         last = n == len(layers) - 1
         rename = {name: f"l{layer}.{name}" for name in
-                  [t.name for t in graph.initializer] + [o for node in graph.node for o in node.output if o]}
+                  [t.name for t in graph.initializer] + [o for node in graph.node for o in node.output if o]
+                  if name not in SHARED_INPUTS}
         rename.update({name: io_name(name, layer, True) for name in KV_NAMES})  # never shared: no node dedupes
         rename.update({"hidden": hidden, "hidden_out": "hidden_out" if last else f"l{layer}.hidden_out"})
         for tensor in graph.initializer:  # constants several layers share (rotary caches, shapes) are kept once
+            if tensor.name in SHARED_INPUTS:  # a shared input's default: the first layer's, under its own name
+                if n == 0:
+                    initializers.append(tensor)
+                continue
             name, tensor.name = tensor.name, ""
             key = b"T" + hashlib.blake2b(tensor.SerializeToString(), digest_size=20).digest()
             if key in seen:

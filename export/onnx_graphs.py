@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec import custom_ops
+from edgespec.onnx_segments import TREE_INPUT
 
 from . import UnsupportedArchitectureError, require
 from .block_weights import BLOCK, BlockWeight, stack
@@ -27,12 +28,13 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 9  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 10  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
 # edgespec.BlockInt8MatMul where the export timed it faster (export/block_int8.py); 8: that op's weights packed
-# 16 columns × 4 k per 64 bytes (was 8 × 4 per 32); 9: half KV under the exact attention (``kv_dtype``)
+# 16 columns × 4 k per 64 bytes (was 8 × 4 per 32); 9: half KV under the exact attention (``kv_dtype``); 10: the
+# exact attention's ``tree_parents`` input (token trees verified in one pass)
 
 
 @dataclass(frozen=True)
@@ -368,8 +370,13 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
         op, domain = "GroupQueryAttention", MS_DOMAIN
         attrs = {**common, "do_rotary": 1, "rotary_interleaved": 0,
                  **({"softcap": spec.attn_softcap} if spec.attn_softcap else {})}  # [per-architecture] Gemma 2
+    # Under the exact attention a token tree can be verified in one call: ``tree_parents`` gives each row's parent
+    # row (empty: a chain), the kernel masks every row to its own path (edgespec/kernels/exact_attention.cc).
+    # An input with a default (an initializer of the same name, empty): callers that know nothing of trees need
+    # not feed it.
+    tree = [g.const(TREE_INPUT, np.zeros(0, np.int32))] if exact else []
     attn = g.op(op, [*qkv_inputs, "past_key", "past_value", seqlens, total,
-                     g.const("cos_cache", cos), g.const("sin_cache", sin)],
+                     g.const("cos_cache", cos), g.const("sin_cache", sin), *tree],
                 [g.name + "_attn", "present_key", "present_value"], domain=domain, **attrs)[0]
     if extra:
         attn = drop_padding(g, attn, g.one("Add", [seq, pad]) if pad_matmuls else seq)
@@ -397,7 +404,8 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
     kv_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(kv))
     inputs = [_tensor("hidden", f32, [1, "S", spec.hidden_size]), _tensor("past_key", kv_type, kv_shape),
               _tensor("past_value", kv_type, kv_shape), _tensor("seqlens_k", onnx.TensorProto.INT32, [1]),
-              _tensor("total_sequence_length", onnx.TensorProto.INT32, [])]
+              _tensor("total_sequence_length", onnx.TensorProto.INT32, []),
+              *([_tensor(TREE_INPUT, onnx.TensorProto.INT32, ["T"])] if exact else [])]
     outputs = [_tensor("hidden_out", f32, [1, "S", spec.hidden_size]), _tensor("present_key", kv_type, kv_shape),
                _tensor("present_value", kv_type, kv_shape)]
     return g.model(inputs, outputs)

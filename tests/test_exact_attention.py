@@ -50,12 +50,13 @@ def _rope(dim: int) -> tuple[np.ndarray, np.ndarray]:
 class _Op:
     """The op alone in a session, over one KV buffer updated in place (as the exported layers bind it)."""
 
-    def __init__(self, s: Shape, kv_dtype: type = np.float32, library: Path | None = None) -> None:
-        self.s, self.kv_dtype = s, kv_dtype
+    def __init__(self, s: Shape, kv_dtype: type = np.float32, library: Path | None = None, tree: bool = False) -> None:
+        self.s, self.kv_dtype, self.tree = s, kv_dtype, tree
         kv = [1, s.kv_heads, LENGTH, s.dim]
         names = ["q", "k", "v"] if not s.packed else ["q", "", ""]
         node = helper.make_node(custom_ops.ATTENTION_OP,
-                                [*names, "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+                                [*names, "past_key", "past_value", "seqlens_k", "total", "cos", "sin",
+                                 *(["tree_parents"] if tree else [])],
                                 ["out", "present_key", "present_value"], domain=custom_ops.DOMAIN, num_heads=s.heads,
                                 kv_num_heads=s.kv_heads, scale=s.dim ** -0.5, local_window_size=s.window,
                                 softcap=s.softcap)
@@ -66,6 +67,8 @@ class _Op:
         inputs += [helper.make_tensor_value_info(n, KV_TYPES[kv_dtype], kv) for n in ("past_key", "past_value")]
         inputs += [helper.make_tensor_value_info("seqlens_k", I32, [1]),
                    helper.make_tensor_value_info("total", I32, [])]
+        if tree:
+            inputs.append(helper.make_tensor_value_info("tree_parents", I32, ["T"]))
         outputs = [helper.make_tensor_value_info("out", F, [1, "S", s.heads * s.dim])]
         outputs += [helper.make_tensor_value_info(n, KV_TYPES[kv_dtype], kv) for n in ("present_key", "present_value")]
         cos, sin = _rope(s.dim)
@@ -78,7 +81,9 @@ class _Op:
         self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.kv = [np.zeros(kv, kv_dtype) for _ in range(2)]
 
-    def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, parents: list[int] | None = None
+            ) -> np.ndarray:
+        """Rows q/k/v from cell ``start`` on: a chain, or the tree ``parents`` (each row's parent row, -1: a root)."""
         total = start + len(q)
         io = self.session.io_binding()
         if self.s.packed:
@@ -88,6 +93,8 @@ class _Op:
                 io.bind_cpu_input(name, np.ascontiguousarray(x[None]))
         io.bind_cpu_input("seqlens_k", np.array([total - 1], np.int32))
         io.bind_cpu_input("total", np.array(total, np.int32))
+        if self.tree:
+            io.bind_cpu_input("tree_parents", np.array(parents or [], np.int32))
         io.bind_output("out")
         for name, buffer in zip(("key", "value"), self.kv, strict=True):
             past, present = f"past_{name}", f"present_{name}"
@@ -165,6 +172,52 @@ def test_rows_are_bit_identical_in_any_call_and_right(name: str, kv_dtype: type)
             got = op.run(q[start:start + rows], k[start:start + rows], v[start:start + rows], start)
             bad = [start + r for r in range(rows) if not np.array_equal(got[r], alone[start + r])]
             assert not bad, f"{rows} rows from {start}: positions {bad} differ from the same rows alone"
+
+
+# Two roots, a branch at the first, a best path that is not the first branch; depths up to 3.
+TREE = [-1, 0, 0, 1, 3, 2, -1, 6]
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_tree_rows_are_their_paths_chain_rows_bit_for_bit(name: str, kv_dtype: type) -> None:
+    """A token tree after 75 cached positions (past a 64-key tile and the windows): each row's output and stored
+    K/V are the bits a chain of its own path gives at the same positions (so one-token decoding's, by the test
+    above); the rows of other branches are masked out exactly."""
+    s = SHAPES[name]
+    q, k, v = _inputs(s)
+    start, n = 75, len(TREE)
+    tree, chain = _Op(s, kv_dtype, tree=True), _Op(s, kv_dtype)
+    for op in (tree, chain):
+        op.run(q[:start], k[:start], v[:start], 0)
+    got = tree.run(q[start:start + n], k[start:start + n], v[start:start + n], start, TREE)
+    assert np.array_equal(tree.run(q[:1], k[:1], v[:1], start, []), chain.run(q[:1], k[:1], v[:1], start)), \
+        "an empty tree_parents is a chain"
+    tree.run(q[start:start + n], k[start:start + n], v[start:start + n], start, TREE)
+    for node in range(n):
+        path = [start + i for i in _path(TREE, node)]
+        want = chain.run(q[path], k[path], v[path], start)[-1]
+        assert np.array_equal(got[node], want), f"tree row {node} (path {path}) differs from its chain's last row"
+        cell, position = start + node, start + len(path) - 1
+        for stored, expected in zip(tree.kv, chain.kv, strict=True):
+            assert np.array_equal(stored[0, :, cell].view(np.uint8), expected[0, :, position].view(np.uint8))
+
+
+@pytest.mark.parametrize("parents", [[0, -1], [-1, 1], [-1, -2], [-1]])
+def test_a_malformed_tree_is_a_clear_error(parents: list[int]) -> None:
+    """A parent after its child, itself, below -1, or a count that is not the rows': refused with the reason."""
+    s = SHAPES["smollm2"]
+    q, k, v = (x[:2] for x in _inputs(s))
+    with pytest.raises(Exception, match="ExactAttention: tree_parents"):
+        _Op(s, tree=True).run(q, k, v, 0, parents)
 
 
 # Values at half precision's edges, each rounded to nearest even as NumPy rounds them: the largest half and the

@@ -12,6 +12,10 @@
 // value [1, S, KV·D]; past_key, past_value [1, KV, L, D]; seqlens_k int32 [1] (total − 1); total_sequence_length
 // int32 []; cos_cache, sin_cache [≥ total, D/2]. Outputs: [1, S, H·D]; present_key, present_value (the past
 // buffers: bound to the same memory they are updated in place, otherwise copied first).
+// Token trees (optional input 9, tree_parents int32 [S], or empty for a chain): row r's parent row in the call, −1
+// for a root (it follows the cached positions). A row sits at position first + its depth, its K/V at cell first + r,
+// and it attends to the cached cells and its own ancestors only, in the order of their positions: the same keys in
+// the same order as a chain of its path has, so every row is the same bits as a one-token pass of its path.
 // The KV buffers are float32 or float16 (two registrations of the op). Half KV: the new keys (rotated) and values
 // are rounded to half once, to nearest even, when written; every read widens them to float exactly, so all the
 // arithmetic is float32 as with float32 KV. Why: reading the keys and values is most of the attention's time
@@ -210,7 +214,9 @@ struct Call {
   const KV* keys;        // [KV, L, D]
   const KV* values;      // [KV, L, D]
   float* out;            // [S, H·D]
-  int64_t rows, heads, kv_heads, dim, length, first;  // first: the position of row 0
+  int64_t rows, heads, kv_heads, dim, length, first;  // first: the cell (and, in a chain, the position) of row 0
+  const int64_t* depth;  // a tree's (row → depth), or null for a chain (depth = row)
+  const int32_t* path;   // a tree's ancestors: path[row · rows + d] is the row at depth d on row's path
   float scale, softcap;
   int64_t window;        // > 0: a row at p sees keys p − window + 1 … p
   int64_t vectors;       // query vectors per KV head: rows · (H / KV)
@@ -225,46 +231,64 @@ constexpr int64_t kMinBlock = 4, kMaxBlock = 32, kTasksPerHead = 4;
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
 
-// acc[0 … 8W) += Σ_{j0 ≤ j ≤ j1} p[j] · values[j·dim + …], keys in ascending order; W independent sums in
-// registers (a compile-time width: a runtime one leaves them in memory).
+// acc[0 … 8W) += Σ_{k < n} w[k] · values[k·dim + …], keys in ascending order; W independent sums in registers (a
+// compile-time width: a runtime one leaves them in memory).
 template <int W, typename KV>
-inline void add_weighted(const float* p, const KV* values, int64_t dim, int64_t j0, int64_t j1, float* acc) {
+inline void add_weighted(const float* w, const KV* values, int64_t dim, int64_t n, float* acc) {
   Vec a[W];
   for (int s = 0; s < W; ++s) a[s] = load(acc + s * kLanes);
-  for (int64_t j = j0; j <= j1; ++j) {
-    const Vec w = splat(p[j]);
-    for (int s = 0; s < W; ++s) a[s] = fmadd(w, load(values + j * dim + s * kLanes), a[s]);
+  for (int64_t k = 0; k < n; ++k) {
+    const Vec wk = splat(w[k]);
+    for (int s = 0; s < W; ++s) a[s] = fmadd(wk, load(values + k * dim + s * kLanes), a[s]);
   }
   for (int s = 0; s < W; ++s) store(acc + s * kLanes, a[s]);
 }
 
-// Query vectors v0 … v0 + count − 1 of one KV head. Each (row at position p, head) attends to keys lo(p) … p: its
-// scores, their softmax and the weighted sum of values are each computed in an order fixed by its own position,
-// so the result is the same bits alone or in any call; the vectors of a task only share the reads.
+// acc[0 … dim) += Σ_{k < n} w[k] · values[k·dim …]: every dimension's sum in key order, however wide its chunk.
+template <typename KV>
+inline void add_weighted_keys(const float* w, const KV* values, int64_t dim, int64_t n, float* acc) {
+  int64_t d = 0;
+  for (; d + 8 * kLanes <= dim; d += 8 * kLanes) add_weighted<8>(w, values + d, dim, n, acc + d);
+  for (; d + 4 * kLanes <= dim; d += 4 * kLanes) add_weighted<4>(w, values + d, dim, n, acc + d);
+  for (; d < dim; d += 2 * kLanes) add_weighted<2>(w, values + d, dim, n, acc + d);
+}
+
+// Query vectors v0 … v0 + count − 1 of one KV head. Each (row at position p, head) attends to the keys of positions
+// lo(p) … p: its scores, their softmax and the weighted sum of values are each computed in an order fixed by its
+// own position, so the result is the same bits alone or in any call; the vectors of a task only share the reads.
+// In a chain position j is cell j; in a tree the positions from ``first`` on are the row's ancestors' cells.
 template <typename KV>
 void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* scores, int64_t span) {
   const int64_t group = c.heads / c.kv_heads;
   const KV* keys = c.keys + kv * c.length * c.dim;
   const KV* values = c.values + kv * c.length * c.dim;
-  int64_t lo[kMaxBlock], hi[kMaxBlock];  // keys lo … hi (inclusive)
+  int64_t lo[kMaxBlock], hi[kMaxBlock], shared[kMaxBlock];  // positions lo … hi; lo … shared in cells lo … shared
+  int64_t rows[kMaxBlock];
   const float* queries[kMaxBlock];
   float* outs[kMaxBlock];
   for (int64_t i = 0; i < count; ++i) {
     const int64_t row = (v0 + i) / group, head = kv * group + (v0 + i) % group;
-    hi[i] = c.first + row;
+    rows[i] = row;
+    hi[i] = c.first + (c.depth ? c.depth[row] : row);
     lo[i] = c.window > 0 ? std::max<int64_t>(0, hi[i] - c.window + 1) : 0;
+    shared[i] = c.depth ? std::min(hi[i], c.first - 1) : hi[i];
     queries[i] = c.queries + (row * c.heads + head) * c.dim;
     outs[i] = c.out + (row * c.heads + head) * c.dim;
   }
-  const int64_t first_key = *std::min_element(lo, lo + count), last_key = *std::max_element(hi, hi + count);
+  // The cell of a tree row's key at position p ≥ first (an ancestor's, or its own).
+  const auto tree_cell = [&c, &rows](int64_t i, int64_t p) { return c.first + c.path[rows[i] * c.rows + p - c.first]; };
+  const int64_t first_key = *std::min_element(lo, lo + count), last_key = *std::max_element(shared, shared + count);
   // Scores, a tile of keys at a time for every vector (scores[i·span + j − lo_i]).
   for (int64_t t = first_key; t <= last_key; t += kTile) {
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
+      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, shared[i]);
       if (j0 <= j1)
         dot_keys(queries[i], keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, scores + i * span + j0 - lo[i]);
     }
   }
+  for (int64_t i = 0; i < count; ++i)  // a tree row's path, key by key (one key's sum: as in any group of keys)
+    for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p)
+      dot_keys(queries[i], keys + tree_cell(i, p) * c.dim, c.dim, 1, c.scale, scores + i * span + p - lo[i]);
   float inverse[kMaxBlock];
   for (int64_t i = 0; i < count; ++i) {
     float* row = scores + i * span;
@@ -288,15 +312,14 @@ void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* sco
   for (int64_t i = 0; i < count; ++i) std::fill(acc[i], acc[i] + c.dim, 0.0f);
   for (int64_t t = first_key; t <= last_key; t += kTile) {
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, hi[i]);
-      const float* p = scores + i * span - lo[i];
-      if (j0 > j1) continue;
-      int64_t d = 0;
-      for (; d + 8 * kLanes <= c.dim; d += 8 * kLanes) add_weighted<8>(p, values + d, c.dim, j0, j1, acc[i] + d);
-      for (; d + 4 * kLanes <= c.dim; d += 4 * kLanes) add_weighted<4>(p, values + d, c.dim, j0, j1, acc[i] + d);
-      for (; d < c.dim; d += 2 * kLanes) add_weighted<2>(p, values + d, c.dim, j0, j1, acc[i] + d);
+      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, shared[i]);
+      if (j0 <= j1)
+        add_weighted_keys(scores + i * span + j0 - lo[i], values + j0 * c.dim, c.dim, j1 + 1 - j0, acc[i]);
     }
   }
+  for (int64_t i = 0; i < count; ++i)  // a tree row's path after the cached keys, in the order of positions
+    for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p)
+      add_weighted_keys(scores + i * span + p - lo[i], values + tree_cell(i, p) * c.dim, c.dim, 1, acc[i]);
   for (int64_t i = 0; i < count; ++i)
     for (int64_t d = 0; d < c.dim; d += kLanes) store(outs[i] + d, load(acc[i] + d) * inverse[i]);
 }
@@ -359,6 +382,27 @@ struct ExactAttentionKernel {
                     value_in.GetTensorTypeAndShapeInfo().GetShape() != kv_rows))
       fail("key and value must both be [1, S, kv_num_heads·head_dim]");
     if (first < 0 || total > length) fail("positions outside the KV buffer");
+    // A tree: each row's depth and path (rows ascend from parents to children).
+    const bool tree = ctx.GetInputCount() > 9 && ctx.GetInput(9) &&
+                      ctx.GetInput(9).GetTensorTypeAndShapeInfo().GetElementCount() > 0;
+    thread_local std::vector<int64_t> depths;
+    thread_local std::vector<int32_t> paths;
+    if (tree) {
+      const Ort::ConstValue parents_in = ctx.GetInput(9);
+      if (parents_in.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(rows))
+        fail("tree_parents must hold one parent per row (or nothing: a chain)");
+      const int32_t* parents = parents_in.GetTensorData<int32_t>();
+      int64_t* depth = scratch(depths, rows);
+      int32_t* path = scratch(paths, rows * rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t parent = parents[r];
+        if (parent < -1 || parent >= r) fail("tree_parents: a row's parent must be an earlier row, or -1");
+        depth[r] = parent < 0 ? 0 : depth[parent] + 1;
+        if (parent >= 0) std::memcpy(path + r * rows, path + parent * rows, sizeof(int32_t) * (depth[parent] + 1));
+        path[r * rows + depth[r]] = static_cast<int32_t>(r);
+      }
+    }
+    const int64_t* depth = tree ? depths.data() : nullptr;
     if (cos_shape[0] < total || cos_shape[1] != half ||
         sin_in.GetTensorTypeAndShapeInfo().GetShape() != cos_shape)
       fail("rotary caches must be [≥ positions, head_dim/2] alike");
@@ -385,19 +429,19 @@ struct ExactAttentionKernel {
     float* queries = scratch(rotated, rows * heads * dim);
     float key[kMaxDim];
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = first + r;
+      const int64_t pos = first + (depth ? depth[r] : r), cell = first + r;  // rotated by position, kept by cell
       const float *c = cos + pos * half, *s = sin + pos * half;
       for (int64_t h = 0; h < heads; ++h)
         rotate(q_src + r * q_stride + h * dim, c, s, dim, queries + (r * heads + h) * dim);
       for (int64_t h = 0; h < kv_heads; ++h) {
         rotate(k_src + r * kv_stride + h * dim, c, s, dim, key);
-        put(keys + (h * length + pos) * dim, key, dim);
-        put(values + (h * length + pos) * dim, v_src + r * kv_stride + h * dim, dim);
+        put(keys + (h * length + cell) * dim, key, dim);
+        put(values + (h * length + cell) * dim, v_src + r * kv_stride + h * dim, dim);
       }
     }
     const int64_t vectors = rows * (heads / kv_heads);
     Call<KV> call{queries, keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
-              length, first, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap,
+              length, first, depth, tree ? paths.data() : nullptr, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap,
               window, vectors, block_size(vectors)};
     // 0 batches: as many as the pool has threads
     ctx.ParallelFor(attend_task<KV>, static_cast<size_t>(kv_heads * blocks(call)), 0, &call);
@@ -412,13 +456,14 @@ struct ExactAttentionOp : Ort::CustomOpBase<ExactAttentionOp<KV, kKV>, ExactAtte
   }
   const char* GetName() const { return "ExactAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 9; }
+  size_t GetInputTypeCount() const { return 10; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
     if (index == 3 || index == 4) return kKV;
-    return index == 5 || index == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return index == 5 || index == 6 || index == 9 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+                                                  : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return index == 1 || index == 2 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+    return index == 1 || index == 2 || index == 9 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
                                     : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }

@@ -1,0 +1,26 @@
+"""Target-only decoding through the arena, one token a pass: the reference that tree and chain verification rows
+must equal bit for bit (tests/test_tree_llama.py, tests/test_onnx_trees.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.arena import Cache, KVArena
+
+
+def started(model: Cache, prompt: list[int]) -> KVArena:
+    """An arena holding ``prompt``, with the first generated token committed (not yet fed)."""
+    arena = KVArena({"target": model})
+    arena.reset(prompt, reuse=False)
+    arena.commit([int(arena.extend("target", [], 1)[0].argmax())])
+    return arena
+
+
+def one_at_a_time(model: Cache, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """Rows after the first generated token and after each of ``tokens``, one token a pass: target-only decoding."""
+    arena = started(model, prompt)
+    rows = [arena.extend("target", [], 1)[0].copy()]
+    for token in tokens:
+        arena.commit([token])
+        rows.append(arena.extend("target", [], 1)[0].copy())
+    return np.stack(rows)
