@@ -273,11 +273,21 @@ def test_merge_shape_and_layout() -> None:
     assert tree.tokens == [1, 2, 3, 5, 6] and tree.parents == [ROOT, 0, 1, 0, ROOT]
     assert origins[0] == ("suffix", 0.95) and origins[3] == ("suffix", 0.5)
     # Rows cost 0.1 tokens each: node 6 (0.05) does not pay, node 5 (0.5) does.
-    chosen = shape(tree, 3, 16, 16, lambda rows: 0.1)
+    chosen = shape(tree, 3, 16, 16, lambda rows: 0.1 * rows)
     assert chosen == [0, 1, 2, 3]
-    assert shape(tree, 3, 16, 1, lambda rows: 0.1) == [0, 1, 2]  # one leaf: a chain
+    assert shape(tree, 3, 16, 1, lambda rows: 0.1 * rows) == [0, 1, 2]  # one leaf: a chain
     laid, order = subtree(tree, [0, 1, 2, 3])
     assert laid.tokens == [1, 2, 3, 5] and laid.parents == [ROOT, 0, 1, 0] and order == [0, 1, 2, 3]
+
+
+def test_shape_weighs_the_whole_pass_not_each_row_alone() -> None:
+    """A first draft row dearer than the next ones (a CPU's verify curve): two siblings of 0.15 each do not pay
+    for the first row alone (0.2 tokens), together they pay for both (0.22); a third of 0.01 does not."""
+    tree = Draft([1, 2, 3], parents=[ROOT, ROOT, ROOT], scores=[0.15, 0.15, 0.01])
+    cost = {1: 1.0, 2: 1.2, 3: 1.22, 4: 1.24}
+    assert shape(tree, 0, 16, 16, cost.__getitem__) == [0, 1]
+    assert shape(tree, 0, 1, 16, cost.__getitem__) == []  # within a budget of one, nothing pays
+    assert shape(tree, 0, 16, 16, None) == [0, 1, 2]  # no cost: the whole budget
 
 
 def test_shape_never_exceeds_its_budget_or_leaves() -> None:

@@ -2,10 +2,11 @@
 
 ``merge`` overlays drafts into one trie (equal paths become one node, which keeps the best score and the name of the
 drafter that gave it). ``shape`` keeps the nodes worth their rows: the forced ones (the lookup chain the γ
-controller already cut), then, best-first from the frontier, each node whose score (its estimated probability of
-being accepted, i.e. the expected tokens it adds) exceeds what one more row costs at the rate being achieved:
-score > λ · (verify(rows + 1) − verify(rows)). ``depth_first`` lays the result out most likely path first: a backend
-whose rows depend on their KV cells (llama.cpp) gets its likeliest path where sequential decoding would put it.
+controller already cut), then the further nodes, taken best-first from the frontier, in the number that maximises
+what the pass is worth: the expected tokens (each node's score is its estimated probability of being accepted,
+i.e. the tokens it adds) less the pass's cost at the rate being achieved, Σ score − λ · verify(rows) — the γ
+controller's objective, over trees. ``subtree`` lays the result out most likely path first: a backend whose rows
+depend on their KV cells (llama.cpp) gets its likeliest path where sequential decoding would put it.
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ def merge(drafts: Sequence[tuple[str, Draft, Sequence[float]]]) -> tuple[Draft, 
     return Draft(tokens, parents=parents, scores=scores), origins
 
 
-def shape(tree: Draft, forced: int, budget: int, max_leaves: int, row_cost: Callable[[int], float]) -> list[int]:
-    """The nodes to verify (indices into ``tree``, parents first): its first ``forced`` nodes, then best-first
-    while a node's score exceeds ``row_cost(rows)``, the cost in tokens of the rows-th draft row (λ × the verify
-    time it adds), up to ``budget`` nodes and ``max_leaves`` root-to-leaf paths."""
+def shape(tree: Draft, forced: int, budget: int, max_leaves: int,
+          pass_cost: Callable[[int], float] | None) -> list[int]:
+    """The nodes to verify (indices into ``tree``, parents first): its first ``forced`` nodes, then a best-first
+    prefix of the others, up to ``budget`` nodes and ``max_leaves`` root-to-leaf paths: the one maximising
+    Σ score − ``pass_cost(rows)``, the cost in tokens of a verify pass of that many rows (λ × its seconds), or all
+    of them without a cost. Every prefix is weighed, not only while each node pays for its own row: on a CPU a first
+    draft row costs far more than the next few (avx512-onnx-int8: +18% a pass, then +1%, +5%), so nodes that
+    together pay for the pass can each look too dear alone."""
     scores = tree.scores or [1.0] * len(tree)
     parents = tree.parent_list()
     children: dict[int, list[int]] = {}
@@ -70,9 +75,7 @@ def shape(tree: Draft, forced: int, budget: int, max_leaves: int, row_cost: Call
     heap = [(-scores[c], c) for p in [ROOT, *chosen] for c in children.get(p, ()) if c not in taken]
     heapq.heapify(heap)
     while heap and len(chosen) < budget:
-        neg, node = heapq.heappop(heap)
-        if -neg <= row_cost(len(chosen) + 1):
-            break
+        _, node = heapq.heappop(heap)
         new_leaf = parents[node] == ROOT or any(c in taken for c in children.get(parents[node], ()))
         if new_leaf and leaves >= max_leaves:
             continue
@@ -81,7 +84,12 @@ def shape(tree: Draft, forced: int, budget: int, max_leaves: int, row_cost: Call
         taken.add(node)
         for c in children.get(node, ()):
             heapq.heappush(heap, (-scores[c], c))
-    return chosen
+    if pass_cost is None:
+        return chosen
+    first = min(forced, budget)
+    # rows: the draft nodes plus the committed token fed with them
+    worth = np.cumsum([0.0, *(scores[i] for i in chosen)]) - [pass_cost(n + 1) for n in range(len(chosen) + 1)]
+    return chosen[:first + int(np.argmax(worth[first:]))]
 
 
 def subtree(tree: Draft, nodes: Sequence[int]) -> tuple[Draft, list[int]]:
@@ -134,25 +142,23 @@ class TreeDrafter:
         if budget <= 0:
             return Draft([]), []
         spine = self.lookup.propose(context, budget, params, rng)
+        pass_cost: Callable[[int], float] | None = None
         if controller is None:
             k, spine_rates = len(spine), np.ones(len(spine))
-
-            def row_cost(rows: int) -> float:
-                return 0.0
         else:
             k = controller.choose(self.lookup.name, spine.key, len(spine), True, spine.tokens)
             spine_rates = controller.acceptance(self.lookup.name, spine.key)[:k]
             rate, curve = controller.rate(), controller.curve
 
-            def row_cost(rows: int) -> float:  # tokens the rows-th draft row must bring to pay for itself
-                return rate * (curve.seconds(rows + 1) - curve.seconds(rows))
+            def pass_cost(rows: int) -> float:  # a verify pass of ``rows`` rows, in tokens at the rate achieved
+                return rate * curve.seconds(rows)
         drafts = [(self.lookup.name, Draft(spine.tokens[:k], scores=list(np.cumprod(spine_rates))),
                    list(spine_rates))]
         for drafter in (self.suffix, self.recycled):
             proposed = drafter.propose(context, budget, params, rng)
             drafts.append((drafter.name, *self._calibrated(drafter.name, proposed)))
         merged, origins = merge(drafts)
-        tree, order = subtree(merged, shape(merged, k, budget, max_leaves, row_cost))
+        tree, order = subtree(merged, shape(merged, k, budget, max_leaves, pass_cost))
         tree.key = spine.key
         return tree, [origins[i] for i in order]
 
