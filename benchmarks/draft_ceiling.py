@@ -12,7 +12,11 @@ STREAMS: target-only greedy outputs (`edgespec replay --record`). Each row repla
   - on the named curve, lookup plus a drafter for the steps where lookup has nothing to copy, whose tokens are each
     the target's with probability p (independently; the chain stops at its first wrong token) and cost nothing, as
     a draft head computed beside the target's own logits would nearly: how good such a drafter must be.
-Prints a table, writes draft_ceiling.json and two plots (speed-up against s, against p).
+With streams annotated with the target's top successors (`edgespec replay --annotate`), also what the target's own
+rows offer as such a drafter: per position, by the longest n-gram lookup matched there (0: none), how often lookup's
+next token is right and how often a table of the target's top successors keyed by the last 3, else 2, else 1 tokens
+is (Token Recycling's table with more context; each row learned one step late, as a verify pass computes it).
+Prints tables, writes draft_ceiling.json and two plots (speed-up against s, against p).
 """
 
 from __future__ import annotations
@@ -24,7 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.bench.plots import line_chart
-from edgespec.bench.replay import CURVES, LookupCutWhereWrong, LookupThenGuess, curve_shape, load_streams, simulate
+from edgespec.bench.replay import (
+    CURVES,
+    LookupCutWhereWrong,
+    LookupThenGuess,
+    Stream,
+    curve_shape,
+    load_streams,
+    simulate,
+)
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.sampling import SamplingParams
 
 SLOPES = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
 ACCURACIES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -38,6 +52,33 @@ def row(label: str, result: dict[str, dict[str, float]]) -> dict:
     worst = min((s["speedup"], cat) for cat, s in result.items())
     return {"label": label, **{k: float(v) for k, v in result["overall"].items()},
             "worst": {"category": worst[1], "speedup": float(worst[0])}}
+
+
+def own_rows(streams: list[Stream]) -> list[dict]:
+    """Per lookup match length (0: no match), the positions, lookup's next token right, and the successor table's
+    top guess right (keyed by the last 3, 2 or 1 tokens; one table over all streams, as a process keeps it)."""
+    table: dict[tuple[int, ...], int] = {}
+    counts: dict[int, list[int]] = {}  # match length → [positions, lookup right, table guessed, table right]
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    for stream in streams:
+        assert stream.successors is not None
+        lookup = NgramDrafter()
+        context = list(stream.prompt)
+        lookup.begin(context)
+        for i, token in enumerate(stream.output):
+            draft = lookup.propose(context, 1, params, rng)
+            c = counts.setdefault(draft.key if len(draft) else 0, [0, 0, 0, 0])
+            c[0] += 1
+            c[1] += bool(len(draft)) and draft.tokens[0] == token
+            guess = next((table[k] for n in (3, 2, 1) if (k := tuple(context[-n:])) in table), None)
+            c[2] += guess is not None
+            c[3] += guess == token
+            if i > 0:  # the row that decided this token was computed by the pass that verified it: known from now
+                for n in (3, 2, 1):
+                    table[tuple(context[-n:])] = stream.successors[i - 1][0]
+            context.append(token)
+    return [{"lookup_n": n, "positions": c[0], "lookup_right": c[1] / c[0], "table_covers": c[2] / c[0],
+             "table_right": c[3] / c[0]} for n, c in sorted(counts.items())]
 
 
 def main() -> None:
@@ -60,10 +101,17 @@ def main() -> None:
     for r in rows:
         print(f"{r['label']:<40} {r['speedup']:>6.3f} {r['tau']:>6.2f} {r['gamma_mean']:>5.2f} {r['alpha']:>5.2f}  "
               f"{r['worst']['category']} {r['worst']['speedup']:.3f}")
+    table = own_rows(streams) if all(s.successors for s in streams) else []
+    if table:
+        print(f"\n{'lookup match':<14} {'positions':>9} {'lookup right':>13} {'table covers':>13} {'table right':>12}")
+        for t in table:
+            print(f"{t['lookup_n'] or 'none':<14} {t['positions']:>9} {t['lookup_right']:>13.3f} "
+                  f"{t['table_covers']:>13.3f} {t['table_right']:>12.3f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "draft_ceiling.json").write_text(json.dumps({"streams": str(args.streams), "curve": args.curve,
-                                                        "points": CURVES[args.curve], "rows": rows}, indent=1))
+                                                        "points": CURVES[args.curve], "rows": rows,
+                                                        "own_rows": table}, indent=1))
     line_chart(out / "draft_ceiling-slope.png", list(SLOPES),
                [("lookup, straight curve", [r["speedup"] for r in slope_rows], "tab:blue", "-"),
                 (f"lookup, {args.curve}", [lookup["speedup"]] * len(SLOPES), "tab:gray", "--")],
