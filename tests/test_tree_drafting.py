@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgespec.arena import KVArena
+from edgespec.bench.replay import accepted_path
 from edgespec.drafters import Draft, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
 from edgespec.drafters.base import ROOT, depths
 from edgespec.drafters.recycled import top_successors
@@ -397,3 +398,36 @@ def test_branch_scores_follow_what_verification_accepted() -> None:
     again, _ = drafter.propose_tree(context, 16, None, 16, GREEDY, RNG)
     assert again.tokens == tree.tokens
     assert all(again.scores[i] < 0.2 * tree.scores[i] for i in suffix_nodes)  # type: ignore[index]
+
+
+# -- what the stats report for trees ------------------------------------------------------------------------
+def _tree_run(clock: FakeClock) -> tuple[Engine, list[tuple[int, Draft]]]:
+    """An engine in mode tree whose drafter records each step's context length and tree."""
+    engine = Engine(_copying_model(clock), mode="tree", gamma="auto")
+    steps: list[tuple[int, Draft]] = []
+    original = engine.tree_drafter.propose_tree
+
+    def spy(context: Sequence[int], *args: object) -> tuple[Draft, list]:
+        tree, origins = original(context, *args)  # type: ignore[arg-type]
+        steps.append((len(context), tree))
+        return tree, origins
+
+    engine.tree_drafter.propose_tree = spy  # type: ignore[method-assign]
+    return engine, steps
+
+
+def test_mode_tree_stats_report_the_tree_size_and_the_accepted_depth(clock: FakeClock) -> None:
+    """Per verify pass: the tree's nodes, and the depth of the path the target accepted, worked out here from each
+    verified tree and the scripted text (what greedy decoding writes), against what the stats say."""
+    engine, steps = _tree_run(clock)
+    out = engine.generate(PROMPT, max_tokens=500)
+    assert out.tokens == SEQUENCE[len(PROMPT):] and len(steps) == out.stats.steps
+    truth = [*SEQUENCE, EOS]
+    depth = [len(accepted_path(tree, truth[at:])) for at, tree in steps]
+    assert out.stats.tree_size_mean == pytest.approx(np.mean([len(tree) for _, tree in steps]))
+    assert out.stats.depth_mean == pytest.approx(np.mean(depth)) and out.stats.depth_mean > 1
+    assert max(len(tree) for _, tree in steps) > max(depth)  # trees hold more than the path they give
+    d = out.stats.to_dict()
+    assert d["tree_size_mean"] == round(out.stats.tree_size_mean, 6) and d["depth_mean"] == round(np.mean(depth), 6)
+    chains = Engine(_copying_model(clock), mode="ngram", gamma=4).generate(PROMPT, max_tokens=500).stats
+    assert chains.tree_size_mean is None and chains.depth_mean == chains.accepted / chains.steps
