@@ -334,12 +334,10 @@ def test_vocabulary_of_the_fake_model_fits_the_recycled_table() -> None:
 
 
 def _old_top_successors(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """top_successors as it was: the softmax normaliser over a rows × vocab copy."""
+    """What top_successors gave before: its old softmax normaliser (over a rows × vocab copy), after a full sort."""
     rows = np.asarray(logits, dtype=np.float32)
-    top = np.argpartition(rows, -k, axis=1)[:, -k:]
+    top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
     top_logits = np.take_along_axis(rows, top, axis=1)
-    order = np.argsort(-top_logits, axis=1)
-    top, top_logits = np.take_along_axis(top, order, axis=1), np.take_along_axis(top_logits, order, axis=1)
     peak = top_logits[:, :1]
     norm = np.exp(rows - peak, dtype=np.float32).sum(axis=1, keepdims=True)
     return top.astype(np.int32), np.exp(top_logits - peak) / norm
