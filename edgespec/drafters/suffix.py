@@ -206,9 +206,9 @@ class OutputStore:
         self._outputs[self._serial] = kept
         self.trie.start_document(self._serial)
         for token in tokens:
-            while self.nbytes + NODE_BYTES * self.depth + TOKEN_BYTES > self.max_bytes and len(self._outputs) > 1:
+            while not self._room_for_a_token() and len(self._outputs) > 1:
                 self._evict()
-            if self.nbytes + NODE_BYTES * self.depth + TOKEN_BYTES > self.max_bytes:
+            if not self._room_for_a_token():
                 break  # this output alone fills the store: its prefix is kept
             self.trie.extend((token,))
             kept.append(token)
@@ -220,6 +220,10 @@ class OutputStore:
         node = self.trie.find(tokens)
         if node is not None and (output := self.trie.owner(node)) in self._outputs:
             self._outputs.move_to_end(output)
+
+    def _room_for_a_token(self) -> bool:
+        """Whether one more token (≤ ``depth`` new nodes) keeps the store within its bound."""
+        return self.nbytes + NODE_BYTES * self.depth + TOKEN_BYTES <= self.max_bytes
 
     def _evict(self) -> None:
         _, oldest = self._outputs.popitem(last=False)
