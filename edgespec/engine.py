@@ -94,7 +94,8 @@ class Engine:
             self.modes["hybrid"] = (self.drafters["ngram"], self.drafters["layerskip"])
         # Tree: lookup's chain plus suffix-trie and recycled-logits branches, verified as one token tree where the
         # target's rows are exact for trees (else, and when sampling, the best chain of it). Earlier outputs are
-        # kept per engine (a server's process), bounded.
+        # kept per engine (a server's process), bounded; the store's trie and the recycled table are built at their
+        # first use, so an engine that never runs mode tree holds neither.
         self.output_store = OutputStore()
         self.tree_drafter = TreeDrafter(cast(NgramDrafter, self.drafters["ngram"]), SuffixDrafter(self.output_store),
                                         RecycledDrafter(target.n_vocab))

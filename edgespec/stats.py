@@ -75,6 +75,18 @@ class GenerationStats:
     def gamma_mean(self) -> float:
         return self.gamma_sum / self.steps if self.steps else 0.0
 
+    @property
+    def depth_mean(self) -> float:
+        """Draft tokens accepted per verify pass: the mean accepted depth (in mode tree, the accepted path's)."""
+        return self.accepted / self.steps if self.steps else 0.0
+
+    @property
+    def tree_size_mean(self) -> float | None:
+        """Mode tree: draft nodes per verify pass, the mean tree size (its γ); None in the other modes."""
+        if self.mode != "tree":
+            return None
+        return self.drafted / self.steps if self.steps else 0.0
+
     def acceptance_by_position(self) -> list[float | None]:
         return [a / t if t else None for a, t in zip(self.position_accepts, self.position_trials, strict=True)]
 
@@ -83,5 +95,6 @@ class GenerationStats:
         del d["position_trials"], d["position_accepts"], d["gamma_sum"]
         d.update(decode_tokens_per_s=self.decode_tokens_per_s, total_tokens_per_s=self.total_tokens_per_s,
                  acceptance_rate=self.acceptance_rate, mean_accepted_per_step=self.mean_accepted_per_step,
-                 gamma_mean=self.gamma_mean, acceptance_by_position=self.acceptance_by_position())
+                 gamma_mean=self.gamma_mean, depth_mean=self.depth_mean, tree_size_mean=self.tree_size_mean,
+                 acceptance_by_position=self.acceptance_by_position())
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}

@@ -17,7 +17,7 @@ from edgespec.engine import Engine
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
                  "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
-                 "latency_ratio", "lookup_share", "prefill_tok_s"}
+                 "latency_ratio", "lookup_share", "prefill_tok_s", "depth_mean", "tree_size_mean"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -66,6 +66,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spe
         assert 0 <= s["lookup_share"] == summary["ngram-g4"][cat]["lookup_share"] < 1
         assert s["speedup"] == s["speedup_e2e"] == s["latency_ratio"] == 1.0
         assert s["tau"] == 1.0 and s["gamma_mean"] == 0.0 and s["alpha"] is None
+        assert s["depth_mean"] == 0.0 and s["tree_size_mean"] is None
     overall = summary["ngram-g4"]["overall"]
     assert 0 < overall["gamma_mean"] <= 4 and overall["alpha"] is not None and overall["tau"] >= 1.0
     assert overall["speedup"] == pytest.approx(overall["decode_tok_s"] / summary["target"]["overall"]["decode_tok_s"])
@@ -295,3 +296,42 @@ def test_chat_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     assert "--skip must be 0 or more" in capsys.readouterr().err
     assert bench("--categories", "writing", "--skip", "5") == 2
     assert "has only 0 questions to give after skipping 5" in capsys.readouterr().err
+
+
+def test_the_bench_reports_tree_size_and_accepted_depth_for_mode_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted fake backend in mode tree and mode ngram through the bench's own runner code (``_result``) and
+    summary: mode tree's nodes per pass and accepted depth are the generation's, lookup chains have no tree size."""
+    import time
+
+    from edgespec.bench.peers.native import _result
+    from edgespec.bench.report import table
+    from tests.fake_backend import BOS, FakeClock, FakeModel, encode, scripted
+
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    sequence = [BOS, *encode("the cat sat on the mat. " * 6)]
+    model = FakeModel(scripted(sequence), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01 * (1 + 0.02 * (n - 1)))
+    records, stats = [], {}
+    for config, mode in (("tree-auto", "tree"), ("ngram-auto", "ngram")):
+        engine = Engine(model, mode=mode, gamma="auto")
+        for turn, prompt in enumerate((sequence[:30], sequence[:50])):
+            chunks = list(engine.stream(prompt, max_tokens=200))
+            stats[config, turn] = chunks[-1].stats
+            result = _result(iter(chunks))
+            records.append({**result.__dict__, "config": config, "category": "copying", "question_id": 1,
+                            "turn": turn, "prompt_tokens": len(prompt), "peak_rss_mb": 1.0,
+                            "same_as_baseline": True, "lossless": True})
+    result = {"configs": [{"name": n, "baseline": "ngram-auto"} for n in ("tree-auto", "ngram-auto")],
+              "records": records, "workers": {"tree-auto": {}, "ngram-auto": {}}}
+    result["summary"] = summarize(result)
+    tree, chains = result["summary"]["tree-auto"]["overall"], result["summary"]["ngram-auto"]["overall"]
+    runs = [stats["tree-auto", t] for t in (0, 1)]
+    assert all(r["mode"] == "tree" for r in records[:2])
+    assert tree["tree_size_mean"] == pytest.approx(sum(s.drafted for s in runs) / sum(s.steps for s in runs))
+    assert tree["depth_mean"] == pytest.approx(sum(s.accepted for s in runs) / sum(s.steps for s in runs))
+    assert tree["depth_mean"] > 1
+    assert chains["tree_size_mean"] is None and chains["depth_mean"] > 1
+    printed = table(result).splitlines()
+    assert "dep" in printed[0] and "nodes" in printed[0]
+    row = next(line for line in printed if line.startswith("tree-auto") and "overall" in line)
+    assert f"{tree['depth_mean']:.2f}{tree['tree_size_mean']:>6.1f}" in row

@@ -70,3 +70,9 @@ def test_decode_rate_of_a_reply_without_decoded_tokens_is_zero(generated: int) -
     stats = GenerationStats(generated_tokens=generated, prefill_s=0.05, decode_s=1e-4)
     assert stats.decode_tokens == 0 and stats.decode_tokens_per_s == 0.0
     assert stats.to_dict()["decode_tokens_per_s"] == 0.0
+
+
+def test_mode_tree_prints_its_tree_size_and_accepted_depth(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", STORY, "--draft", "tree", "--max-tokens", str(N), "--threads", "1"]) == 0
+    line = next(line for line in capsys.readouterr().err.splitlines() if "tok/s decode" in line)
+    assert " nodes · depth " in line and "mode tree" in line and "γ" not in line

@@ -21,6 +21,7 @@ from edgespec.bench.replay import (
 from edgespec.cli import main
 from edgespec.drafters import Draft
 from edgespec.drafters.base import ROOT
+from edgespec.drafters.tree import TreeDrafter
 
 
 def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
@@ -152,9 +153,35 @@ def test_tree_replay_judges_trees_without_timing() -> None:
     assert all(s["speedup"] >= 0.97 for s in steep.values()), steep
 
 
+def test_tree_replay_reports_the_tree_size_and_the_accepted_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes per pass and accepted depth, worked out here from every replayed tree and the recorded output."""
+    streams = _scripted_streams()[:6]
+    outputs = {tuple(s.prompt): s for s in streams}
+    trees: list[tuple[Draft, list[int]]] = []
+    original = TreeDrafter.propose_tree
+
+    def spy(self: TreeDrafter, context: list[int], *args: object) -> tuple[Draft, list]:
+        tree, origins = original(self, context, *args)  # type: ignore[arg-type]
+        stream = outputs[tuple(context[:300])]
+        trees.append((tree, stream.output[len(context) - 300:]))
+        return tree, origins
+
+    monkeypatch.setattr(TreeDrafter, "propose_tree", spy)
+    overall = simulate(streams, curve_shape(CURVES["flat"]), tree_leaves=16)["overall"]
+    assert overall["tree_size_mean"] == pytest.approx(np.mean([len(t) for t, _ in trees]), abs=1e-3)
+    assert overall["depth_mean"] == pytest.approx(np.mean([len(accepted_path(t, truth)) for t, truth in trees]),
+                                                  abs=1e-3)
+    assert overall["tree_size_mean"] > overall["depth_mean"] > 0
+    assert simulate(streams, curve_shape(CURVES["flat"]))["overall"]["tree_size_mean"] is None  # lookup chains
+
+
 def test_replay_cli_replays_trees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "streams.jsonl"
     path.write_text("".join(json.dumps(s.__dict__) + "\n" for s in _scripted_streams()[:3]))
     assert main(["replay", str(path), "--drafter", "tree", "--curves", "flat", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["flat"]["overall"]["generations"] == 3 and result["flat"]["overall"]["gamma_mean"] > 0
+    overall = result["flat"]["overall"]
+    assert main(["replay", str(path), "--drafter", "tree", "--curves", "flat"]) == 0
+    assert (f"flat: τ {overall['tau']:.3f} · tree size {overall['tree_size_mean']:.2f} nodes a pass · accepted depth "
+            f"{overall['depth_mean']:.3f}") in capsys.readouterr().out

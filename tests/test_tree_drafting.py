@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from edgespec.arena import KVArena
+from edgespec.bench.replay import accepted_path
 from edgespec.drafters import Draft, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
 from edgespec.drafters.base import ROOT, depths
+from edgespec.drafters.recycled import top_successors
 from edgespec.drafters.suffix import SuffixTrie
 from edgespec.drafters.tree import TreeDrafter, merge, shape, subtree
 from edgespec.engine import Engine
@@ -235,20 +237,51 @@ def test_earlier_outputs_are_drafted_from_in_the_next_request() -> None:
 
 
 def test_the_output_store_stays_within_its_bound_on_a_long_session() -> None:
+    """Memory as traced, not as estimated: 80 outputs of random text (~15 trie nodes a token at depth 16: ~10 times
+    what the bound holds) never take more than ``max_bytes``, the store's trie and the kept tokens together."""
     rng = np.random.default_rng(5)
-    store = OutputStore(max_nodes=10_000, depth=16)
-    outputs = [[int(t) for t in rng.integers(0, 5000, 200)] for _ in range(100)]
+    outputs = [[int(t) for t in rng.integers(0, 5000, int(rng.integers(50, 250)))] for _ in range(80)]
     tracemalloc.start()
-    for output in outputs:  # 20k tokens, ~15 nodes a token on random text: 30 times the bound
+    store = OutputStore(max_bytes=2_000_000, depth=16)
+    for output in outputs:
         store.add(output)
-        assert store.trie.nodes <= 10_000
+        assert store.nbytes <= store.max_bytes
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert len(store) < 10  # the oldest went
-    assert peak < 6_000_000  # ~600 bytes a node at most, the kept outputs' tokens included
+    assert peak <= store.max_bytes
+    assert 1 <= len(store) < 10  # the least recently used went
     for output in list(store._outputs.values()):
         store.trie.remove_document(output)
     assert store.trie.nodes == 0  # removal takes back exactly what adding put in
+
+
+def test_an_output_too_long_for_the_store_keeps_the_prefix_that_fits() -> None:
+    store = OutputStore(max_bytes=100_000, depth=16)
+    store.add(list(range(10_000)))
+    assert len(store) == 1 and store.nbytes <= store.max_bytes
+    assert store.trie.find([0, 1, 2]) is not None and store.trie.find([9_998, 9_999]) is None
+
+
+@pytest.mark.parametrize("drafting", [True, False])
+def test_the_output_store_evicts_the_least_recently_used_output(drafting: bool) -> None:
+    """Two outputs added together; then a long session of other outputs, each of which evicts some. Drafting from
+    the first keeps it (it is used at every request), while the second, never used, goes; without the drafts both
+    go (least recently used is then oldest first)."""
+    rng = np.random.default_rng(6)
+    used, unused = list(range(1000, 1040)), list(range(2000, 2040))
+    store = OutputStore(max_bytes=5_000_000)
+    drafter = SuffixDrafter(store)
+    store.add(used)
+    store.add(unused)
+    for i in range(60):
+        store.add([int(t) for t in rng.integers(0, 1000, 200)])  # ~2 800 nodes; ~14 000 fit
+        if drafting:
+            at = i % 30
+            context = [7, *used[at:at + 3]]
+            drafter.begin(context)
+            assert drafter.propose(context, 8, GREEDY, RNG).tokens[:3] == used[at + 3:at + 6]
+    assert len(store) < 10 and store.trie.find(unused[:3]) is None
+    assert (store.trie.find(used[:3]) is not None) is drafting
 
 
 # -- the recycled table --------------------------------------------------------------------------------------
@@ -310,6 +343,56 @@ def test_vocabulary_of_the_fake_model_fits_the_recycled_table() -> None:
     assert RecycledDrafter(N_VOCAB).successors.shape == (N_VOCAB, 4)
 
 
+def _old_top_successors(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """What top_successors gave before: its old softmax normaliser (over a rows × vocab copy), after a full sort."""
+    rows = np.asarray(logits, dtype=np.float32)
+    top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    top_logits = np.take_along_axis(rows, top, axis=1)
+    peak = top_logits[:, :1]
+    norm = np.exp(rows - peak, dtype=np.float32).sum(axis=1, keepdims=True)
+    return top.astype(np.int32), np.exp(top_logits - peak) / norm
+
+
+@pytest.mark.parametrize("vocab", [16, 49152])
+def test_top_successors_equals_the_old_computation(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    for scale in (0.1, 3.0, 30.0):  # flat rows, LLM-like spreads, near one-hot rows
+        logits = (rng.standard_normal((17, vocab)) * scale).astype(np.float32)
+        top, probs = top_successors(logits, 4)
+        old_top, old_probs = _old_top_successors(logits, 4)
+        assert np.array_equal(top, old_top)  # the same successors, in the same order
+        np.testing.assert_allclose(probs, old_probs, rtol=1e-6)
+        exact = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+        exact /= exact.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(probs, np.take_along_axis(exact, top, axis=1), rtol=1e-5)
+
+
+def test_a_token_fed_twice_keeps_its_last_row() -> None:
+    drafter = RecycledDrafter(n_vocab=10, k=2)
+    logits = np.zeros((3, 10), dtype=np.float32)
+    logits[0, 5] = logits[1, 6] = logits[2, 7] = 4.0
+    drafter.observe([3, 4, 3], logits)  # token 3 in two branches: its last row wins
+    assert drafter.successors[3, 0] == 7 and drafter.successors[4, 0] == 6
+
+
+def test_an_engine_builds_mode_trees_memory_when_mode_tree_is_first_used(clock: FakeClock) -> None:
+    """A large vocabulary's recycled table (6.4 MB here) and the earlier outputs' trie are not taken by an engine
+    that never uses mode tree; the first generation in mode tree builds them, and its output is target-only's."""
+    model = _copying_model(clock)
+    model.n_vocab = 200_000  # type: ignore[misc]
+    tracemalloc.start()
+    engine = Engine(model, mode="ngram", gamma=4)
+    plain = engine.generate(PROMPT, max_tokens=40)
+    _, peak = tracemalloc.get_traced_memory()
+    assert peak < 1_000_000
+    tree = engine.generate(PROMPT, max_tokens=40, mode="tree")
+    engine.generate(PROMPT, max_tokens=40, mode="tree")  # the first one's output joins the earlier outputs
+    grown, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert grown > 200_000 * 4 * 8 and len(engine.tree_drafter.suffix.store) == 1
+    assert tree.tokens == plain.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 40]
+
+
 def test_branch_scores_follow_what_verification_accepted() -> None:
     """A branch drafter whose tested nodes are never accepted has its scores scaled down."""
     drafter = TreeDrafter(NgramDrafter(), SuffixDrafter(OutputStore()), RecycledDrafter(N_VOCAB))
@@ -323,3 +406,36 @@ def test_branch_scores_follow_what_verification_accepted() -> None:
     again, _ = drafter.propose_tree(context, 16, None, 16, GREEDY, RNG)
     assert again.tokens == tree.tokens
     assert all(again.scores[i] < 0.2 * tree.scores[i] for i in suffix_nodes)  # type: ignore[index]
+
+
+# -- what the stats report for trees ------------------------------------------------------------------------
+def _tree_run(clock: FakeClock) -> tuple[Engine, list[tuple[int, Draft]]]:
+    """An engine in mode tree whose drafter records each step's context length and tree."""
+    engine = Engine(_copying_model(clock), mode="tree", gamma="auto")
+    steps: list[tuple[int, Draft]] = []
+    original = engine.tree_drafter.propose_tree
+
+    def spy(context: Sequence[int], *args: object) -> tuple[Draft, list]:
+        tree, origins = original(context, *args)  # type: ignore[arg-type]
+        steps.append((len(context), tree))
+        return tree, origins
+
+    engine.tree_drafter.propose_tree = spy  # type: ignore[method-assign]
+    return engine, steps
+
+
+def test_mode_tree_stats_report_the_tree_size_and_the_accepted_depth(clock: FakeClock) -> None:
+    """Per verify pass: the tree's nodes, and the depth of the path the target accepted, worked out here from each
+    verified tree and the scripted text (what greedy decoding writes), against what the stats say."""
+    engine, steps = _tree_run(clock)
+    out = engine.generate(PROMPT, max_tokens=500)
+    assert out.tokens == SEQUENCE[len(PROMPT):] and len(steps) == out.stats.steps
+    truth = [*SEQUENCE, EOS]
+    depth = [len(accepted_path(tree, truth[at:])) for at, tree in steps]
+    assert out.stats.tree_size_mean == pytest.approx(np.mean([len(tree) for _, tree in steps]))
+    assert out.stats.depth_mean == pytest.approx(np.mean(depth)) and out.stats.depth_mean > 1
+    assert max(len(tree) for _, tree in steps) > max(depth)  # trees hold more than the path they give
+    d = out.stats.to_dict()
+    assert d["tree_size_mean"] == round(out.stats.tree_size_mean, 6) and d["depth_mean"] == round(np.mean(depth), 6)
+    chains = Engine(_copying_model(clock), mode="ngram", gamma=4).generate(PROMPT, max_tokens=500).stats
+    assert chains.tree_size_mean is None and chains.depth_mean == chains.accepted / chains.steps

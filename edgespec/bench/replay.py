@@ -320,12 +320,14 @@ TREE_DRAFTERS = {"ngram": 0, "tree": MAX_TREE_LEAVES, "tree-chain": 1}  # --draf
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
-             drafter: Callable[[], NgramDrafter] = NgramDrafter, tree_leaves: int = 0) -> dict[str, dict[str, float]]:
-    """Per category and overall: speed-up over target-only, τ, mean γ (tree: mean tree size), α, mean accepted
-    depth. One controller and one drafter play every stream in order, as one engine serves a bench run's requests;
-    ``overhead`` is per step, in single-token passes. ``noise``: the controller sees each pass's time scaled by
-    exp(noise · N(0, 1)) (a busy machine; seeded). ``drafter``: a free drafter proposing as n-gram lookup does
-    (``LookupThenGuess``). ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
+             drafter: Callable[[], NgramDrafter] = NgramDrafter,
+             tree_leaves: int = 0) -> dict[str, dict[str, float | None]]:
+    """Per category and overall: speed-up over target-only, τ, mean γ, α, mean accepted depth, and for trees
+    (``tree_leaves``) the mean tree size, nodes per pass (None for lookup chains). One controller and one drafter
+    play every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in
+    single-token passes. ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy
+    machine; seeded). ``drafter``: a free drafter proposing as n-gram lookup does (``LookupThenGuess``).
+    ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
     proposer = drafter()
@@ -345,11 +347,13 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1
-    return {name: {**t.summary(), "generations": counts[name]} for name, t in tallies.items()}
+    return {name: {**t.summary(), "tree_size_mean": t.summary()["gamma_mean"] if tree_leaves else None,
+                   "generations": counts[name]} for name, t in tallies.items()}
 
 
-def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
-    """Speed-up per category (rows) and curve (columns), then the worst category per curve."""
+def table(results: dict[str, dict[str, dict[str, float | None]]]) -> str:
+    """Speed-up per category (rows) and curve (columns), then the worst category per curve, then per curve overall
+    τ, the draft size per pass (a tree's nodes, or γ) and the accepted depth."""
     curves = list(results)
     categories = sorted({c for r in results.values() for c in r} - {"overall"}) + ["overall"]
     pad = [" " * max(0, len(c) + 2 - 18) for c in curves]  # measured curves' names (MODEL@CONTEXT) run longer
@@ -360,4 +364,9 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
                                                   else f"{'':>18}") for s, p in zip(cells, pad, strict=True)))
     worst = [min((s["speedup"], cat) for cat, s in results[c].items()) for c in curves]
     lines.append(f"{'worst':<16}" + "".join(f"{p}{w[0]:>8.3f}× {w[1][:8]:<8}" for w, p in zip(worst, pad, strict=True)))
+    for c in curves:
+        s = results[c]["overall"]
+        size = (f"tree size {s['tree_size_mean']:.2f} nodes" if s.get("tree_size_mean") is not None
+                else f"γ {s['gamma_mean']:.2f}")
+        lines.append(f"{c}: τ {s['tau']:.3f} · {size} a pass · accepted depth {s['depth_mean']:.3f}")
     return "\n".join(lines)

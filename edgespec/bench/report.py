@@ -92,7 +92,7 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
     e2e_s = decode_s + sum(r["ttft_s"] for r in rs)
     first_turns = [r for r in rs if r["turn"] == 0]
     prefill_s = sum(r["ttft_s"] for r in first_turns)
-    has = {k: all(r[k] is not None for r in rs) for k in ("steps", "drafted", "draft_s", "gamma_hist")}
+    has = {k: all(r[k] is not None for r in rs) for k in ("steps", "drafted", "accepted", "draft_s", "gamma_hist")}
     steps = sum(r["steps"] for r in rs) if has["steps"] else None
     drafted = sum(r["drafted"] for r in rs) if has["drafted"] else None
     draft_s = sum(r["draft_s"] for r in rs) if has["draft_s"] else None
@@ -104,9 +104,14 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         "e2e_latency_s": mean(r["ttft_s"] + r["decode_s"] for r in rs),
         "ttft_s": mean(r["ttft_s"] for r in rs),
         "prefill_tok_s": sum(r["prompt_tokens"] for r in first_turns) / prefill_s if prefill_s else None,
-        "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
+        "alpha": sum(r["accepted"] for r in rs) / drafted if drafted and has["accepted"] else None,
         "tau": decoded / steps if steps else None,
         "gamma_mean": drafted / steps if drafted is not None and steps else None,
+        # Accepted draft tokens per pass (a tree's accepted path's depth), and a tree's nodes per pass (its γ) where
+        # every generation ran mode tree.
+        "depth_mean": sum(r["accepted"] for r in rs) / steps if steps and has["accepted"] else None,
+        "tree_size_mean": (drafted / steps if drafted is not None and steps and all(r.get("mode") == "tree" for r in rs)
+                           else None),
         "draft_s": draft_s, "verify_s": verify_s,
         "draft_share": draft_s / (draft_s + verify_s) if draft_s is not None and verify_s else None,
         "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
@@ -221,11 +226,12 @@ def _fmt(v: object, spec: str) -> str:
 def table(result: dict) -> str:
     """The printed table: one block per configuration, one line per category. ``pf/s`` is the prefill rate
     (prompt tokens / time to first token, first turns), ``bound`` is the curve bound,
-    ``vonly`` the overhead-free rate with the run's actual passes, ``ach%`` decode tok/s as a share of bound."""
+    ``vonly`` the overhead-free rate with the run's actual passes, ``ach%`` decode tok/s as a share of bound; ``dep``
+    the accepted draft tokens per pass (a tree's accepted depth), ``nodes`` a tree's size per pass (mode tree)."""
     summary, bw = result["summary"], result.get("bandwidth")
     categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
     head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'pf/s':>6}{'lat s':>7}"
-            f"{'α':>6}{'τ':>6}{'γ':>5}{'c':>5}"
+            f"{'α':>6}{'τ':>6}{'γ':>5}{'dep':>5}{'nodes':>6}{'c':>5}"
             f"{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
     lines = [head]
     for name, by_cat in summary.items():
@@ -241,6 +247,7 @@ def table(result: dict) -> str:
                 f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{_fmt(s['prefill_tok_s'], '.0f'):>6}"
                 f"{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
+                f"{_fmt(s['depth_mean'], '.2f'):>5}{_fmt(s['tree_size_mean'], '.1f'):>6}"
                 f"{_fmt(s['draft_cost_ratio'], '.2f'):>5}{_fmt(draft_pct, '.0f'):>7}{_fmt(s['bound_tok_s'], '.0f'):>7}"
                 f"{_fmt(s['verify_only_tok_s'], '.0f'):>7}"
                 f"{_fmt(ach, '.0f'):>5}"

@@ -1,11 +1,12 @@
 """Suffix-trie drafting (after SuffixDecoding, arXiv 2411.04975): candidates scored by how often they followed.
 
 Two tries of token windows: one over this request (prompt + output so far), one over earlier outputs of the
-process (bounded, oldest evicted first). For every match length m, the trie node of the context's last m tokens
-has children: what followed those m tokens each time they occurred, with counts. A candidate tree grows
-best-first from that node, each child's probability its parent's times child count / parent's continued count,
-up to ``factor`` × m nodes (a longer match earns a longer draft) and down to ``min_prob``; the match length and
-trie whose tree has the largest expected accepted length (the sum of its probabilities) is proposed.
+process (``OutputStore``: bounded in bytes, the least recently used output evicted first). For every match length
+m, the trie node of the context's last m tokens has children: what followed those m tokens each time they
+occurred, with counts. A candidate tree grows best-first from that node, each child's probability its parent's
+times child count / parent's continued count, up to ``factor`` × m nodes (a longer match earns a longer draft) and
+down to ``min_prob``; the match length and trie whose tree has the largest expected accepted length (the sum of its
+probabilities) is proposed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -27,8 +29,9 @@ class SuffixTrie:
     """Every window of up to ``depth`` tokens of its documents, with counts; nodes in flat arrays.
 
     A node is a window prefix; ``count`` how many windows pass through it, ``cont`` how many of those go on to a
-    child (a window ending at a document's end does not). Appending one token to a document extends the ≤ depth
-    windows ending at its previous token: O(depth) per token. Removing a document walks its windows back down.
+    child (a window ending at a document's end does not), ``owner`` the document that last added a window through
+    it. Appending one token to a document extends the ≤ depth windows ending at its previous token: O(depth) per
+    token, at most ``depth`` new nodes. Removing a document walks its windows back down.
     """
 
     def __init__(self, depth: int = 16) -> None:
@@ -44,16 +47,24 @@ class SuffixTrie:
         self._prev = array("i", [-1])  # doubly linked: a child leaves its parent's list in O(1)
         self._parent = array("i", [-1])
         self._token = array("i", [-1])
+        self._owner = array("i", [-1])
         self._free: list[int] = []
         self._open: list[int] = []  # nodes of the windows ending at the current document's last token
+        self._document = 0
 
     @property
     def nodes(self) -> int:
         """Nodes in use, the root excepted: what the trie's memory grows with."""
         return len(self._count) - 1 - len(self._free)
 
-    def start_document(self) -> None:
+    def start_document(self, document: int = 0) -> None:
+        """Later ``extend`` calls append to a new document, ``document`` its id (what ``owner`` gives)."""
         self._open = []
+        self._document = document
+
+    def owner(self, node: int) -> int:
+        """The id of the document that last added a window through ``node``."""
+        return self._owner[node]
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the current document."""
@@ -115,11 +126,13 @@ class SuffixTrie:
             self._child[key] = child
         self._count[child] += 1
         self._cont[node] += 1
+        self._owner[child] = self._document
         return child
 
     def _new(self, parent: int, token: int) -> int:
-        values = (0, 0, self._depth[parent] + 1, -1, self._first[parent], -1, parent, token)
-        arrays = (self._count, self._cont, self._depth, self._first, self._next, self._prev, self._parent, self._token)
+        values = (0, 0, self._depth[parent] + 1, -1, self._first[parent], -1, parent, token, -1)
+        arrays = (self._count, self._cont, self._depth, self._first, self._next, self._prev, self._parent, self._token,
+                  self._owner)
         if self._free:
             node = self._free.pop()
             for a, v in zip(arrays, values, strict=True):
@@ -145,30 +158,77 @@ class SuffixTrie:
         self._free.append(child)
 
 
-class OutputStore:
-    """Earlier outputs in one suffix trie, at most ``max_nodes`` nodes: the oldest output goes first."""
+# What a stored output costs at most, by construction (tests/test_tree_drafting.py traces a long session against
+# it). A trie node: 33 bytes of array columns (plus their over-allocation and the copy while one grows), its dict
+# entry's key and value ints (64 bytes), and the dict's table: a dict holding n entries grows to ≤ 6n slots of 20
+# bytes (index and entry), never shrinks on deletion, and holds its old and new tables while it grows: ≤ 240 bytes
+# an entry at that moment. A kept token: 4 bytes in an array. An output: its array, its entry in the LRU order.
+NODE_BYTES = 350
+TOKEN_BYTES = 5
+OUTPUT_BYTES = 256
 
-    def __init__(self, max_nodes: int = 400_000, depth: int = 16) -> None:
-        if max_nodes < 1:
-            raise InvalidParameterError(f"max_nodes must be positive, got {max_nodes}")
-        self.trie = SuffixTrie(depth)
-        self.max_nodes = max_nodes
-        self._outputs: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+
+class OutputStore:
+    """Earlier outputs in one suffix trie, within ``max_bytes``: the least recently used output is evicted first.
+
+    An output is used when it is added and when the suffix drafter proposes from a match it holds (``used``: the
+    latest output that added the matched tokens and the proposed token after them is credited). The bound holds at
+    every token: before a token is added, least recently used outputs go until its ≤ ``depth`` new nodes fit; an
+    output that alone outgrows the bound keeps the prefix that fits. The trie is built on first use.
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20, depth: int = 16) -> None:
+        if max_bytes < NODE_BYTES * depth + OUTPUT_BYTES:
+            raise InvalidParameterError(f"max_bytes must be at least {NODE_BYTES * depth + OUTPUT_BYTES} (one token "
+                                        f"of output at depth {depth}), got {max_bytes}")
+        self.max_bytes, self.depth = max_bytes, depth
+        self._outputs: OrderedDict[int, array[int]] = OrderedDict()  # least recently used first
+        self._tokens = 0
         self._serial = 0
+
+    @cached_property
+    def trie(self) -> SuffixTrie:
+        return SuffixTrie(self.depth)
 
     def __len__(self) -> int:
         return len(self._outputs)
+
+    @property
+    def nbytes(self) -> int:
+        """What the kept outputs take at most (module constants): never above ``max_bytes``."""
+        return self.trie.nodes * NODE_BYTES + self._tokens * TOKEN_BYTES + len(self._outputs) * OUTPUT_BYTES
 
     def add(self, tokens: Sequence[int]) -> None:
         if len(tokens) < 2:
             return
         self._serial += 1
-        self._outputs[self._serial] = tuple(tokens)
-        self.trie.start_document()
-        self.trie.extend(tokens)
-        while self.trie.nodes > self.max_nodes and self._outputs:
-            _, oldest = self._outputs.popitem(last=False)
-            self.trie.remove_document(oldest)
+        kept: array[int] = array("i")
+        self._outputs[self._serial] = kept
+        self.trie.start_document(self._serial)
+        for token in tokens:
+            while not self._room_for_a_token() and len(self._outputs) > 1:
+                self._evict()
+            if not self._room_for_a_token():
+                break  # this output alone fills the store: its prefix is kept
+            self.trie.extend((token,))
+            kept.append(token)
+            self._tokens += 1
+
+    def used(self, tokens: Sequence[int]) -> None:
+        """A draft was proposed from ``tokens`` (a match and what followed it): the latest output that added them
+        becomes the most recently used. (An older output holding them too is not credited.)"""
+        node = self.trie.find(tokens)
+        if node is not None and (output := self.trie.owner(node)) in self._outputs:
+            self._outputs.move_to_end(output)
+
+    def _room_for_a_token(self) -> bool:
+        """Whether one more token (≤ ``depth`` new nodes) keeps the store within its bound."""
+        return self.nbytes + NODE_BYTES * self.depth + TOKEN_BYTES <= self.max_bytes
+
+    def _evict(self) -> None:
+        _, oldest = self._outputs.popitem(last=False)
+        self.trie.remove_document(oldest)
+        self._tokens -= len(oldest)
 
 
 class SuffixDrafter:
@@ -208,6 +268,7 @@ class SuffixDrafter:
         self._update(context)
         best = Draft([])
         best_score = 0.0
+        best_trie = self._request
         if max_tokens <= 0:
             return best
         for trie in (self._request, self.store.trie):
@@ -219,6 +280,8 @@ class SuffixDrafter:
                 draft = trie.grow(node, size, self.min_prob)
                 score = sum(draft.scores or ())
                 if score > best_score:
-                    best, best_score = draft, score
+                    best, best_score, best_trie = draft, score, trie
                     best.key = m
+        if best_trie is not self._request:
+            self.store.used([*context[-best.key:], best.tokens[0]])
         return best
