@@ -288,8 +288,9 @@ class Engine:
                         params: SamplingParams, rng: np.random.Generator,
                         stats: GenerationStats) -> tuple[list[int], int, int]:
         """``_speculate`` for mode tree: one pass verifies a token tree where the target's rows are exact for trees
-        and decoding is greedy; elsewhere the tree is shaped as a chain (one leaf) and verified as one. Every pass's
-        rows refill the recycled table."""
+        and decoding is greedy; elsewhere the tree is shaped as a chain (one leaf) and verified as one. The rows of
+        the committed tokens refill the recycled table (not the rejected nodes': what the target would say after a
+        context that did not happen, at ~0.1 ms a row of 49k logits on a CPU, about 1% of a step each)."""
         step_start = time.perf_counter()
         trees = params.greedy and bool(getattr(self.target, "exact_trees", False))
         budget = min(room, MAX_GAMMA if gamma == "auto" else int(gamma))
@@ -311,9 +312,9 @@ class Engine:
                 n_accepted, next_token = verify_sampled(tree.tokens, None, logits, params, rng)
             path = list(range(n_accepted))
         verified_at = time.perf_counter()
-        self.tree_drafter.observe([last, *tree.tokens], logits)
-        self.tree_drafter.learn(tree, origins, path)
         accepted = [tree.tokens[i] for i in path]
+        self.tree_drafter.observe([last, *accepted], logits[[0, *(i + 1 for i in path)]])
+        self.tree_drafter.learn(tree, origins, path)
         stats.record_step(len(tree), len(path))
         stats.draft_s += drafted_at - step_start
         stats.verify_s += verified_at - drafted_at
