@@ -1,20 +1,25 @@
-"""Token trees on real llama.cpp (SmolLM2-135M as shipped, exact numerics): one batch, one sequence per root-to-leaf
-path, the accepted path kept in sequence 0. What is exact here and what is not (docs/tree-drafting.md): a row whose
-path sits in the KV cells sequential decoding would give it (the tree's first root path) is bit-identical to
-one-token decoding; other branches' rows need not be (the kernels' sums depend on the cells), so the engine verifies
-chains on this backend (``exact_trees`` False) and mode ``tree`` stays identical to target-only."""
+"""Token trees on real llama.cpp (SmolLM2-135M as shipped): one batch, one sequence per root-to-leaf path, the accepted
+path kept in sequence 0 (moved to the cells sequential decoding gives it when it is not the tree's first).
+
+What is exact here is measured by the exactness self-check's tree probe (docs/tree-drafting.md): with the exact
+numerics (F32 KV, flash attention off) a row whose path sits in the KV cells sequential decoding would give it (the
+tree's first root path) is bit-identical to one-token decoding, other branches' rows need not be, so ``exact_trees``
+is False and mode ``tree`` verifies chains; with the fast numerics padded to 4 rows (flash attention, F16 KV) every
+tree row is, so mode tree verifies trees. Both stay identical to target-only decoding, token for token."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import llama_cpp as lc
 import numpy as np
 import pytest
 
+import edgespec
 from edgespec.arena import KVArena
-from edgespec.drafters.base import MAX_TREE_LEAVES, ROOT
-from edgespec.engine import Engine
+from edgespec.drafters.base import MAX_TREE_LEAVES, ROOT, Draft
+from edgespec.engine import Completion, Engine
+from edgespec.exactness import PADDED_ROWS
 from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.models import resolve
 from edgespec.verify import verify_tree_greedy
@@ -100,7 +105,7 @@ def test_keeping_another_branch_leaves_only_its_cells(models: tuple[LlamaModel, 
     assert lc.llama_memory_seq_pos_min(model._memory, 0) == 0
     arena.commit([tokens[4]])  # the arena rolls node 5 back like any rejected token
     assert model.cache_end() == start + 2
-    assert not model.exact_trees
+    assert not model.exact_trees  # not checked: no trees
 
 
 def test_mode_tree_equals_target_only_with_prompt_reuse(engine: Engine, spec_bench: object) -> None:
@@ -116,3 +121,111 @@ def test_mode_tree_equals_target_only_with_prompt_reuse(engine: Engine, spec_ben
         second = engine.chat(messages, max_tokens=32, mode="tree")
         assert second.stats.cached_tokens > 0
         assert second.tokens == engine.chat(messages, max_tokens=32, mode="none", cache_prompt=False).tokens
+
+
+# -- the self-check's verdicts, and mode tree on both numerics with scripted trees ------------------------------------
+
+LONG = ("The river starts in the hills north of the town, runs past the mill and the old stone bridge, and reaches "
+        "the sea after forty kilometres. ") * 30
+
+
+@pytest.fixture(scope="module")
+def fast() -> Iterator[Engine]:
+    """The fast numerics (flash attention, F16 KV), made exact by the self-check: passes padded to 4 rows, trees."""
+    e = edgespec.load("smollm2-135m:q4_1", exact_numerics=False, require_exact=True, n_ctx=512, n_threads=2,
+                      tuning=False, gamma=16)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def exact() -> Iterator[Engine]:
+    """The exact numerics (the default): chains exact unpadded, trees not (the check's tree probe)."""
+    e = edgespec.load("smollm2-135m:q4_1", n_ctx=512, n_threads=2, tuning=False, gamma=16)
+    yield e
+    e.close()
+
+
+def test_the_self_check_finds_trees_exact_with_fast_numerics_padded_and_not_with_the_exact_ones(
+        fast: Engine, exact: Engine) -> None:
+    assert fast.target.pass_rows == PADDED_ROWS[0] and fast.target.exact_trees
+    assert exact.target.pass_rows == 0 and not exact.target.exact_trees
+
+
+def _scripted_trees(engine: Engine, prompt: list[int], reference: Completion,
+                    monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], int]]:
+    """Every step drafts a tree whose first root path is wrong at its root and whose second branch is target-only's
+    continuation (EOS included where it stopped): the best path is never the first. Returns (tokens, leaves) of each
+    tree the target verified as one."""
+    truth = [*reference.tokens, *([engine.target.eos] if reference.finish_reason == "stop" else [])]
+    verified: list[tuple[list[int], int]] = []
+    target = engine.target
+    decode_tree = target.decode_tree
+
+    def propose_tree(context: Sequence[int], budget: int, controller: object, max_leaves: int, params: object,
+                     rng: object) -> tuple[Draft, list[tuple[str, float]]]:
+        done = len(context) - len(prompt)
+        right = truth[done:done + budget]
+        if max_leaves == 1 or len(right) < 2:  # chains only: the right one
+            return Draft(right), [("scripted", 1.0)] * len(right)
+        first = [(right[0] + 1) % target.n_vocab, *right[1:budget // 2]]
+        branch = right[:budget - len(first)]
+        parents = [ROOT, *range(len(first) - 1), ROOT, *range(len(first), len(first) + len(branch) - 1)]
+        return Draft([*first, *branch], parents=parents), [("scripted", 1.0)] * (len(first) + len(branch))
+
+    def spy(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        assert len(tokens) <= target.max_tree_rows(start)
+        verified.append((list(tokens), len([i for i in range(len(tokens)) if i not in set(parents)])))
+        return decode_tree(tokens, parents, start)
+
+    monkeypatch.setattr(engine.tree_drafter, "propose_tree", propose_tree)
+    monkeypatch.setattr(target, "decode_tree", spy)
+    return verified
+
+
+@pytest.mark.parametrize("case", ["eos in a branch", "across the n_kv step", "the context's end"])
+def test_mode_tree_with_the_best_path_never_first_equals_target_only(fast: Engine, exact: Engine, case: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On both numerics: trees verified (fast) or chains (exact), output identical to target-only, token for token;
+    every accepted draft token came from a tree's second branch. Then a second request after those tree steps."""
+    for engine in (fast, exact):
+        if case == "eos in a branch":
+            prompt, max_tokens = engine.chat_tokens([{"role": "user", "content": "What is 2+2? Answer with one "
+                                                                                 "number."}]), 40
+        else:
+            start = 245 if case == "across the n_kv step" else engine.n_ctx - 30
+            prompt, max_tokens = engine.tokenize(LONG)[:start], 30 if case == "across the n_kv step" else 100
+        reference = engine.generate(prompt, max_tokens=max_tokens, mode="none", cache_prompt=False)
+        assert reference.finish_reason == ("stop" if case == "eos in a branch" else "length")
+        with monkeypatch.context() as patch:
+            verified = _scripted_trees(engine, prompt, reference, patch)
+            out = engine.generate(prompt, max_tokens=max_tokens, mode="tree")
+        assert out.tokens == reference.tokens and out.finish_reason == reference.finish_reason
+        assert out.stats.accepted > 0
+        if engine is fast:
+            assert verified and max(leaves for _, leaves in verified) == 2
+            if case == "eos in a branch":  # the last tree held EOS in its second branch, and the generation ended
+                assert engine.target.eos in verified[-1][0][1:]
+        else:
+            assert not verified  # chains only
+        again = engine.generate(prompt, max_tokens=max_tokens, mode="none")  # the arena after tree steps
+        assert again.tokens == reference.tokens
+
+
+def test_mode_tree_drafting_on_its_own_equals_target_only(fast: Engine, spec_bench: object,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real tree drafter on the fast numerics: it verifies trees of several leaves, and nothing changes."""
+    leaves: list[int] = []
+    decode_tree = fast.target.decode_tree
+
+    def spy(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        leaves.append(len([i for i in range(len(tokens)) if i not in set(parents)]))
+        return decode_tree(tokens, parents, start)
+
+    monkeypatch.setattr(fast.target, "decode_tree", spy)
+    for q in spec_bench(["writing", "coding"]):  # type: ignore[operator]
+        messages = [{"role": "user", "content": q["turns"][0]}]
+        prompt = fast.chat_tokens(messages)[:fast.n_ctx - 60]
+        out = fast.generate(prompt, max_tokens=48, mode="tree")
+        assert out.tokens == fast.generate(prompt, max_tokens=48, mode="none").tokens
+    assert leaves and max(leaves) > 1
