@@ -141,7 +141,7 @@ def fast() -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def exact() -> Iterator[Engine]:
     """The exact numerics (the default): chains exact unpadded, trees not (the check's tree probe)."""
-    e = edgespec.load("smollm2-135m:q4_1", n_ctx=512, n_threads=2, tuning=False, gamma=16)
+    e = edgespec.load("smollm2-135m:q4_1", n_ctx=512, n_threads=1, tuning=False, gamma=16)
     yield e
     e.close()
 
