@@ -229,3 +229,27 @@ def test_mode_tree_drafting_on_its_own_equals_target_only(fast: Engine, spec_ben
         out = fast.generate(prompt, max_tokens=48, mode="tree")
         assert out.tokens == fast.generate(prompt, max_tokens=48, mode="none").tokens
     assert leaves and max(leaves) > 1
+
+
+def test_a_kept_second_branch_and_what_follows_are_one_token_decoding_on_the_fast_numerics(fast: Engine) -> None:
+    """Bit for bit, on the padded fast numerics: a tree whose greedy path is its second root branch (its cells are
+    not where sequential decoding puts them, so keeping it moves them), then twelve tokens one at a time."""
+    model = fast.target
+    prompt = model.tokenize(TEXT)
+    greedy, rows_alone = _tree_tokens(model, prompt)
+    other = model.tokenize(" cat", add_special=False)[0]
+    tokens = [other, other, other, other, greedy[0], greedy[1]]  # nodes 4, 5: the second root branch
+    arena = _started(model, prompt)
+    rows = arena.extend_tree("target", tokens, PARENTS).copy()
+    path, token = verify_tree_greedy(tokens, PARENTS, rows)
+    assert path == [4, 5] and token == greedy[2]
+    assert np.array_equal(rows[[0, 5, 6]], rows_alone[:3])
+    arena.keep_path("target", path)
+    arena.commit([greedy[0], greedy[1], token])
+    generated = [*greedy[:3]]
+    ours = []
+    for _ in range(12):
+        ours.append(arena.extend("target", [], 1)[0].copy())
+        generated.append(int(ours[-1].argmax()))
+        arena.commit([generated[-1]])
+    assert np.array_equal(np.stack(ours), _one_at_a_time(model, prompt, generated)[3:15])
