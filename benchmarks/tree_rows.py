@@ -1,21 +1,26 @@
-"""Are llama.cpp's rows for a token tree what one-token decoding of each node's path gives? Per numerics setting.
+"""Are llama.cpp's rows for a token tree what one-token decoding of each node's path gives? Per numerics and pass size.
 
-    python benchmarks/tree_rows.py [--contexts 40,300,900] [--trees 6] [--numerics exact,f32-fa] [--threads 2]
-                                   [--out DIR]
+    PYTHONPATH=. python benchmarks/tree_rows.py [--contexts 40,250,300,900] [--trees 6] [--settings exact:0,fast:4]
+                                               [--threads 2] [--out DIR]
 
-A token tree verified in one llama.cpp batch (one sequence per root-to-leaf path, each node tagged with the
-sequences of the leaves below it: what LlamaModel.decode_tree does) puts node i in the KV cell after node i - 1,
-whatever its depth; sequential decoding puts the token at depth d in cell start + d. So only the tree's first root
-path sits where sequential decoding would put it. This compares every tree row (SmolLM2-135M as shipped, random
-trees of 6-12 nodes after a real text) with (a) one-token decoding of its path, and (b) its path decoded as one
-chain pass of at least two rows, for
+A setting is NUMERICS:ROWS: ``exact`` (F32 KV cache, flash attention off: LlamaModel's default) or ``fast`` (llama.cpp's
+defaults: F16 KV cache, flash attention on: ``--fast-numerics``), and the pass size B every pass is padded to
+(``LlamaModel.set_pass_rows``; 0: unpadded). For each setting, context and random tree (6-12 nodes after a real text,
+node 0 the trunk as ``KVArena.extend_tree`` lays it out), the model verifies the tree in one pass
+(``LlamaModel.decode_tree``: one sequence per root-to-leaf path; padded to a multiple of B rows) and every row is
+compared, bit for bit, with one-token decoding of the node's path (each token in a pass of its own, padded to B rows
+alike): what target-only decoding computes. Then the model keeps a random root path that is not the first
+(``keep_tree_path``: its cells are not where sequential decoding would have put them) and decodes three more tokens
+one at a time; those rows are compared with one-token decoding of the same tokens too.
 
-- ``exact``: F32 KV cache, flash attention off (LlamaModel's exact numerics: batch-invariant chains);
-- ``f32-fa``: F32 KV cache, flash attention on. The CPU kernel then walks each row's visible cells in order and
-  skips the masked ones, so where a cell sits cannot matter; but one-token passes over ≥ 512 cells take another
-  path (KV split across threads), so only passes of 2..63 rows are comparable with each other.
+Why the cells matter (docs/tree-drafting.md): node i of the batch goes to the cell after node i - 1 whatever its depth,
+while sequential decoding puts the token at depth d in cell start + d. Without flash attention the CPU kernels'
+sums depend on where the visible cells sit (soft_max in blocks, products lane by lane); the flash-attention kernel
+walks a row's cells in order and skips the masked ones.
 
-Counts bit-identical rows (max |diff| = 0) per comparison and writes tree_rows.json.
+Writes tree_rows.json: per setting and context, rows compared, rows equal to one-token decoding (all, and those whose
+path sits in the cells sequential decoding gives it: nodes 0, 1, .., d), the largest difference, and continuation
+rows equal after keeping another path.
 """
 
 from __future__ import annotations
@@ -24,130 +29,105 @@ import argparse
 import json
 from pathlib import Path
 
-import llama_cpp as lc
 import numpy as np
 
+from edgespec.bench.run import machine
 from edgespec.cpu import physical_cores
+from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.models import resolve
 
 TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model then verifies in a "
         "single batched forward pass, and the output stays the same. ") * 40
-SETTINGS = {"exact": False, "f32-fa": True}  # flash attention on?
-PAD = 13  # a filler token after a one-node path, so that no pass is a single row
-
-
-@lc.llama_log_callback
-def _quiet(level: int, text: bytes, user: object) -> None:
-    """llama.cpp prints hundreds of lines per context."""
-
-
-class Context:
-    def __init__(self, model: lc.llama_model_p, flash: bool, threads: int) -> None:
-        params = lc.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch = 2048, 512, 512
-        params.n_seq_max, params.kv_unified = 17, True
-        params.n_threads = params.n_threads_batch = threads
-        params.type_k = params.type_v = lc.GGML_TYPE_F32
-        params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self.ctx = lc.llama_init_from_model(model, params)
-        self.memory = lc.llama_get_memory(self.ctx)
-        self.batch = lc.llama_batch_init(512, 0, 17)
-        self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
-
-    def decode(self, tokens: list[int], positions: list[int], seqs: list[list[int]], rows: bool) -> np.ndarray:
-        b = self.batch
-        b.n_tokens = len(tokens)
-        for i, (t, p, s) in enumerate(zip(tokens, positions, seqs, strict=True)):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, p, len(s), rows
-            for j, seq in enumerate(s):
-                b.seq_id[i][j] = seq
-        if lc.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
-        n = len(tokens) if rows else 0
-        return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,)).copy()
-                         for i in range(n)]) if n else np.empty(0)
-
-    def prefill(self, prefix: list[int]) -> None:
-        lc.llama_memory_clear(self.memory, True)
-        for start in range(0, len(prefix), 512):  # the batch holds 512 tokens
-            chunk = prefix[start:start + 512]
-            self.decode(chunk, list(range(start, start + len(chunk))), [[0]] * len(chunk), False)
-
-    def truncate(self, n: int) -> None:
-        """Back to the first n cells of sequence 0, as after their prefill (the next cell used is cell n)."""
-        for seq in range(1, 17):
-            lc.llama_memory_seq_rm(self.memory, seq, -1, -1)
-        lc.llama_memory_seq_rm(self.memory, 0, n, -1)
+GOES_ON = 3  # one-token decodes after the kept path
 
 
 def paths(parents: list[int]) -> list[list[int]]:
+    """Each node's root path (root first), for parents listed before their children."""
     out: list[list[int]] = []
     for i, p in enumerate(parents):
         out.append([*(out[p] if p >= 0 else []), i])
     return out
 
 
+def one_token_rows(model: LlamaModel, context: int, tokens: list[int]) -> np.ndarray:
+    """The rows after each of ``tokens`` fed one a pass from ``context``: target-only decoding."""
+    model.truncate(context)
+    return np.stack([model.decode([t], context + d, 1)[0].copy() for d, t in enumerate(tokens)])
+
+
+def random_tree(rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """Tokens and parents of a random tree whose node 0 is the trunk (the one root), as extend_tree feeds it."""
+    n = int(rng.integers(6, 13))
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    return [int(t) for t in rng.integers(100, 20000, n)], parents
+
+
+def measure(model: LlamaModel, prefix: list[int], trees: int, rng: np.random.Generator) -> dict[str, object]:
+    context = len(prefix)
+    tally: dict[str, object] = {"rows": 0, "same_as_one_token": 0, "in_place_rows": 0,
+                                "in_place_same_as_one_token": 0, "max_diff_one_token": 0.0,
+                                "rows_after_another_path": 0, "same_after_another_path": 0}
+    model.truncate(0)
+    model.decode(prefix, 0, 1)
+    for _ in range(trees):
+        tokens, parents = random_tree(rng)
+        node_paths = paths(parents)
+        leaves = [i for i in range(len(tokens)) if i not in set(parents)]
+        rows = model.decode_tree(tokens, parents, context).copy()
+        model.keep_tree_path([])
+        first = node_paths[leaves[0]]
+        for i, path in enumerate(node_paths):
+            alone = one_token_rows(model, context, [tokens[j] for j in path])[-1]
+            diff = float(np.abs(rows[i] - alone).max())
+            in_place = path == list(range(len(path)))  # in the cells sequential decoding gives it
+            tally["rows"] += 1  # type: ignore[operator]
+            tally["same_as_one_token"] += diff == 0.0  # type: ignore[operator]
+            tally["in_place_rows"] += in_place  # type: ignore[operator]
+            tally["in_place_same_as_one_token"] += in_place and diff == 0.0  # type: ignore[operator]
+            tally["max_diff_one_token"] = max(tally["max_diff_one_token"], diff)  # type: ignore[call-overload]
+        kept = node_paths[leaves[int(rng.integers(1, len(leaves)))]] if len(leaves) > 1 else first
+        more = [int(t) for t in rng.integers(100, 20000, GOES_ON)]
+        model.truncate(context)
+        model.decode_tree(tokens, parents, context)
+        model.keep_tree_path(kept)
+        end = context + len(kept)
+        after = np.stack([model.decode([t], end + d, 1)[0].copy() for d, t in enumerate(more)])
+        reference = one_token_rows(model, context, [*(tokens[j] for j in kept), *more])[len(kept):]
+        tally["rows_after_another_path"] += GOES_ON  # type: ignore[operator]
+        tally["same_after_another_path"] += int((np.abs(after - reference).max(axis=1) == 0).sum())  # type: ignore[operator]
+        model.truncate(context)
+    model.truncate(0)
+    return tally
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contexts", default="40,300,900")
+    parser.add_argument("--contexts", default="40,250,300,900")
     parser.add_argument("--trees", type=int, default=6)
-    parser.add_argument("--numerics", default=",".join(SETTINGS), help="settings to compare (default: %(default)s)")
+    parser.add_argument("--settings", default="exact:0,exact:4,fast:0,fast:4,fast:8")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
-    lc.llama_log_set(_quiet, None)
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    mparams.n_gpu_layers, mparams.use_extra_bufts = 0, False
-    model = lc.llama_model_load_from_file(str(resolve("smollm2-135m")).encode(), mparams)
-    vocab = lc.llama_model_get_vocab(model)
-    data = TEXT.encode()
-    buf = (lc.llama_token * len(data))()
-    text = list(buf[:lc.llama_tokenize(vocab, data, len(data), buf, len(data), True, False)])
-    rng = np.random.default_rng(0)
+    threads = args.threads or physical_cores()
     results = []
-    for name in args.numerics.split(","):
-        flash = SETTINGS[name]
-        tree_ctx, ref_ctx = (Context(model, flash, args.threads or physical_cores()) for _ in range(2))
+    for setting in args.settings.split(","):
+        numerics, rows = setting.split(":")
+        if numerics not in ("exact", "fast"):
+            parser.error(f"numerics must be exact or fast, got {numerics!r}")
+        model = LlamaModel(resolve("smollm2-135m"), ContextOptions(n_ctx=2048, n_threads=threads,
+                                                                   exact_numerics=numerics == "exact"))
+        model.set_pass_rows(int(rows))
+        text = model.tokenize(TEXT)
+        rng = np.random.default_rng(0)
         for context in (int(c) for c in args.contexts.split(",")):
-            tally = {"rows": 0, "first_path_rows": 0, "same_as_one_token": 0, "first_path_same_as_one_token": 0,
-                     "same_as_chain_pass": 0, "max_diff_one_token": 0.0}
-            prefix = text[:context]
-            tree_ctx.prefill(prefix)
-            ref_ctx.prefill(prefix)
-            for _ in range(args.trees):
-                n = int(rng.integers(6, 13))
-                parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
-                tokens = [int(t) for t in rng.integers(100, 20000, n)]
-                leaves = [i for i in range(n) if i not in set(parents)]
-                node_paths = paths(parents)
-                seqs = [[1 + k for k, leaf in enumerate(leaves) if i in node_paths[leaf]] for i in range(n)]
-                tree_ctx.truncate(context)
-                for s in range(1, len(leaves) + 1):
-                    lc.llama_memory_seq_cp(tree_ctx.memory, 0, s, -1, -1)
-                rows = tree_ctx.decode(tokens, [context + len(p) - 1 for p in node_paths], seqs, True)
-                first = node_paths[leaves[0]]
-                for i, path in enumerate(node_paths):
-                    ref_ctx.truncate(context)
-                    for d, j in enumerate(path):
-                        alone = ref_ctx.decode([tokens[j]], [context + d], [[0]], True)[0]
-                    ref_ctx.truncate(context)
-                    chain = [tokens[j] for j in path] + [PAD]
-                    chained = ref_ctx.decode(chain, list(range(context, context + len(chain))), [[0]] * len(chain),
-                                             True)[len(path) - 1]
-                    diff = float(np.abs(rows[i] - alone).max())
-                    on_first = path == first[:len(path)]
-                    tally["rows"] += 1
-                    tally["first_path_rows"] += on_first
-                    tally["same_as_one_token"] += diff == 0.0
-                    tally["first_path_same_as_one_token"] += on_first and diff == 0.0
-                    tally["same_as_chain_pass"] += bool(np.array_equal(rows[i], chained))
-                    tally["max_diff_one_token"] = max(tally["max_diff_one_token"], diff)
-            results.append({"numerics": name, "context": context, **tally})
+            tally = measure(model, text[:context], args.trees, rng)
+            results.append({"numerics": numerics, "pass_rows": int(rows), "context": context, **tally})
             print(results[-1], flush=True)
+        model.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tree_rows.json").write_text(json.dumps({"model": "smollm2-135m", "results": results}, indent=1))
+    (out / "tree_rows.json").write_text(json.dumps({"model": "smollm2-135m", "threads": threads,
+                                                    "machine": machine(), "results": results}, indent=1))
     print(f"wrote {out / 'tree_rows.json'}")
 
 

@@ -70,6 +70,9 @@ class TreeCache(Cache, Protocol):
         """After ``decode_tree``: keep the nodes of one root path (``nodes``, root first) at positions start..,
         and drop every other node's entries."""
 
+    def max_tree_rows(self, start: int) -> int:
+        """How many nodes a tree fed at ``start`` may have and each row still be exact (``max_pass_rows``'s rule)."""
+
 
 class OwnedCache(Cache, Protocol):
     """A cache with memory of its own (not a view): its entries can be copied out and back in."""

@@ -124,11 +124,14 @@ def split_batches(n: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, tail)) for s in range(0, tail, step)] + [(tail, n)]
 
 
-def padded_pass_limit(start: int, rows: int, kv_step: int) -> int:
+def padded_pass_limit(start: int, rows: int, kv_step: int, most: int | None = None) -> int:
     """How many tokens a pass padded to ``rows`` rows may carry from position ``start`` where the attended cache
     length is rounded up to a multiple of ``kv_step`` (llama.cpp's n_kv). The pass's cells end at start + rows;
     its token at start + i, decoded alone (padded alike), ends at start + i + rows. Both round to the same n_kv
     only while start + i + rows stays within the step that start + rows is in: the pass stops before the first
-    token that would not."""
+    token that would not.
+
+    A token tree padded to a multiple of ``rows`` (``most`` > rows: at most that many nodes) obeys the same bound:
+    n nodes take at most n + rows - 1 cells, where its deepest possible node (depth n - 1) decoded alone ends."""
     step_end = -(-(start + rows) // kv_step) * kv_step
-    return max(1, min(rows, step_end - rows - start + 1))
+    return max(1, min(rows if most is None else most, step_end - rows - start + 1))

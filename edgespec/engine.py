@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from .arena import Cache, KVArena, common_prefix
+from .arena import Cache, KVArena, TreeCache, common_prefix
 from .backend import Backend, SelfDraft
 from .chat import ChatTemplate, Message
 from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
@@ -194,6 +194,8 @@ class Engine:
         stats.prefill_s = time.perf_counter() - start
         accepted: list[int] = []
         drafted = 0
+        # Trees where the target's tree rows were measured exact (the self-check) and decoding is greedy.
+        trees = mode == "tree" and params.greedy and bool(getattr(self.target, "exact_trees", False))
         while True:
             bookkeeping_start = time.perf_counter()
             new, piece, finish = self._accept(accepted + [next_token], out, text, max_tokens)
@@ -210,9 +212,10 @@ class Engine:
             # Accepted draft plus the target's own token must fit the context: target-only stops when it is full
             # (a tree's nodes all take a cell, so they must fit too).
             room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA,
-                       self._pass_room())
+                       self._pass_room(trees))
             if mode == "tree":
-                accepted, drafted, next_token = self._speculate_tree(gamma, controller, room, params, rng, stats)
+                accepted, drafted, next_token = self._speculate_tree(gamma, controller, room, params, rng, stats,
+                                                                     trees)
             else:
                 accepted, drafted, next_token = self._speculate(drafters, gamma, controller, room, params, rng,
                                                                 stats)
@@ -285,14 +288,13 @@ class Engine:
         return draft.tokens[:n_accepted], len(draft), next_token
 
     def _speculate_tree(self, gamma: int | str, controller: GammaController | None, room: int,
-                        params: SamplingParams, rng: np.random.Generator,
-                        stats: GenerationStats) -> tuple[list[int], int, int]:
-        """``_speculate`` for mode tree: one pass verifies a token tree where the target's rows are exact for trees
-        and decoding is greedy; elsewhere the tree is shaped as a chain (one leaf) and verified as one. The rows of
-        the committed tokens refill the recycled table (not the rejected nodes': what the target would say after a
-        context that did not happen, at ~0.1 ms a row of 49k logits on a CPU, about 1% of a step each)."""
+                        params: SamplingParams, rng: np.random.Generator, stats: GenerationStats,
+                        trees: bool) -> tuple[list[int], int, int]:
+        """``_speculate`` for mode tree: one pass verifies a token tree where ``trees`` (the target's rows are exact
+        for trees and decoding is greedy); elsewhere the tree is shaped as a chain (one leaf) and verified as one.
+        The rows of the committed tokens refill the recycled table (not the rejected nodes': what the target would
+        say after a context that did not happen, at ~0.1 ms a row of 49k logits on a CPU, about 1% of a step each)."""
         step_start = time.perf_counter()
-        trees = params.greedy and bool(getattr(self.target, "exact_trees", False))
         budget = min(room, MAX_GAMMA if gamma == "auto" else int(gamma))
         tree, origins = self.tree_drafter.propose_tree(self.arena.tokens, budget, controller,
                                                        MAX_TREE_LEAVES if trees else 1, params, rng)
@@ -323,11 +325,12 @@ class Engine:
                                committed=[*accepted, next_token])
         return accepted, len(tree), next_token
 
-    def _pass_room(self) -> int:
-        """Draft tokens the target's next pass can verify exactly: that pass also carries the committed tokens its
-        cache lacks (the target's own last token)."""
+    def _pass_room(self, trees: bool) -> int:
+        """Draft tokens (tree nodes where ``trees``) the target's next pass can verify exactly: that pass also
+        carries the committed tokens its cache lacks (the target's own last token)."""
         start = len(self.arena.held["target"])
-        return self.target.max_pass_rows(start) - (len(self.arena.tokens) - start)
+        limit = cast(TreeCache, self.target).max_tree_rows(start) if trees else self.target.max_pass_rows(start)
+        return limit - (len(self.arena.tokens) - start)
 
     def _start_sequence(self, prompt: list[int], cache_prompt: bool) -> int:
         """Set the arena to ``prompt``, keeping the cached tokens it starts with; return how many were kept.

@@ -5,7 +5,10 @@ Greedy speculative output equals target-only output only if it does (README, "Ex
 builds and settings are batch-invariant where they were measured, but a user's llama.cpp (a stock wheel with
 llamafile's sgemm kernels, GPU kernels) or onnxruntime may not be. So at first use a short probe decodes a few
 tokens one at a time and then the same tokens in one batch, after a short and after a several-hundred-token
-context, and compares the logits. The verdict is cached per build and device in ``$EDGESPEC_HOME/exactness``:
+context, and compares the logits. Where the model verifies token trees (``decode_tree``) and batched passes are
+exact, a small tree is probed too, at the same pass shape: its rows against one-token decoding of each node's path,
+then its second branch kept and decoding continued (``probe_trees``); ``exact_trees`` is that verdict. The verdict
+is cached per build and device in ``$EDGESPEC_HOME/exactness``:
 llama.cpp's library files, version and system info (CPU features), the CPU, device, threads, the model's
 quantization type and the numerics settings; for ONNX the onnxruntime version, execution providers, device,
 threads, the export's quantization and graph revision, and the attention kernel's build (named after its source,
@@ -26,17 +29,21 @@ from typing import Protocol
 import numpy as np
 
 from . import custom_ops
+from .arena import TreeCache
 from .errors import EdgespecError
+from .gamma import MAX_GAMMA
 from .models import cache_dir
 from .tuning import cpu_identity
 
-FORMAT = 2  # 2: verdicts name the padded pass size they chose
+FORMAT = 3  # 2: verdicts name the padded pass size they chose; 3: and whether trees are exact at it
 BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and their remainder are both used
 # Committed tokens before the probe: a short context, one just below a multiple of 256 (llama.cpp rounds the
 # attended cache length n_kv up to one: a pass across it sees another n_kv than its first rows decoded alone;
 # llama_backend.KV_STEP) and several hundred.
 _KV_STEP = 256
 CONTEXTS = (24, _KV_STEP - 3, 320)
+GOES_ON = 2  # tokens decoded one at a time after a probed tree's second branch is kept
+TREE_NODES = MAX_GAMMA + 1  # a probed tree's nodes: the most one verify pass carries (the trunk, then the draft)
 # Pass sizes tried, smallest first, where unpadded passes are not exact (llama_backend.LlamaModel.set_pass_rows):
 # every pass, a one-token decode too, is then padded to that many rows, and a draft is at most one fewer.
 PADDED_ROWS = (4, 8, 16)
@@ -69,6 +76,12 @@ class Probed(Protocol):
     def max_pass_rows(self, start: int) -> int: ...
 
 
+class TreeProbed(Probed, TreeCache, Protocol):
+    """A probed model that verifies token trees (llama.cpp, the scripted fake)."""
+
+    exact_trees: bool
+
+
 @dataclass
 class Exactness:
     """One probe's verdict: exact when every compared logit was bit-identical."""
@@ -82,6 +95,8 @@ class Exactness:
     cached: bool = False  # read from the cache rather than measured now
     pass_rows: int = 0  # 0: exact (or not) unpadded; B: exact with every pass padded to B rows
     unpadded_max_abs_diff: float = 0.0  # what unpadded passes gave, when padding was needed
+    exact_trees: bool = False  # tree rows equal one-token decoding at the chosen pass shape
+    tree_max_abs_diff: float | None = None  # what the tree probe found; None: not probed (no trees, or not exact)
 
     def describe(self) -> str:
         figures = f"max logit difference {self.max_abs_diff:.3g}, argmax agrees at {self.argmax_agree}/" \
@@ -124,6 +139,52 @@ def probe(model: Probed, rows: int = 0) -> tuple[float, int, int]:
     return worst, agree, n
 
 
+def _tree(size: int) -> tuple[list[int], int]:
+    """Parents of a probed tree of ``size`` >= 3 nodes: node 0 the trunk (the committed token ``extend_tree`` leads
+    with), then the first root path, then a second branch off the trunk; and where that branch starts."""
+    second = 1 + (size - 1) // 2
+    return [-1, *range(0, second - 1), 0, *range(second, size - 1)], second
+
+
+def probe_trees(model: TreeProbed, rows: int = 0) -> float | None:
+    """Max |logit difference| between one-token decoding and a tree pass at each probed context: every row of a
+    tree whose second branch is the text's continuation (so the kept path is not the tree's first, the case whose
+    cells must be moved), then ``GOES_ON`` tokens decoded one at a time after keeping it. The tree is as large as
+    the engine verifies (the trunk and MAX_GAMMA nodes: its second branch sits 8 cells from where sequential
+    decoding puts it; smaller trees, with the exact numerics' kernels, often came out exact by chance) or as the
+    model allows there (``max_tree_rows``). None where no context had room for a tree with a branch. Leaves the
+    model's cache empty."""
+    text = model.tokenize(_TEXT, add_special=True)
+    probed = contexts(model.n_ctx, rows)
+    needed = max(probed) + 2 * TREE_NODES + GOES_ON
+    tokens = (text * (needed // len(text) + 1))[:needed]
+    worst, probed_trees, held = 0.0, 0, 0
+    model.truncate(0)
+    for context in probed:  # in increasing order: each context's prefix extends the last one's
+        n = min(TREE_NODES, model.max_tree_rows(context), model.n_ctx - context - GOES_ON)
+        if n < 3:
+            continue
+        model.truncate(held)
+        model.decode(tokens[held:context], held, 1)
+        held = context
+        parents, second = _tree(n)
+        branch = tokens[context:context + n - second + 1 + GOES_ON]  # the trunk, the second branch, what follows
+        first = tokens[context + n:context + n + second - 1]  # other text: the first path
+        tree = [branch[0], *first, *branch[1:n - second + 1]]
+        rows_tree = model.decode_tree(tree, parents, context).copy()
+        kept = [0, *range(second, n)]
+        model.keep_tree_path(kept)
+        after = np.stack([model.decode([t], context + len(kept) + i, 1)[0].copy()
+                          for i, t in enumerate(branch[len(kept):])])
+        for path, got in (([tree[0], *first], rows_tree[:second]), (branch, np.concatenate([rows_tree[kept], after]))):
+            model.truncate(context)
+            single = np.stack([model.decode([t], context + i, 1)[0].copy() for i, t in enumerate(path)])
+            worst = max(worst, float(np.abs(single - got).max()))
+        probed_trees += 1
+    model.truncate(0)
+    return worst if probed_trees else None
+
+
 def _files(folder: Path) -> list[list[object]]:
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir()) if f.is_file()]
 
@@ -163,7 +224,8 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
 
     Where unpadded passes are not exact and the model can pad its passes (``set_pass_rows``: llama.cpp), each of
     PADDED_ROWS is probed in turn and the first that is exact is kept: the model is left padding its passes so,
-    whether the verdict was measured now or read from the cache.
+    whether the verdict was measured now or read from the cache. A model that verifies trees is then probed with
+    trees at that shape, and left with ``exact_trees`` set to the verdict.
     """
     key = build_key(model, device, exact_numerics)
     path = _path(key)
@@ -174,6 +236,7 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
             cached = Exactness(**{k: v for k, v in d.items() if k != "format"} | {"cached": True})
             if cached.pass_rows and pad is not None:
                 pad(cached.pass_rows)
+            _apply_trees(model, cached.exact_trees)
             return cached
     except (OSError, ValueError, TypeError):
         pass  # missing or unreadable: probe again
@@ -189,13 +252,27 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
                 break
         else:
             pad(0)
+    tree_worst = probe_trees(model, rows) if worst == 0.0 and _verifies_trees(model) else None  # type: ignore[arg-type]
+    _apply_trees(model, tree_worst == 0.0)
     result = Exactness(key, worst == 0.0, worst, agree, n, round(time.perf_counter() - started, 3),
-                       pass_rows=rows, unpadded_max_abs_diff=unpadded)
+                       pass_rows=rows, unpadded_max_abs_diff=unpadded, exact_trees=tree_worst == 0.0,
+                       tree_max_abs_diff=tree_worst)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"format": FORMAT, **asdict(result)} | {"cached": False}, indent=1))
     tmp.replace(path)
     return result
+
+
+def _verifies_trees(model: object) -> bool:
+    """A model that can feed a tree in one pass (an ONNX export says whether its graphs can: ``tree_passes``)."""
+    return callable(getattr(model, "decode_tree", None)) and getattr(model, "tree_passes", True)
+
+
+def _apply_trees(model: object, exact: bool) -> None:
+    """Tell a tree-verifying model whether its trees are exact (the engine verifies trees only then)."""
+    if _verifies_trees(model):
+        model.exact_trees = exact  # type: ignore[attr-defined]
 
 
 _warned: set[Path] = set()

@@ -133,6 +133,11 @@ class LlamaModel:
         # 0: each pass decodes just its tokens. B > 0: every pass of up to B tokens is padded to B rows (see
         # ``set_pass_rows``), chosen by the exactness self-check where unpadded passes are not batch-invariant.
         self.pass_rows = 0
+        # Whether every tree row equals one-token decoding of its path, bit for bit, at this pass shape: what the
+        # exactness self-check measured (edgespec/exactness.py); until then, no (the engine verifies chains).
+        # Measured on a CPU: not with the exact numerics (a row's sums depend on which cells its ancestors sit in),
+        # yes with the fast ones padded to 4 rows (flash attention walks a row's visible cells in order).
+        self.exact_trees = False
 
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -243,6 +248,13 @@ class LlamaModel:
         padded, those that see the same n_kv as they would alone (``padded_pass_limit``)."""
         return padded_pass_limit(start, self.pass_rows, KV_STEP) if self.pass_rows else self.n_batch
 
+    def max_tree_rows(self, start: int) -> int:
+        """How many nodes (the committed tokens the cache lacks included) a tree pass from ``start`` may carry:
+        padded, as a pass (``max_pass_rows``) whose filler makes it a multiple of ``pass_rows``."""
+        if not self.pass_rows:
+            return self.n_batch
+        return padded_pass_limit(start, self.pass_rows, KV_STEP, self.n_batch - self.pass_rows + 1)
+
     # -- the KV cache (only KVArena calls these) ------------------------------------------------------
     def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
         """Append ``tokens`` at positions start.. to the cache; return logits of the last ``n_logits`` of them.
@@ -302,11 +314,15 @@ class LlamaModel:
         """One pass over a token tree (``KVArena.extend_tree``): node i at position start + depth - 1, attending to
         the committed tokens and its own ancestors only. Each root-to-leaf path is a sequence of its own (1, 2, ..;
         the committed prefix is copied to each first, which in a unified cache only tags its cells) and every node
-        carries the sequences of the leaves below it: llama.cpp's mask lets a token see the cells of its sequence
-        at positions up to its own, which are exactly its ancestors. Returns one row of logits per node (a copy).
-        ``keep_tree_path`` must follow before any other call on the cache."""
+        carries the sequences of the leaves below it: llama.cpp's mask lets a token see the cells of its (first)
+        sequence at positions up to its own, which are exactly its ancestors. Where passes are padded
+        (``set_pass_rows``), the tree is padded the same way to a multiple of that many rows: filler in sequence 0
+        after the committed tokens, which no tree row sees, every row's logits asked for, the filler's cells removed
+        at once. Returns one row of logits per node (a copy). ``keep_tree_path`` must follow before any other call
+        on the cache."""
         n = len(tokens)
-        if not 0 < n <= self.n_batch:
+        rows = -(-n // self.pass_rows) * self.pass_rows if self.pass_rows else n
+        if not 0 < rows <= self.n_batch:
             raise EdgespecError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
         is_parent = set(parents)
         leaves = [i for i in range(n) if i not in is_parent]
@@ -323,7 +339,7 @@ class LlamaModel:
         if self._tree_batch is None:
             self._tree_batch = lc.llama_batch_init(self.n_batch, 0, MAX_TREE_LEAVES)
         batch = self._tree_batch
-        batch.n_tokens = n
+        batch.n_tokens = rows
         depth = [0] * n
         for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
             depth[i] = 0 if parent < 0 else depth[parent] + 1
@@ -333,8 +349,15 @@ class LlamaModel:
             for j, seq in enumerate(seqs[i]):
                 batch.seq_id[i][j] = seq
             batch.logits[i] = True
+        for i in range(n, rows):
+            batch.token[i] = tokens[-1]
+            batch.pos[i] = start + i - n
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
         self._tree = (start, seqs)
         rc = lc.llama_decode(self._ctx, batch)
+        self.truncate(start)  # the filler's cells (sequence 0 holds nothing else from start on)
         if rc != 0:
             self._drop_tree_sequences(len(leaves))
             raise EdgespecError(f"llama_decode failed with code {rc} on a tree of {n} nodes at position {start}")
@@ -342,12 +365,34 @@ class LlamaModel:
                          for i in range(n)])
 
     def keep_tree_path(self, nodes: list[int]) -> None:
-        """After ``decode_tree``: sequence 0 takes the cells of ``nodes`` (a root path), the tree's sequences go."""
+        """After ``decode_tree``: sequence 0 takes the cells of ``nodes`` (a root path), the tree's sequences go.
+
+        Node i sits in the cell after node i - 1, so a path other than the tree's first sits in cells with gaps
+        between them, which the next passes' tokens would fill: a later token in a cell before its ancestors'. The
+        flash-attention kernel adds a row's visible cells in cell order (and the others' sums depend on cells
+        too), so those rows would differ from sequential decoding's (benchmarks/tree_rows.py). Such a path's
+        cells are therefore moved: copied out (llama.cpp's state format: raw K and V) and back into the free cells
+        right after the committed tokens, where sequential decoding puts them."""
         start, seqs = self._tree
-        if nodes:
-            end = start + len(nodes)
-            lc.llama_memory_seq_cp(self._memory, seqs[nodes[-1]][0], 0, start, end)  # one path through them all
-        self._drop_tree_sequences(max((max(s) for s in seqs), default=0))
+        n_seqs = max((max(s) for s in seqs), default=0)
+        if nodes and nodes != list(range(len(nodes))):
+            path = seqs[nodes[-1]][0]  # the sequence of a leaf below the last node: exactly the path's cells
+            for seq in range(1, n_seqs + 1):
+                if seq != path:
+                    lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            lc.llama_memory_seq_rm(self._memory, path, -1, start)  # the committed prefix stays tagged 0
+            lc.llama_memory_seq_rm(self._memory, path, start + len(nodes), -1)
+            size = lc.llama_state_seq_get_size(self._ctx, path)
+            data = (ctypes.c_uint8 * size)()
+            copied = lc.llama_state_seq_get_data(self._ctx, data, size, path) == size
+            lc.llama_memory_seq_rm(self._memory, path, -1, -1)  # every cell from start on is free now
+            if not copied or lc.llama_state_seq_set_data(self._ctx, data, size, path) != size:
+                lc.llama_memory_seq_rm(self._memory, path, -1, -1)
+                raise EdgespecError(f"llama.cpp could not move the accepted path's cache entries of {self.path.name}")
+            lc.llama_memory_seq_cp(self._memory, path, 0, -1, -1)
+        elif nodes:
+            lc.llama_memory_seq_cp(self._memory, seqs[nodes[-1]][0], 0, start, start + len(nodes))
+        self._drop_tree_sequences(n_seqs)
         if self.cache_end() != start + len(nodes):
             raise EdgespecError(f"internal: after a tree step the cache ends at {self.cache_end()}, "
                                 f"not {start + len(nodes)}")
@@ -355,14 +400,6 @@ class LlamaModel:
     def _drop_tree_sequences(self, n_leaves: int) -> None:
         for seq in range(1, n_leaves + 1):
             lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
-
-    @property
-    def exact_trees(self) -> bool:
-        """Whether every tree row equals a one-token pass over its path, bit for bit: not with these kernels. With
-        flash attention off, a row's sums depend on which KV cells its ancestors sit in (SIMD lanes, blocks of 16),
-        and only the first root path of a tree sits where sequential decoding puts it: a node of another branch
-        differed by up to 0.65 (benchmarks/tree_rows.py, docs/tree-drafting.md). The engine verifies chains here."""
-        return False
 
     def truncate(self, keep: int) -> None:
         """Drop every cache entry at position >= keep."""

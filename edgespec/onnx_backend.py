@@ -271,6 +271,7 @@ class OnnxModel:
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
         self._no_tree = np.zeros(0, dtype=np.int32)  # tree_parents of a chain
         self._tree: int | None = None  # where the tree fed by decode_tree starts, until keep_tree_path
+        self.exact_trees = False  # the engine verifies trees only where the self-check found them exact
         self._layer_files = files[1:-1]
         self._session: Callable[[str, Path], Any] = session
         # Segments split at the skip set only when the layer-skip draft is first readied (``_plan``): the target's
@@ -485,12 +486,16 @@ class OnnxModel:
         self._end = min(self._end, keep)
 
     @property
-    def exact_trees(self) -> bool:
-        """Whether a token tree can be verified in one pass with every row the bits of a one-token pass over its
-        path: with edgespec's attention, whose ``tree_parents`` input masks each row to its path and sums its keys in
-        the order a chain would (tests/test_exact_attention.py, tests/test_onnx_trees.py); exports of graphs
-        revision 10 on."""
+    def tree_passes(self) -> bool:
+        """Whether a token tree can be fed in one pass: under edgespec's attention, whose ``tree_parents`` input
+        masks each row to its path and sums its keys in the order a chain would, so each row should be the bits of
+        a one-token pass over its path (tests/test_exact_attention.py, tests/test_onnx_trees.py); exports of graphs
+        revision 10 on. Whether they are is the self-check's verdict (``exact_trees``, set by exactness.check)."""
         return self.device_type == "cpu" and self._tree_input
+
+    def max_tree_rows(self, start: int) -> int:
+        """Nodes a tree at ``start`` may have: one pass, within the context."""
+        return min(self.n_batch, self.n_ctx - start)
 
     def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
         """One pass over a token tree (``KVArena.extend_tree``): node i in cell start + i, at position start + its
@@ -499,8 +504,8 @@ class OnnxModel:
         n = len(tokens)
         if start != self._end:
             raise EdgespecError(f"internal: a tree at {start}, but the cache ends at {self._end}")
-        if not 0 < n <= self.n_batch or not self.exact_trees:
-            raise EdgespecError(f"internal: a tree of {n} nodes (n_batch {self.n_batch}, trees: {self.exact_trees})")
+        if not 0 < n <= self.n_batch or not self.tree_passes:
+            raise EdgespecError(f"internal: a tree of {n} nodes (n_batch {self.n_batch}, trees: {self.tree_passes})")
         tree = np.asarray(parents, dtype=np.int32)
         stages = self._plan(self._all_layers)
         for stage in stages:

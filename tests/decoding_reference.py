@@ -24,3 +24,13 @@ def one_at_a_time(model: Cache, prompt: list[int], tokens: list[int]) -> np.ndar
         arena.commit([token])
         rows.append(arena.extend("target", [], 1)[0].copy())
     return np.stack(rows)
+
+
+def decode_on(arena: KVArena, generated: list[int], n: int) -> np.ndarray:
+    """``n`` more greedy tokens one at a time after a verify step (appended to ``generated``); their rows."""
+    rows = []
+    for _ in range(n):
+        rows.append(arena.extend("target", [], 1)[0].copy())
+        generated.append(int(rows[-1].argmax()))
+        arena.commit([generated[-1]])
+    return np.stack(rows)

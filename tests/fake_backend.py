@@ -161,17 +161,20 @@ class FakeModel:
     def truncate(self, keep: int) -> None:
         self._target.truncate(keep)
 
-    exact_trees = True  # a node's row is a function of its own path's tokens only
+    exact_trees = True  # a node's row is a function of its own path's tokens only (and shape_dependent: its shape)
 
     def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
-        """One pass over a token tree: node i's row from the context held before ``start`` plus its own path."""
+        """One pass over a token tree: node i's row from the context held before ``start`` plus its own path. Padded
+        (``set_pass_rows``) to a multiple of the pass rows, as the real backend pads it; when shape_dependent, its
+        rows are shifted by that shape, so a tree of more rows than a one-token pass's drifts."""
         if start != self._target.end:
             raise EdgespecError(f"fake: tree decode at {start}, but the cache ends at {self._target.end}")
         if start + len(tokens) > self.n_ctx:
             raise EdgespecError(f"fake: cannot hold a tree of {len(tokens)} nodes at {start} (n_ctx {self.n_ctx})")
+        padded = -(-len(tokens) // self.pass_rows) * self.pass_rows if self.pass_rows else len(tokens)
         self.passes.append(len(tokens))
         if self.clock is not None:
-            self.clock.now += self.pass_cost(len(tokens))
+            self.clock.now += self.pass_cost(padded)
         held = self.kv[:start]
         corrupt = any(e.writer != "target" for e in held)  # type: ignore[union-attr]
         paths: list[list[int]] = []
@@ -179,6 +182,8 @@ class FakeModel:
         for token, parent in zip(tokens, parents, strict=True):
             paths.append((paths[parent] if parent >= 0 else []) + [token])
             row = self.logits([e.token for e in held] + paths[-1])  # type: ignore[union-attr]
+            if self.shape_dependent:
+                row = np.roll(row, (padded + 3 * -(-(start + padded) // KV_STEP)) % 5)
             rows.append(np.roll(row, 1) if corrupt else row)
         self._tree = (start, tokens, parents)
         return np.array(rows, dtype=np.float32).reshape(len(rows), N_VOCAB)
@@ -199,6 +204,9 @@ class FakeModel:
 
     def max_pass_rows(self, start: int) -> int:
         return padded_pass_limit(start, self.pass_rows, KV_STEP) if self.pass_rows else self.n_ctx
+
+    def max_tree_rows(self, start: int) -> int:
+        return padded_pass_limit(start, self.pass_rows, KV_STEP, self.n_ctx) if self.pass_rows else self.n_ctx
 
     @property
     def exact_reuse(self) -> bool:

@@ -119,3 +119,63 @@ def test_padded_passes_that_cross_an_attended_length_step_drift(clock: FakeClock
     monkeypatch.setattr(model, "max_pass_rows", lambda start: model.pass_rows)  # no cut at the step
     out = Engine(model, mode="ngram", gamma=3).generate(PROMPT, max_tokens=120)
     assert len(PROMPT) + 120 > FAKE_KV_STEP and out.tokens != target_only.tokens
+
+
+# -- token trees under fixed shapes ------------------------------------------------------------------------------------
+
+def _tree_spy(model: FakeModel) -> list[tuple[int, int]]:
+    """(start, nodes) of every tree the fake verifies, each checked against the step rule."""
+    trees: list[tuple[int, int]] = []
+    original = model.decode_tree
+
+    def spy(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        assert len(tokens) <= model.max_tree_rows(start)
+        trees.append((start, len(tokens)))
+        return original(tokens, parents, start)
+
+    model.decode_tree = spy  # type: ignore[method-assign]
+    return trees
+
+
+def test_the_tree_limit_keeps_every_node_in_the_step_its_padded_pass_is_in() -> None:
+    for rows in (4, 8, 16):
+        for start in range(0, 3 * KV_STEP):
+            n = padded_pass_limit(start, rows, KV_STEP, 64)
+            cells_end = start + -(-n // rows) * rows  # the tree padded to a multiple of rows
+            step = -(-cells_end // KV_STEP)
+            assert all(-(-(start + depth + rows) // KV_STEP) == step for depth in range(n))  # each node's own pass
+
+
+def test_padded_trees_on_a_device_whose_trees_are_exact(clock: FakeClock, home: Path) -> None:
+    """Passes padded to 4 rows (a device that needs it) on a fake whose tree rows are exact: the self-check keeps
+    trees, every tree stays within the step rule, the output is target-only's, and the next request reuses the
+    arena's cache after the tree steps."""
+    model = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock)
+    model.set_pass_rows(PADDED_ROWS[0])
+    model.exact_trees = False  # type: ignore[misc]
+    result = check(model, "cpu")
+    assert result.exact_trees and result.tree_max_abs_diff == 0.0 and model.exact_trees
+    target_only = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), mode="none").generate(
+        PROMPT, max_tokens=200)
+    trees = _tree_spy(model)
+    engine = Engine(model, mode="tree", gamma=16)
+    out = engine.generate(PROMPT, max_tokens=200)
+    assert out.tokens == target_only.tokens and out.stats.accepted > 0
+    assert max(n for _, n in trees) > PADDED_ROWS[0]  # trees of several padded blocks
+    again = engine.generate(PROMPT, max_tokens=200)
+    assert again.tokens == target_only.tokens and again.stats.cached_tokens == len(PROMPT) - 1
+
+
+def test_a_device_whose_padded_trees_drift_verifies_chains(clock: FakeClock, home: Path) -> None:
+    """The shape-dependent fake: a tree of more rows than one padded block meets other kernels than a one-token
+    pass. The self-check's tree probe finds it, mode tree verifies chains and stays lossless; trusting its trees
+    anyway changes the output."""
+    model = _shape_dependent(clock, home)
+    assert not model.exact_trees and check(model, "cpu").tree_max_abs_diff > 0
+    target_only = Engine(_shape_dependent(clock, home), mode="none").generate(PROMPT, max_tokens=120)
+    trees = _tree_spy(model)
+    out = Engine(model, mode="tree", gamma=16).generate(PROMPT, max_tokens=120)
+    assert out.tokens == target_only.tokens and out.stats.accepted > 0 and not trees
+    trusting = _shape_dependent(clock, home)
+    trusting.exact_trees = True  # type: ignore[misc]
+    assert Engine(trusting, mode="tree", gamma=16).generate(PROMPT, max_tokens=120).tokens != target_only.tokens

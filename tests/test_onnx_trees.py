@@ -1,8 +1,9 @@
 """Token trees on the ONNX backend (SmolLM2-135M exported INT8 with edgespec's attention, the default path's export):
 one pass, each row masked to its own path by the kernel's ``tree_parents`` (edgespec/kernels/exact_attention.cc), so
 every row is the bits of one-token decoding over its path, on any branch; the accepted path's K/V is moved to its
-positions' cells and decoding goes on exactly. The engine's mode ``tree`` therefore verifies real trees here, and its
-greedy output is target-only's, token for token, through prompt reuse and at the context's end."""
+positions' cells and decoding goes on exactly. The self-check's tree probe finds them so (``exact_trees``), the
+engine's mode ``tree`` then verifies real trees here, and its greedy output is target-only's, token for token,
+through prompt reuse and at the context's end."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import pytest
 from edgespec import custom_ops
 from edgespec.drafters.base import ROOT
 from edgespec.engine import Engine
+from edgespec.exactness import check
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
 from edgespec.verify import verify_tree_greedy
 from tests.conftest import onnx_export_dir
-from tests.decoding_reference import one_at_a_time, started
+from tests.decoding_reference import decode_on, one_at_a_time, started
 
 pytestmark = pytest.mark.skipif(custom_ops.library() is None and custom_ops.ensure() is None,
                                 reason="needs edgespec's kernels (make setup)")
@@ -35,6 +37,13 @@ def models() -> Iterator[tuple[OnnxModel, OnnxModel]]:
     yield OnnxModel(folder, OnnxOptions(n_ctx=512, n_threads=1)), OnnxModel(folder, OnnxOptions(n_ctx=512, n_threads=1))
 
 
+def _checked(model: OnnxModel) -> OnnxModel:
+    """The model after the self-check (measured, or read from its cache), as ``edgespec.load`` leaves it."""
+    verdict = check(model, "cpu")
+    assert verdict.exact and verdict.exact_trees and model.exact_trees and verdict.tree_max_abs_diff == 0.0
+    return model
+
+
 def _path(node: int) -> list[int]:
     path = []
     while node != ROOT:
@@ -46,7 +55,7 @@ def _path(node: int) -> list[int]:
 def test_every_tree_row_is_one_token_decoding_and_another_branch_decodes_on_exactly(
         models: tuple[OnnxModel, OnnxModel]) -> None:
     model, reference = models
-    assert model.exact_trees
+    assert model.tree_passes and not model.exact_trees  # trees are fed by any such export; used once checked
     prompt = model.tokenize(TEXT)
     greedy: list[int] = []
     for _ in range(4):
@@ -65,17 +74,13 @@ def test_every_tree_row_is_one_token_decoding_and_another_branch_decodes_on_exac
     generated = [tokens[i] for i in path] + [token]
     arena.commit(generated)
     assert model.cache_end() == start + 5
-    ours = []  # twelve more tokens one at a time: target-only's logits, bit for bit (the path's K/V moved right)
-    for _ in range(12):
-        ours.append(arena.extend("target", [], 1)[0].copy())
-        generated.append(int(ours[-1].argmax()))
-        arena.commit([generated[-1]])
-    assert np.array_equal(np.stack(ours), one_at_a_time(reference, prompt, generated)[5:17])
+    # Twelve more tokens one at a time: target-only's logits, bit for bit (the path's K/V moved right).
+    assert np.array_equal(decode_on(arena, generated, 12), one_at_a_time(reference, prompt, generated)[5:17])
 
 
 @pytest.fixture(scope="module")
 def onnx_int8_engine() -> Iterator[Engine]:
-    e = Engine(OnnxModel(onnx_export_dir(quant="int8"), OnnxOptions(n_ctx=1024, n_threads=1)))
+    e = Engine(_checked(OnnxModel(onnx_export_dir(quant="int8"), OnnxOptions(n_ctx=1024, n_threads=1))))
     yield e
     e.close()
 
