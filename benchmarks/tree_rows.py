@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--trees", type=int, default=6)
     parser.add_argument("--settings", default="exact:0,exact:4,fast:0,fast:4,fast:8")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "metal"))
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     threads = args.threads or physical_cores()
@@ -114,7 +115,7 @@ def main() -> None:
         numerics, rows = setting.split(":")
         if numerics not in ("exact", "fast"):
             parser.error(f"numerics must be exact or fast, got {numerics!r}")
-        model = LlamaModel(resolve("smollm2-135m"), ContextOptions(n_ctx=2048, n_threads=threads,
+        model = LlamaModel(resolve("smollm2-135m"), ContextOptions(n_ctx=2048, n_threads=threads, device=args.device,
                                                                    exact_numerics=numerics == "exact"))
         model.set_pass_rows(int(rows))
         text = model.tokenize(TEXT)
@@ -126,7 +127,7 @@ def main() -> None:
         model.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tree_rows.json").write_text(json.dumps({"model": "smollm2-135m", "threads": threads,
+    (out / "tree_rows.json").write_text(json.dumps({"model": "smollm2-135m", "threads": threads, "device": args.device,
                                                     "machine": machine(), "results": results}, indent=1))
     print(f"wrote {out / 'tree_rows.json'}")
 
