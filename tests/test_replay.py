@@ -153,6 +153,18 @@ def test_tree_replay_judges_trees_without_timing() -> None:
     assert all(s["speedup"] >= 0.97 for s in steep.values()), steep
 
 
+def test_a_drafters_own_time_is_paid_by_speculation_only() -> None:
+    """``draft_overhead``: each speculative step pays it, plain decoding does not, so the speed-up falls by what it
+    costs while what is drafted and accepted stays; ``overhead`` (the engine's, paid by both) does not: a step
+    that commits several tokens pays it once, so it even raises the speed-up."""
+    streams = _scripted_streams()
+    flat = curve_shape(CURVES["flat"])
+    free, dear = simulate(streams, flat)["overall"], simulate(streams, flat, draft_overhead=0.2)["overall"]
+    assert dear["speedup"] < free["speedup"] and dear["tau"] == pytest.approx(free["tau"], abs=0.05)
+    both = simulate(streams, flat, overhead=0.2)["overall"]
+    assert dear["speedup"] < free["speedup"] < both["speedup"]
+
+
 def test_tree_replay_reports_the_tree_size_and_the_accepted_depth(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nodes per pass and accepted depth, worked out here from every replayed tree and the recorded output."""
     streams = _scripted_streams()[:6]

@@ -106,6 +106,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                         "on (repeatable)")
     p.add_argument("--overhead", type=float, default=0.0,
                    help="time per step outside verifying, in single-token passes (default: %(default)s)")
+    p.add_argument("--draft-overhead", type=float, default=0.0,
+                   help="time per step the drafter itself takes (drafting, its upkeep), in single-token passes; "
+                        "plain decoding does not pay it (default: %(default)s)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="the controller sees each pass's time times exp(NOISE · N(0,1)), as on a busy machine")
     p.add_argument("--annotate", action="store_true",
@@ -192,8 +195,9 @@ def _replay(args: argparse.Namespace) -> int:
     unknown = [c for c in curves if c not in known]
     if unknown or not curves:
         raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(known)}")
-    if args.overhead < 0 or args.noise < 0:
-        raise BenchError(f"--overhead and --noise must be >= 0, got {args.overhead} and {args.noise}")
+    if min(args.overhead, args.draft_overhead, args.noise) < 0:
+        raise BenchError(f"--overhead, --draft-overhead and --noise must be >= 0, got {args.overhead}, "
+                         f"{args.draft_overhead} and {args.noise}")
     if args.record:
         questions = load_questions(args.questions, args.categories.split(",") if args.categories else None,
                                    args.per_category)
@@ -202,7 +206,8 @@ def _replay(args: argparse.Namespace) -> int:
         annotate(args.model, args.streams, threads=args.threads)
     streams = load_streams(args.streams)
     results = {c: simulate(streams, curve_shape(known[c]), args.overhead, args.noise,
-                           tree_leaves=TREE_DRAFTERS[args.drafter]) for c in curves}
+                           tree_leaves=TREE_DRAFTERS[args.drafter], draft_overhead=args.draft_overhead)
+               for c in curves}
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0
 

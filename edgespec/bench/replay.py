@@ -192,9 +192,10 @@ Step = Callable[[list[int], int, Sequence[int]], tuple[int, int, str | None, int
 
 
 def _replay_stream(stream: Stream, begin: Callable[[Stream], None], step: Step, controller: GammaController,
-                   shape: np.ndarray, overhead: float, noise: Callable[[], float]) -> Tally:
+                   shape: np.ndarray, overhead: float, draft_overhead: float, noise: Callable[[], float]) -> Tally:
     """Mirrors Engine._run's loop: each step drafts from the committed text, keeps what matches the recorded output
-    plus the target's own token, and the controller learns from the time the curve gives the pass."""
+    plus the target's own token, and the controller learns from the time the curve gives the pass. ``overhead``
+    is paid by every step, plain decoding's too; ``draft_overhead`` (the drafter's own work) by speculation's."""
     begin(stream)
     controller.begin()
     out = stream.output
@@ -208,11 +209,11 @@ def _replay_stream(stream: Stream, begin: Callable[[Stream], None], step: Step, 
         committed = out[pos:pos + accepted + 1]
         seconds = float(shape[k + 1]) * _SCALE * noise()  # what the controller sees; the tally counts the curve
         controller.observe_overhead(overhead * _SCALE)
-        controller.observe(name, key, k, accepted, 0.0, seconds, committed=committed)
+        controller.observe(name, key, k, accepted, draft_overhead * _SCALE, seconds, committed=committed)
         tally.steps += 1
         tally.drafted += k
         tally.accepted += accepted
-        tally.passes += shape[k + 1] + overhead
+        tally.passes += shape[k + 1] + overhead + draft_overhead
         context.extend(committed)
         pos += len(committed)
     return tally
@@ -321,12 +322,14 @@ TREE_DRAFTERS = {"ngram": 0, "tree": MAX_TREE_LEAVES, "tree-chain": 1}  # --draf
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
              drafter: Callable[[], NgramDrafter] = NgramDrafter,
-             tree_leaves: int = 0) -> dict[str, dict[str, float | None]]:
+             tree_leaves: int = 0, draft_overhead: float = 0.0) -> dict[str, dict[str, float | None]]:
     """Per category and overall: speed-up over target-only, τ, mean γ, α, mean accepted depth, and for trees
     (``tree_leaves``) the mean tree size, nodes per pass (None for lookup chains). One controller and one drafter
     play every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in
-    single-token passes. ``noise``: the controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy
-    machine; seeded). ``drafter``: a free drafter proposing as n-gram lookup does (``LookupThenGuess``).
+    single-token passes, for speculation and plain decoding alike; ``draft_overhead`` per speculative step only
+    (drafting and the drafters' upkeep: mode tree's ~0.1 pass on the AMD, lookup's ~0.02). ``noise``: the
+    controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded). ``drafter``: a free
+    drafter proposing as n-gram lookup does (``LookupThenGuess``).
     ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve(shape.copy(), _SCALE))
@@ -343,7 +346,7 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     begin, step = (tree_replay(tree, ctl, tree_leaves) if tree_leaves else
                    (lambda stream: proposer.begin(stream.prompt), lookup_step(proposer, ctl)))
     for stream in streams:
-        tally = _replay_stream(stream, begin, step, ctl, shape, overhead, seen)
+        tally = _replay_stream(stream, begin, step, ctl, shape, overhead, draft_overhead, seen)
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1
