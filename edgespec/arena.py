@@ -62,6 +62,8 @@ class Cache(Protocol):
 class TreeCache(Cache, Protocol):
     """A cache that can verify a token tree in one pass (each node attending to its own path only)."""
 
+    tree_passes: bool  # whether this instance can (an ONNX export: only graphs with the tree input)
+
     def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:
         """Feed a tree whose root nodes (parent -1) follow position ``start - 1``; node i goes at position
         start + its depth - 1. Returns one row of logits per node, valid until the next decode."""

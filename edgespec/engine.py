@@ -272,11 +272,7 @@ class Engine:
         step_start = time.perf_counter()
         draft = self._propose(drafters, gamma, controller, room, params, rng)
         drafted_at = time.perf_counter()
-        logits = self.arena.extend("target", draft.tokens, len(draft) + 1)
-        if params.greedy:
-            n_accepted, next_token = verify_greedy(draft.tokens, logits)
-        else:
-            n_accepted, next_token = verify_sampled(draft.tokens, draft.probs, logits, params, rng)
+        _, n_accepted, next_token = self._verify_chain(draft, params, rng)
         verified_at = time.perf_counter()
         stats.record_step(len(draft), n_accepted)
         stats.draft_s += drafted_at - step_start
@@ -287,32 +283,39 @@ class Engine:
                                committed=draft.tokens[:n_accepted] + [next_token])
         return draft.tokens[:n_accepted], len(draft), next_token
 
+    def _verify_chain(self, draft: Draft, params: SamplingParams,
+                      rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
+        """One target pass over a chain draft and the position after it: the pass's logits, how many draft tokens
+        the target accepts (greedy: its argmax; else speculative sampling), and its own next token."""
+        logits = self.arena.extend("target", draft.tokens, len(draft) + 1)
+        if params.greedy:
+            return logits, *verify_greedy(draft.tokens, logits)
+        return logits, *verify_sampled(draft.tokens, draft.probs, logits, params, rng)
+
     def _speculate_tree(self, gamma: int | str, controller: GammaController | None, room: int,
                         params: SamplingParams, rng: np.random.Generator, stats: GenerationStats,
                         trees: bool) -> tuple[list[int], int, int]:
         """``_speculate`` for mode tree: one pass verifies a token tree where ``trees`` (the target's rows are exact
         for trees and decoding is greedy); elsewhere the tree is shaped as a chain (one leaf) and verified as one.
         The rows of the committed tokens refill the recycled table (not the rejected nodes': what the target would
-        say after a context that did not happen, at ~0.1 ms a row of 49k logits on a CPU, about 1% of a step each)."""
+        say after a context that did not happen, each at the price of a top-k and a normaliser over the vocabulary)."""
         step_start = time.perf_counter()
         budget = min(room, MAX_GAMMA if gamma == "auto" else int(gamma))
         tree, origins = self.tree_drafter.propose_tree(self.arena.tokens, budget, controller,
                                                        MAX_TREE_LEAVES if trees else 1, params, rng)
         drafted_at = time.perf_counter()
         last = self.arena.tokens[-1]
-        # A chain that one exact chain pass can take goes as one: a tree pass costs a little more (ONNX: +2-6%).
+        # A chain that one exact chain pass can take goes as one: a tree pass costs a little more (ONNX: the parents'
+        # binding, the kernel's key-by-key path over ancestors).
         if trees and not (tree.is_chain and len(tree) <= self._pass_room(False)):
-            logits = self.arena.extend_tree("target", tree.tokens, tree.parent_list())
-            path, next_token = verify_tree_greedy(tree.tokens, tree.parent_list(), logits)
+            parents = tree.parent_list()
+            logits = self.arena.extend_tree("target", tree.tokens, parents)
+            path, next_token = verify_tree_greedy(tree.tokens, parents, logits)
             self.arena.keep_path("target", path)
         else:
             if not tree.is_chain:  # shaped with one leaf
                 raise EdgespecError("internal: a draft tree where only chains are verified")
-            logits = self.arena.extend("target", tree.tokens, len(tree) + 1)
-            if params.greedy:
-                n_accepted, next_token = verify_greedy(tree.tokens, logits)
-            else:
-                n_accepted, next_token = verify_sampled(tree.tokens, None, logits, params, rng)
+            logits, n_accepted, next_token = self._verify_chain(tree, params, rng)
             path = list(range(n_accepted))
         verified_at = time.perf_counter()
         accepted = [tree.tokens[i] for i in path]

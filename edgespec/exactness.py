@@ -77,7 +77,7 @@ class Probed(Protocol):
 
 
 class TreeProbed(Probed, TreeCache, Protocol):
-    """A probed model that verifies token trees (llama.cpp, the scripted fake)."""
+    """A probed model that verifies token trees (llama.cpp, ONNX exports with the tree input, the scripted fake)."""
 
     exact_trees: bool
 
@@ -265,8 +265,8 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
 
 
 def _verifies_trees(model: object) -> bool:
-    """A model that can feed a tree in one pass (an ONNX export says whether its graphs can: ``tree_passes``)."""
-    return callable(getattr(model, "decode_tree", None)) and getattr(model, "tree_passes", True)
+    """A model that can feed a tree in one pass (``TreeCache.tree_passes``)."""
+    return bool(getattr(model, "tree_passes", False))
 
 
 def _apply_trees(model: object, exact: bool) -> None:

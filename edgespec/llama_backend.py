@@ -138,6 +138,7 @@ class LlamaModel:
         # Measured on a CPU: not with the exact numerics (a row's sums depend on which cells its ancestors sit in),
         # yes with the fast ones padded to 4 rows (flash attention walks a row's visible cells in order).
         self.exact_trees = False
+        self.tree_passes = True  # one sequence per root-to-leaf path (``decode_tree``)
 
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:

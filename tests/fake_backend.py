@@ -161,6 +161,7 @@ class FakeModel:
     def truncate(self, keep: int) -> None:
         self._target.truncate(keep)
 
+    tree_passes = True
     exact_trees = True  # a node's row is a function of its own path's tokens only (and shape_dependent: its shape)
 
     def decode_tree(self, tokens: list[int], parents: list[int], start: int) -> np.ndarray:

@@ -237,7 +237,7 @@ def tree_replay(drafter: TreeDrafter, controller: GammaController,
                 max_leaves: int) -> tuple[Callable[[Stream], None], Step]:
     """Engine._speculate_tree's step: the tree the drafter shapes for the curve, verified against the recorded
     output. The recycled table learns from the rows of the committed tokens where the streams carry them
-    (``annotate``; the engine also sees rejected nodes' rows), and stays empty where they do not."""
+    (``annotate``), as the engine's does, and stays empty where they do not."""
     params, rng = SamplingParams(), np.random.default_rng(0)
     current: list[Stream] = []
 
@@ -262,8 +262,9 @@ def tree_replay(drafter: TreeDrafter, controller: GammaController,
 def accepted_path(tree: Draft, truth: Sequence[int]) -> list[int]:
     """The nodes greedy tree verification keeps when the target's tokens are ``truth``: verify_tree_greedy's rule,
     each node's row replaced by the recorded token at its depth."""
-    depth = depths(tree.parent_list())
-    return accepted_tree_path(tree.tokens, tree.parent_list(),
+    parents = tree.parent_list()
+    depth = depths(parents)
+    return accepted_tree_path(tree.tokens, parents,
                               lambda node: truth[d] if (d := 0 if node == ROOT else depth[node]) < len(truth) else None)
 
 
