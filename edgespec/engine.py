@@ -28,7 +28,7 @@ from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
 from .tuning import StoredCurve, Tuning
-from .verify import verify_greedy, verify_sampled, verify_tree_greedy
+from .verify import verify_greedy, verify_sampled, verify_tree_greedy, verify_tree_sampled
 
 log = logging.getLogger("edgespec.engine")
 
@@ -93,7 +93,7 @@ class Engine:
         if "layerskip" in self.drafters:
             self.modes["hybrid"] = (self.drafters["ngram"], self.drafters["layerskip"])
         # Tree: lookup's chain plus suffix-trie and recycled-logits branches, verified as one token tree where the
-        # target's rows are exact for trees (else, and when sampling, the best chain of it). Earlier outputs are
+        # target's rows are exact for trees (else the best chain of it). Earlier outputs are
         # kept per engine (a server's process), bounded; the store's trie and the recycled table are built at their
         # first use, so an engine that never runs mode tree holds neither.
         self.output_store = OutputStore()
@@ -194,8 +194,8 @@ class Engine:
         stats.prefill_s = time.perf_counter() - start
         accepted: list[int] = []
         drafted = 0
-        # Trees where the target's tree rows were measured exact (the self-check) and decoding is greedy.
-        trees = mode == "tree" and params.greedy and bool(getattr(self.target, "exact_trees", False))
+        # Trees where the target's tree rows were measured exact (the self-check); else mode tree verifies chains.
+        trees = mode == "tree" and bool(getattr(self.target, "exact_trees", False))
         while True:
             bookkeeping_start = time.perf_counter()
             new, piece, finish = self._accept(accepted + [next_token], out, text, max_tokens)
@@ -296,7 +296,7 @@ class Engine:
                         params: SamplingParams, rng: np.random.Generator, stats: GenerationStats,
                         trees: bool) -> tuple[list[int], int, int]:
         """``_speculate`` for mode tree: one pass verifies a token tree where ``trees`` (the target's rows are exact
-        for trees and decoding is greedy); elsewhere the tree is shaped as a chain (one leaf) and verified as one.
+        for trees: greedy or sampled); elsewhere the tree is shaped as a chain (one leaf) and verified as one.
         The rows of the committed tokens refill the recycled table (not the rejected nodes': what the target would
         say after a context that did not happen, each at the price of a top-k and a normaliser over the vocabulary)."""
         step_start = time.perf_counter()
@@ -310,7 +310,8 @@ class Engine:
         if trees and not (tree.is_chain and len(tree) <= self._pass_room(False)):
             parents = tree.parent_list()
             logits = self.arena.extend_tree("target", tree.tokens, parents)
-            path, next_token = verify_tree_greedy(tree.tokens, parents, logits)
+            path, next_token = (verify_tree_greedy(tree.tokens, parents, logits) if params.greedy else
+                                verify_tree_sampled(tree.tokens, parents, logits, params, rng))
             self.arena.keep_path("target", path)
         else:
             if not tree.is_chain:  # shaped with one leaf

@@ -60,6 +60,30 @@ def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
     return path, int(best[path[-1] + 1 if path else 0])
 
 
+def verify_tree_sampled(tokens: Sequence[int], parents: Sequence[int], target_logits: np.ndarray,
+                        params: SamplingParams, rng: np.random.Generator) -> tuple[list[int], int]:
+    """Speculative sampling over a tree of deterministic candidates (every drafter that builds trees proposes without
+    sampling: q is one-hot on each node). From the committed text down: draw the target's token from the row after
+    the current node; a child holding that token is accepted and the walk goes on from it, else the draw is the
+    target's own next token. That is SpecInfer's multi-candidate rule with one-hot q — trying the children one by
+    one, each accepted with the probability the residual gives it, the rejected ones' mass removed — in one draw:
+    child c is taken with probability p(c), nothing with 1 − Σ p(children), and the replacement then follows p with
+    the children removed. Every output token is a draw from the target's distribution given the tokens before it,
+    so the output follows the target's distribution as long as each row is what a one-token pass gives."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+        children.setdefault(parent, {}).setdefault(token, i)  # equal siblings share a path: the first stands for both
+    path: list[int] = []
+    node = -1
+    while True:
+        token = sample(params.probs(target_logits[node + 1])[0], rng)
+        child = children.get(node, {}).get(token)
+        if child is None:
+            return path, token
+        path.append(child)
+        node = child
+
+
 def verify_sampled(
     draft: Sequence[int],
     draft_probs: np.ndarray | None,

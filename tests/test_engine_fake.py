@@ -223,12 +223,21 @@ def test_sampled_output_follows_the_target_distribution(mode: str, params: Sampl
     prompt = [BOS, *encode("abcabcabcab")]
     seen: list[Counter[int]] = [Counter() for _ in range(4)]
     drafted = 0
+    leaves: list[int] = []  # of each token tree verified (mode tree: the recycled table's branches beside lookup's)
+    verify_tree = target.decode_tree
+
+    def counting(tokens: list[int], parents: list[int], start: int) -> np.ndarray:
+        leaves.append(len(set(range(len(tokens))) - set(parents)))
+        return verify_tree(tokens, parents, start)
+
+    target.decode_tree = counting  # type: ignore[method-assign]
     for seed in range(RUNS):
         out = engine.generate(prompt, max_tokens=4, temperature=params.temperature, top_k=params.top_k, seed=seed)
         for i, token in enumerate(out.tokens):
             seen[i][token] += 1
         drafted += out.stats.drafted
     assert drafted > RUNS  # tokens 2 to 4 came through verification of drafts
+    assert (max(leaves, default=0) > 1) == (mode == "tree")  # sampled mode tree verifies trees, not only chains
     for i, expected in enumerate(_marginals(target, prompt[-1], params, 4)):
         support = [t for t in SUPPORT if expected[t] > 0]
         assert set(seen[i]) <= set(support)

@@ -8,6 +8,7 @@ through prompt reuse and at the context's end."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from edgespec.onnx_backend import OnnxModel, OnnxOptions
 from edgespec.verify import verify_tree_greedy
 from tests.conftest import onnx_export_dir
 from tests.decoding_reference import decode_on, one_at_a_time, started
+from tests.test_sampling_e2e import assert_sampling_matches_target
 
 pytestmark = pytest.mark.skipif(custom_ops.library() is None and custom_ops.ensure() is None,
                                 reason="needs edgespec's kernels (make setup)")
@@ -91,16 +93,7 @@ def test_mode_tree_verifies_trees_and_equals_target_only_with_prompt_reuse(onnx_
     turn's cache after tree steps. γ 6 (no controller: every candidate within the budget is verified), so trees with
     several leaves were verified, not only chains."""
     engine = onnx_int8_engine
-    several_leaves = 0
-    verify_tree = engine.arena.extend_tree
-
-    def counting(name: str, tokens: list[int], parents: list[int]) -> np.ndarray:
-        nonlocal several_leaves
-        several_leaves += len(set(range(len(tokens))) - set(parents)) > 1
-        return verify_tree(name, tokens, parents)
-
-    engine.arena.extend_tree = counting  # type: ignore[method-assign]
-    try:
+    with counting_leaves(engine) as leaves:
         for q in spec_bench(["writing", "coding"]):  # type: ignore[operator]
             messages = [{"role": "user", "content": q["turns"][0]}]
             first = engine.chat(messages, max_tokens=48, mode="tree", gamma=6)
@@ -110,9 +103,33 @@ def test_mode_tree_verifies_trees_and_equals_target_only_with_prompt_reuse(onnx_
             second = engine.chat(messages, max_tokens=48, mode="tree", gamma=6)
             assert second.stats.cached_tokens > 0
             assert second.tokens == engine.chat(messages, max_tokens=48, mode="none", cache_prompt=False).tokens
+    assert max(leaves) > 1
+
+
+def test_sampled_mode_tree_follows_the_target_distribution(onnx_int8_engine: Engine) -> None:
+    """Sampling verifies trees too (one draw per row down the tree: ``verify_tree_sampled``): the sampled tokens
+    pass the same distribution tests as a draft model's and lookup's (tests/test_sampling_e2e.py). Six tokens at γ 4:
+    room for trees of several leaves from the first step on."""
+    with counting_leaves(onnx_int8_engine) as leaves:
+        assert_sampling_matches_target(onnx_int8_engine, "tree", max_tokens=6, gamma=4)
+    assert max(leaves) > 1
+
+
+@contextmanager
+def counting_leaves(engine: Engine) -> Iterator[list[int]]:
+    """While open: the number of leaves of each token tree the engine's target verifies."""
+    leaves: list[int] = []
+    verify_tree = engine.arena.extend_tree
+
+    def counting(name: str, tokens: list[int], parents: list[int]) -> np.ndarray:
+        leaves.append(len(set(range(len(tokens))) - set(parents)))
+        return verify_tree(name, tokens, parents)
+
+    engine.arena.extend_tree = counting  # type: ignore[method-assign]
+    try:
+        yield leaves
     finally:
         del engine.arena.extend_tree
-    assert several_leaves > 0
 
 
 def test_a_tree_at_the_context_end(onnx_int8_engine: Engine) -> None:

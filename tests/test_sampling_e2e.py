@@ -18,15 +18,16 @@ RUNS = 250
 PARAMS = SamplingParams(temperature=0.8, top_k=40)
 
 
-def assert_sampling_matches_target(engine: Engine, mode: str, runs: int = RUNS,
-                                   params: SamplingParams = PARAMS) -> None:
-    """Sample 3 tokens ``runs`` times with drafter ``mode`` at γ=2 and test them against the target's exact
-    distributions: KS on the randomized CDF values of tokens 2 and 3, chi-square on the second token."""
+def assert_sampling_matches_target(engine: Engine, mode: str, runs: int = RUNS, params: SamplingParams = PARAMS,
+                                   max_tokens: int = 3, gamma: int = 2) -> None:
+    """Sample ``max_tokens`` tokens ``runs`` times with drafter ``mode`` at ``gamma`` and test them against the
+    target's exact distributions: KS on the randomized CDF values of every token after the first, chi-square on
+    the second token."""
     prompt = engine.chat_tokens([{"role": "user", "content": "Name a colour and a fruit."}])
     outputs, drafted = [], 0
     for seed in range(runs):
-        out = engine.generate(prompt, max_tokens=3, temperature=params.temperature, top_k=params.top_k,
-                              seed=seed, mode=mode, gamma=2)
+        out = engine.generate(prompt, max_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
+                              seed=seed, mode=mode, gamma=gamma)
         outputs.append(out.tokens)
         drafted += out.stats.drafted
     assert drafted >= runs  # positions 2 and 3 went through speculative verification

@@ -192,14 +192,6 @@ def test_mode_tree_on_a_target_without_exact_trees_verifies_chains(clock: FakeCl
     assert out.tokens == SEQUENCE[len(PROMPT):] and out.stats.accepted > 0
 
 
-def test_mode_tree_samples_the_target_distribution_with_chains(clock: FakeClock) -> None:
-    """Sampling stays chains-only: a sampled run in mode tree draws what mode none draws with the same seed where
-    nothing was drafted, and every token it produces is one the target gives probability."""
-    model = _copying_model(clock)
-    out = Engine(model, mode="tree", gamma=4).generate(PROMPT, max_tokens=60, temperature=0.8, seed=3)
-    assert all(p <= 5 for p in model.passes[1:]) and out.tokens == SEQUENCE[len(PROMPT):len(PROMPT) + 60]
-
-
 # -- the suffix trie -----------------------------------------------------------------------------------------
 def test_suffix_trie_counts_what_followed() -> None:
     trie = SuffixTrie(depth=8)

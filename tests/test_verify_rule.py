@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
 from edgespec.sampling import SamplingParams, sample
-from edgespec.verify import verify_greedy, verify_sampled
+from edgespec.verify import verify_greedy, verify_sampled, verify_tree_sampled
 
 DRAWS = 120_000
 T1 = SamplingParams(temperature=1.0)
@@ -86,6 +88,39 @@ def test_two_token_draft_reproduces_the_joint_distribution() -> None:
         counts[out[0], out[1]] += 1
     joint = target_p[start][:, None] * target_p
     _check(counts.ravel(), joint.ravel())
+
+
+# Siblings at both depths, a likely and an unlikely one, a repeated token under another parent, and a node
+# (token 3 after 1) whose own child is drafted too: the walk can end at every depth, on every branch.
+TREE_TOKENS = [0, 1, 3, 2, 3, 0, 1]
+TREE_PARENTS = [-1, -1, -1, 0, 0, 1, 4]
+
+
+@pytest.mark.parametrize("params", [T1, SamplingParams(temperature=0.7, top_k=3)], ids=["t1", "t0.7-top3"])
+def test_sampled_tree_verification_reproduces_the_joint_distribution(params: SamplingParams) -> None:
+    """A toy Markov target: whichever branch is accepted and however deep, the first three output tokens follow
+    P(x1) P(x2 | x1) P(x3 | x2) of the (tempered, truncated) target."""
+    rng = np.random.default_rng(5)
+    v = 4
+    # Row: the previous token. Each row's least likely token (cut by top-k 3) is one the tree does not draft there.
+    logits = np.log([[0.05, 0.25, 0.4, 0.3], [0.5, 0.2, 0.25, 0.05], [0.45, 0.3, 0.05, 0.2], [0.2, 0.5, 0.25, 0.05]])
+    p = params.probs(logits)
+    start = 2
+    rows = np.stack([logits[start], *(logits[t] for t in TREE_TOKENS)])  # row i + 1 follows node i: its token's row
+    counts = np.zeros((v, v, v))
+    depth = Counter()
+    for _ in range(DRAWS // 2):
+        path, token = verify_tree_sampled(TREE_TOKENS, TREE_PARENTS, rows, params, rng)
+        out = [TREE_TOKENS[i] for i in path] + [token]
+        depth[len(path)] += 1
+        while len(out) < 3:  # later tokens come from the next steps: the target alone
+            out.append(sample(p[out[-1]], rng))
+        counts[tuple(out[:3])] += 1
+    assert {1, 2, 3} <= set(depth)  # accepted down to every depth
+    joint = (p[start][:, None, None] * p[:, :, None] * p[None, :, :]).ravel()
+    counts = counts.ravel()
+    assert counts[joint == 0].sum() == 0, "a sequence with target probability 0 was produced"
+    assert chisquare(counts[joint > 0], joint[joint > 0] * counts.sum()).pvalue > 1e-4
 
 
 def test_truncation_is_applied_to_p_and_q_alike() -> None:

@@ -30,7 +30,7 @@ class Draft:
 
     tokens: list[int]
     # One q-distribution per token when the drafter sampled them; None when it proposes deterministically
-    # (lookup, or a greedy draft model): q is then one-hot on the token. Chains only.
+    # (lookup, or a greedy draft model): q is then one-hot on the token. Chains only: tree nodes are never sampled.
     probs: np.ndarray | None = None
     # The context the proposal came from (n-gram: the matched length). Acceptance is tracked per key, so the γ
     # controller learns e.g. that 1-token matches rarely pay while 4-token matches do.
