@@ -346,17 +346,21 @@ def _old_top_successors(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
 
 
 @pytest.mark.parametrize("vocab", [16, 49152])
-def test_top_successors_equals_the_old_computation(vocab: int) -> None:
+@pytest.mark.parametrize("min_prob", [0.0, 0.05])
+def test_top_successors_equals_the_old_computation(vocab: int, min_prob: float) -> None:
+    """With a floor (the recycled table's: less likely successors are never drafted), the successors under it are
+    left out (-1, probability 0) and the others are the same."""
     rng = np.random.default_rng(vocab)
     for scale in (0.1, 3.0, 30.0):  # flat rows, LLM-like spreads, near one-hot rows
         logits = (rng.standard_normal((17, vocab)) * scale).astype(np.float32)
-        top, probs = top_successors(logits, 4)
+        top, probs = top_successors(logits, 4, min_prob)
         old_top, old_probs = _old_top_successors(logits, 4)
-        assert np.array_equal(top, old_top)  # the same successors, in the same order
-        np.testing.assert_allclose(probs, old_probs, rtol=1e-6)
+        kept = old_probs >= min_prob
+        assert np.array_equal(top, np.where(kept, old_top, -1))  # the same successors, in the same order
+        np.testing.assert_allclose(probs, np.where(kept, old_probs, 0.0), rtol=1e-6)
         exact = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
         exact /= exact.sum(axis=1, keepdims=True)
-        np.testing.assert_allclose(probs, np.take_along_axis(exact, top, axis=1), rtol=1e-5)
+        np.testing.assert_allclose(probs, np.where(kept, np.take_along_axis(exact, old_top, axis=1), 0.0), rtol=1e-5)
 
 
 def test_a_token_fed_twice_keeps_its_last_row() -> None:

@@ -277,6 +277,10 @@ class SuffixDrafter:
                 if node is None:
                     break  # a longer suffix cannot be there if this one is not (every window's suffixes are)
                 size = min(max_tokens, int(self.factor * m))
+                # A tree's score is at most its size, and at most one per level below the node (the probabilities
+                # of a level's nodes add up to at most 1): a tree that cannot beat the best is not grown.
+                if min(size, trie.depth - m) <= best_score:
+                    continue
                 draft = trie.grow(node, size, self.min_prob)
                 score = sum(draft.scores or ())
                 if score > best_score:
