@@ -46,6 +46,9 @@ CURVES: dict[str, dict[int, float]] = {
     # benchmarks/reference/decode_loop_curve-2026-11-24-epyc-avx512-2core-16col.json
     "avx512-16col-calibration": {1: 1.0, 2: 1.07, 3: 1.19, 4: 1.19, 5: 1.19, 6: 1.19, 7: 1.25},
     "avx512-16col-loop": {1: 1.0, 2: 1.28, 3: 1.31, 4: 1.34, 5: 1.40, 6: 1.44, 7: 1.54},
+    # The same machine after the prefetching products (a second row nearly free): the curve the decode loop paid,
+    # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-prefetch.json
+    "avx512-prefetch-loop": {1: 1.0, 2: 1.05, 3: 1.15, 4: 1.22, 5: 1.22, 6: 1.34, 7: 1.40},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
 GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
