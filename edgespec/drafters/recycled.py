@@ -91,15 +91,17 @@ class RecycledDrafter:
             rows = last_occurrences(tokens)
             kept = logits if len(rows) == len(tokens) else np.asarray(logits)[rows]  # (indexing copies the rows)
             # Successors below min_prob are never drafted (best_first's floor): they are not looked for.
-            self.learn(np.asarray(tokens)[rows], *top_successors(kept, self.k, self.min_prob))
+            self._store(np.asarray(tokens)[rows], *top_successors(kept, self.k, self.min_prob))
 
     def learn(self, tokens: Sequence[int], successors: np.ndarray, probs: np.ndarray) -> None:
-        """Each token's entry replaced by ``top_successors``' row for it (``observe``, or rows recorded earlier); a
+        """Each token's entry replaced by ``top_successors``' row for it (rows recorded earlier: the replay); a
         token given several rows keeps its last (numpy leaves the winner of a repeated index unspecified)."""
         rows = last_occurrences(tokens)
-        index = np.asarray(tokens)[rows]
-        self.successors[index] = np.asarray(successors)[rows, :self.k]
-        self.probs[index] = np.asarray(probs)[rows, :self.k]
+        self._store(np.asarray(tokens)[rows], np.asarray(successors)[rows], np.asarray(probs)[rows])
+
+    def _store(self, distinct: np.ndarray, successors: np.ndarray, probs: np.ndarray) -> None:
+        self.successors[distinct] = successors[:, :self.k]
+        self.probs[distinct] = probs[:, :self.k]
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
