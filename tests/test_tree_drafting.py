@@ -149,6 +149,49 @@ def test_mode_tree_verifies_trees_with_several_leaves(clock: FakeClock) -> None:
     assert max(trees) > 1  # some verified tree had several root-to-leaf paths
 
 
+def _charging(drafter: SuffixDrafter | RecycledDrafter, clock: FakeClock, seconds: float) -> list[int]:
+    """Make a branch drafter's proposals take ``seconds`` of virtual time; the list counts them."""
+    calls: list[int] = []
+    propose = drafter.propose
+
+    def charged(*args: object) -> Draft:
+        calls.append(1)
+        clock.now += seconds
+        return propose(*args)  # type: ignore[arg-type]
+
+    drafter.propose = charged  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_branch_drafter_that_does_not_pay_for_its_time_is_consulted_only_to_explore(clock: FakeClock) -> None:
+    """Random letters: the suffix trie's candidates are never accepted; at half a pass a proposal, it is consulted
+    on the exploration steps only, once its first steps have shown that. Output as target-only's."""
+    rng = np.random.default_rng(5)
+    sequence = [BOS, *encode("".join(rng.choice(list("abcdefgh"), 400)))]
+    model = FakeModel(scripted(sequence), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01)
+    reference = Engine(model, mode="none", gamma=0).generate(sequence[:20], max_tokens=300)
+    engine = Engine(model, mode="tree", gamma="auto")
+    calls = _charging(engine.tree_drafter.suffix, clock, 0.005)
+    out = engine.generate(sequence[:20], max_tokens=300)
+    assert out.tokens == reference.tokens
+    steps = len(out.tokens) - out.stats.accepted  # one target token a step
+    assert steps > 200 and len(calls) <= steps // 16 + 10
+
+
+def test_a_branch_drafter_that_pays_for_its_time_stays_consulted(clock: FakeClock) -> None:
+    """Text where the same two bytes are followed by different ones: the recycled table's branches are accepted
+    where lookup's spine is wrong, worth more than the 2% of a pass each proposal is charged."""
+    rng = np.random.default_rng(4)
+    sequence = [BOS, *encode("".join(f"ab{rng.integers(1, 4)} " for _ in range(40)))]
+    model = FakeModel(scripted(sequence), n_ctx=2048, clock=clock, pass_cost=lambda n: 0.01)
+    engine = Engine(model, mode="tree", gamma="auto")
+    calls = _charging(engine.tree_drafter.recycled, clock, 0.0002)
+    out = engine.generate(sequence[:40], max_tokens=200)
+    assert out.tokens == sequence[40:]
+    steps = len(out.tokens) - out.stats.accepted
+    assert len(calls) >= 0.8 * steps
+
+
 def test_eos_inside_a_branch_ends_the_generation_there(clock: FakeClock) -> None:
     """After EOS, the prompt has 'say ab' twice and 'say ac' once, each ended by EOS; the target says 'say ac' and
     stops. Lookup copies the latest 'say ab' (the spine, wrong at 'b'); the suffix trie offers 'c' then EOS as a

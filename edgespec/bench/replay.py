@@ -339,8 +339,11 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     ctl = controller(CostCurve(shape.copy(), _SCALE))
     proposer = drafter()
     streams = list(streams)
+    # Drafting time is charged by --draft-overhead, not read from this process's clock (which would make the replay
+    # depend on the machine): every branch drafter is consulted on every step.
     tree = TreeDrafter(proposer, SuffixDrafter(OutputStore()),
-                       RecycledDrafter(1 + max((t for s in streams for t in (*s.prompt, *s.output)), default=1)))
+                       RecycledDrafter(1 + max((t for s in streams for t in (*s.prompt, *s.output)), default=1)),
+                       clock=lambda: 0.0)
     tallies: dict[str, Tally] = defaultdict(Tally)
     counts: dict[str, int] = defaultdict(int)
 

@@ -12,10 +12,12 @@ depend on their KV cells (llama.cpp) gets its likeliest path where sequential de
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..arena import common_prefix
 from ..gamma import GammaController
 from ..sampling import SamplingParams
 from .base import MAX_TREE_LEAVES, ROOT, Draft
@@ -25,6 +27,9 @@ from .suffix import SuffixDrafter
 
 _PRIOR = 1.0  # a branch drafter's estimates are taken at face value until verification has weighed a few (one node)
 _DECAY = 0.99  # per verify step
+# A branch drafter that does not pay for its own time is still consulted every this many steps, so that what it
+# would add keeps being measured (the γ controller's exploration, for drafting time).
+_EXPLORE_EVERY = 16
 
 
 Origin = tuple[str, float]  # the drafter that scored a node best, and its own estimate given the node's parent
@@ -122,10 +127,17 @@ class TreeDrafter:
     name = "tree"
     costs_per_token = False
 
-    def __init__(self, lookup: NgramDrafter, suffix: SuffixDrafter, recycled: RecycledDrafter) -> None:
+    def __init__(self, lookup: NgramDrafter, suffix: SuffixDrafter, recycled: RecycledDrafter,
+                 clock: Callable[[], float] | None = None) -> None:
         self.lookup, self.suffix, self.recycled = lookup, suffix, recycled
         # Per branch drafter: decayed (accepted, estimated) over the nodes verification tested.
         self._calibration = {suffix.name: [0.0, 0.0], recycled.name: [0.0, 0.0]}
+        # Per branch drafter, what consulting it is worth a step (``Worth``), and whether this step consulted it.
+        self._worth = {suffix.name: Worth(), recycled.name: Worth()}
+        self._consulted: set[str] = set()
+        self._spine: list[int] = []
+        self._steps = 0
+        self._clock = clock  # what drafting time is read from; None: time.perf_counter (looked up at each call)
 
     def begin(self, context: Sequence[int]) -> None:
         self.lookup.begin(context)
@@ -138,7 +150,10 @@ class TreeDrafter:
 
     def propose_tree(self, context: Sequence[int], budget: int, controller: GammaController | None,
                      max_leaves: int, params: SamplingParams, rng: np.random.Generator) -> tuple[Draft, list[Origin]]:
-        """The tree to verify (laid out likeliest path first) and each node's origin. ``max_leaves`` 1: a chain."""
+        """The tree to verify (laid out likeliest path first) and each node's origin. ``max_leaves`` 1: a chain.
+        Each branch drafter is consulted while it pays for its own time (``Worth``), and every ``_EXPLORE_EVERY``
+        steps."""
+        self._consulted, self._spine = set(), []
         if budget <= 0:
             return Draft([]), []
         spine = self.lookup.propose(context, budget, params, rng)
@@ -154,9 +169,17 @@ class TreeDrafter:
                 return rate * curve.seconds(rows)
         drafts = [(self.lookup.name, Draft(spine.tokens[:k], scores=list(np.cumprod(spine_rates))),
                    list(spine_rates))]
+        self._spine = spine.tokens[:k]
+        self._steps += 1
+        rate = None if controller is None else controller.rate()
+        self._consulted = {name for name, worth in self._worth.items()
+                           if rate is None or self._steps % _EXPLORE_EVERY == 0 or worth.pays(rate)}
         for drafter in (self.suffix, self.recycled):
-            proposed = drafter.propose(context, budget, params, rng)
-            drafts.append((drafter.name, *self._calibrated(drafter.name, proposed)))
+            if drafter.name in self._consulted:
+                start = self._now()
+                proposed = drafter.propose(context, budget, params, rng)
+                self._worth[drafter.name].spent(self._now() - start)
+                drafts.append((drafter.name, *self._calibrated(drafter.name, proposed)))
         merged, origins = merge(drafts)
         tree, order = subtree(merged, shape(merged, k, budget, max_leaves, pass_cost))
         tree.key = spine.key
@@ -176,7 +199,13 @@ class TreeDrafter:
         return Draft(draft.tokens, parents=draft.parents, scores=scores), given_parent
 
     def learn(self, tree: Draft, origins: Sequence[Origin], path: Sequence[int]) -> None:
-        """After verification: every branch node whose parent was accepted was tested; was it accepted too?"""
+        """After verification: every branch node whose parent was accepted was tested; was it accepted too? And the
+        tokens accepted past lookup's spine go to the branch drafter whose node they leave it at."""
+        accepted = [tree.tokens[i] for i in path]
+        on_spine = common_prefix(accepted, self._spine)
+        for name in self._consulted:
+            self._worth[name].gained(len(path) - on_spine if on_spine < len(path) and
+                                     origins[path[on_spine]][0] == name else 0)
         on_path = set(path)
         for stats in self._calibration.values():
             stats[0] *= _DECAY
@@ -187,5 +216,32 @@ class TreeDrafter:
                 self._calibration[name][1] += estimate
 
     def observe(self, tokens: Sequence[int], logits: np.ndarray) -> None:
-        """The target's rows after ``tokens`` (a verify pass's): the recycled table learns from them."""
+        """The target's rows after ``tokens`` (a verify pass's): the recycled table learns from them on every step,
+        consulted or not, so that an exploration step judges it as it would be (an empty or stale table would
+        never win its way back)."""
         self.recycled.observe(tokens, logits)
+
+    def _now(self) -> float:
+        return (self._clock or time.perf_counter)()
+
+
+class Worth:
+    """What consulting a branch drafter is worth a step, against what it costs: decayed means, per step that
+    consulted it, of the tokens accepted past the spine at its nodes and of the seconds its proposal took. It pays
+    while those tokens are worth more than its seconds at the rate the engine achieves (λ, the γ controller's): the
+    controller's objective, applied to drafting time."""
+
+    def __init__(self) -> None:
+        self.tokens = _PRIOR  # consulted until its own steps have shown what it adds
+        self.seconds = 0.0
+
+    def spent(self, seconds: float) -> None:
+        """This step's proposal took ``seconds``."""
+        self.tokens *= _DECAY
+        self.seconds = self.seconds * _DECAY + seconds
+
+    def gained(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def pays(self, rate: float) -> bool:
+        return self.tokens >= rate * self.seconds
