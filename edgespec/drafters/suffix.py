@@ -257,15 +257,16 @@ class SuffixDrafter:
         self._request = SuffixTrie(self.depth)
         self._seen = []
         self._prompt_length = len(context)
-        self._update(context)
+        self.update(context)
 
-    def _update(self, context: Sequence[int]) -> None:
+    def update(self, context: Sequence[int]) -> None:
+        """This request's trie catches up with ``context`` (the committed sequence): done by ``propose`` too."""
         self._request.extend(context[len(self._seen):])
         self._seen.extend(context[len(self._seen):])
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        self._update(context)
+        self.update(context)
         best = Draft([])
         best_score = 0.0
         best_trie = self._request

@@ -174,6 +174,9 @@ class TreeDrafter:
         rate = None if controller is None else controller.rate()
         self._consulted = {name for name, worth in self._worth.items()
                            if rate is None or self._steps % _EXPLORE_EVERY == 0 or worth.pays(rate)}
+        # This request's suffix trie follows every step, as the recycled table does (``observe``): an exploration
+        # step would otherwise pay the catch-up of every step it skipped, and never look worth its time.
+        self.suffix.update(context)
         for drafter in (self.suffix, self.recycled):
             if drafter.name in self._consulted:
                 start = self._now()
