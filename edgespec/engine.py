@@ -320,7 +320,7 @@ class Engine:
             path = list(range(n_accepted))
         verified_at = time.perf_counter()
         accepted = [tree.tokens[i] for i in path]
-        self.tree_drafter.observe([last, *accepted], logits[[0, *(i + 1 for i in path)]])
+        self.tree_drafter.observe([last, *accepted], logits, [0, *(i + 1 for i in path)])  # rows, not copies
         self.tree_drafter.learn(tree, origins, path)
         stats.record_step(len(tree), len(path))
         stats.draft_s += drafted_at - step_start

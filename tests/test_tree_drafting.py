@@ -412,6 +412,10 @@ def test_a_token_fed_twice_keeps_its_last_row() -> None:
     logits[0, 5] = logits[1, 6] = logits[2, 7] = 4.0
     drafter.observe([3, 4, 3], logits)  # token 3 in two branches: its last row wins
     assert drafter.successors[3, 0] == 7 and drafter.successors[4, 0] == 6
+    # The engine names a pass's rows instead of copying them: the same table as from the rows themselves.
+    by_rows = RecycledDrafter(n_vocab=10, k=2)
+    by_rows.observe([3, 4, 3], np.concatenate([logits[:1] * 0, logits]), rows=[1, 2, 3])
+    assert np.array_equal(by_rows.successors, drafter.successors) and np.array_equal(by_rows.probs, drafter.probs)
 
 
 def test_an_engine_builds_mode_trees_memory_when_mode_tree_is_first_used(clock: FakeClock) -> None:

@@ -331,7 +331,8 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     (``tree_leaves``) the mean tree size, nodes per pass (None for lookup chains). One controller and one drafter
     play every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in
     single-token passes, for speculation and plain decoding alike; ``draft_overhead`` per speculative step only
-    (drafting and the drafters' upkeep: mode tree's ~0.1 pass on the AMD, lookup's ~0.02). ``noise``: the
+    (drafting and the drafters' upkeep: the bench's draft_s per step over its one-row pass; docs/tree-drafting.md
+    gives what was measured). ``noise``: the
     controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded). ``drafter``: a free
     drafter proposing as n-gram lookup does (``LookupThenGuess``).
     ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
@@ -357,8 +358,10 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
         for name in (stream.category, "overall"):
             tallies[name].add(tally)
             counts[name] += 1
-    return {name: {**t.summary(), "tree_size_mean": t.summary()["gamma_mean"] if tree_leaves else None,
-                   "generations": counts[name]} for name, t in tallies.items()}
+    results = {name: {**t.summary(), "generations": counts[name]} for name, t in tallies.items()}
+    for summary in results.values():  # a tree's size per pass is its γ; lookup's chains have none
+        summary["tree_size_mean"] = summary["gamma_mean"] if tree_leaves else None
+    return results
 
 
 def table(results: dict[str, dict[str, dict[str, float | None]]]) -> str:

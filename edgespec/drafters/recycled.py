@@ -15,36 +15,36 @@ from ..sampling import SamplingParams
 from .base import Draft, best_first
 
 
-def top_successors(logits: np.ndarray, k: int, min_prob: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the ``k`` likeliest tokens (best first) and their probabilities (softmax over the whole row); with
-    ``min_prob``, only those at least that likely (the rest: -1 and 0).
+def top_successors(logits: np.ndarray, k: int, min_prob: float = 0.0,
+                   rows: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (of ``rows`` of ``logits``, default all), the ``k`` likeliest tokens (best first) and their
+    probabilities (softmax over the whole row); with ``min_prob``, only those at least that likely (the rest: -1
+    and 0).
 
     A probability needs the row's normaliser Σ exp(logit − max), and every logit counts in it at float32 rounding
     (a real model's logits lie within ~27 of the row's max, where exp still reaches 2⁻²⁴ of the sum: 99.8% of
     SmolLM2's): one exp per logit is the exact price. It is paid in a one-row scratch, not in rows × vocab copies.
     With ``min_prob``, the normaliser also says which logits can qualify (p ≥ min_prob ⇔ logit ≥ max + log(min_prob
-    × normaliser)): one comparison over the row finds those few (at most 1 / min_prob) instead of a partition of it.
+    × normaliser)): one comparison over the row finds those few (at most 1 / min_prob) instead of a partition of it,
+    and the rows are read where they are (no copy of the chosen ones).
     """
-    rows = np.asarray(logits, dtype=np.float32)
-    peak = rows.max(axis=1, keepdims=True)
-    scratch = np.empty(rows.shape[1], dtype=np.float32)
-    norm = np.empty((len(rows), 1), dtype=np.float32)
-    for i, row in enumerate(rows):
-        np.exp(np.subtract(row, peak[i], out=scratch), out=scratch)
-        norm[i] = scratch.sum()
-    if min_prob > 0.0:
-        top = np.full((len(rows), k), -1, dtype=np.int32)
-        for i, row in enumerate(rows):
-            found = np.flatnonzero(row >= peak[i] + np.log(min_prob * norm[i]))
-            found = found[np.argsort(-row[found], kind="stable")][:k]
-            top[i, :len(found)] = found
-        probs = np.where(top >= 0, np.exp(np.take_along_axis(rows, np.maximum(top, 0), axis=1) - peak) / norm, 0.0)
-        return top, probs.astype(np.float32)
-    top = np.argpartition(rows, -k, axis=1)[:, -k:]
-    top_logits = np.take_along_axis(rows, top, axis=1)
-    order = np.argsort(-top_logits, axis=1)
-    top, top_logits = np.take_along_axis(top, order, axis=1), np.take_along_axis(top_logits, order, axis=1)
-    return top.astype(np.int32), np.exp(top_logits - peak) / norm
+    logits = np.asarray(logits, dtype=np.float32)
+    rows = range(len(logits)) if rows is None else rows
+    top = np.full((len(rows), k), -1, dtype=np.int32)
+    probs = np.zeros((len(rows), k), dtype=np.float32)
+    scratch = np.empty(logits.shape[1], dtype=np.float32)
+    for i, r in enumerate(rows):
+        row = logits[r]
+        peak = row.max()
+        norm = np.exp(np.subtract(row, peak, out=scratch), out=scratch).sum()
+        if min_prob > 0.0:
+            found = np.flatnonzero(row >= peak + np.log(min_prob * norm))
+        else:
+            found = np.argpartition(row, -k)[-k:]
+        found = found[np.argsort(-row[found], kind="stable")][:k]
+        top[i, :len(found)] = found
+        probs[i, :len(found)] = np.exp(row[found] - peak) / norm
+    return top, probs
 
 
 def last_occurrences(tokens: Sequence[int]) -> np.ndarray:
@@ -84,14 +84,15 @@ class RecycledDrafter:
     def begin(self, context: Sequence[int]) -> None:
         """Nothing per request: what the target said after a token holds across requests."""
 
-    def observe(self, tokens: Sequence[int], logits: np.ndarray) -> None:
-        """Row i of ``logits`` is the target's distribution after ``tokens[i]`` (in its context then). Of a token
-        fed more than once (two branches of a tree), only its last row is worked out: it is the one kept."""
+    def observe(self, tokens: Sequence[int], logits: np.ndarray, rows: Sequence[int] | None = None) -> None:
+        """Row ``rows[i]`` of ``logits`` (default: row i) is the target's distribution after ``tokens[i]`` (in its
+        context then). Of a token fed more than once (two branches of a tree), only its last row is worked out: it
+        is the one kept."""
         if len(tokens):
-            rows = last_occurrences(tokens)
-            kept = logits if len(rows) == len(tokens) else np.asarray(logits)[rows]  # (indexing copies the rows)
+            kept = last_occurrences(tokens)
             # Successors below min_prob are never drafted (best_first's floor): they are not looked for.
-            self._store(np.asarray(tokens)[rows], *top_successors(kept, self.k, self.min_prob))
+            self._store(np.asarray(tokens)[kept], *top_successors(logits, self.k, self.min_prob,
+                                                                  kept if rows is None else np.asarray(rows)[kept]))
 
     def learn(self, tokens: Sequence[int], successors: np.ndarray, probs: np.ndarray) -> None:
         """Each token's entry replaced by ``top_successors``' row for it (rows recorded earlier: the replay); a

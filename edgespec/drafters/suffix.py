@@ -261,8 +261,9 @@ class SuffixDrafter:
 
     def update(self, context: Sequence[int]) -> None:
         """This request's trie catches up with ``context`` (the committed sequence): done by ``propose`` too."""
-        self._request.extend(context[len(self._seen):])
-        self._seen.extend(context[len(self._seen):])
+        new = context[len(self._seen):]
+        self._request.extend(new)
+        self._seen.extend(new)
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:

@@ -67,8 +67,8 @@ def shape(tree: Draft, forced: int, budget: int, max_leaves: int,
     prefix of the others, up to ``budget`` nodes and ``max_leaves`` root-to-leaf paths: the one maximising
     Σ score − ``pass_cost(rows)``, the cost in tokens of a verify pass of that many rows (λ × its seconds), or all
     of them without a cost. Every prefix is weighed, not only while each node pays for its own row: on a CPU a first
-    draft row costs far more than the next few (avx512-onnx-int8: +18% a pass, then +1%, +5%), so nodes that
-    together pay for the pass can each look too dear alone."""
+    draft row can cost far more than the next few (the replay's avx512-onnx-int8 curve, a calibration of an earlier
+    build: +18% a pass, then +1%, +5%), so nodes that together pay for the pass can each look too dear alone."""
     scores = tree.scores or [1.0] * len(tree)
     parents = tree.parent_list()
     children: dict[int, list[int]] = {}
@@ -218,11 +218,11 @@ class TreeDrafter:
                 self._calibration[name][0] += node in on_path
                 self._calibration[name][1] += estimate
 
-    def observe(self, tokens: Sequence[int], logits: np.ndarray) -> None:
-        """The target's rows after ``tokens`` (a verify pass's): the recycled table learns from them on every step,
-        consulted or not, so that an exploration step judges it as it would be (an empty or stale table would
-        never win its way back)."""
-        self.recycled.observe(tokens, logits)
+    def observe(self, tokens: Sequence[int], logits: np.ndarray, rows: Sequence[int]) -> None:
+        """The target's rows after ``tokens`` (``rows`` of a verify pass's ``logits``): the recycled table learns from
+        them on every step, consulted or not, so that an exploration step judges it as it would be (an empty or
+        stale table would never win its way back)."""
+        self.recycled.observe(tokens, logits, rows)
 
     def _now(self) -> float:
         return (self._clock or time.perf_counter)()
