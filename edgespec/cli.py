@@ -27,10 +27,12 @@ from .stats import GenerationStats
 def _stats_line(s: GenerationStats) -> str:
     # A rate needs tokens after the first (which comes with the prefill): none decoded, none to print.
     rate = f"{s.decode_tokens_per_s:.1f} tok/s decode" if s.decode_tokens else "no tokens decoded"
-    size = f"γ {s.gamma_mean:.1f}" if s.tree_size_mean is None else f"tree {s.tree_size_mean:.1f} nodes"
+    # A chain's accepted depth is τ − 1: only a tree's, beside its size, says something τ does not.
+    size = (f"γ {s.gamma_mean:.1f}" if s.tree_size_mean is None else
+            f"tree {s.tree_size_mean:.1f} nodes · depth {s.depth_mean:.2f}")
     return (f"{s.generated_tokens} tokens · {rate} · "
             f"prefill {s.prefill_s:.2f} s · α {s.acceptance_rate:.2f} · τ {s.mean_accepted_per_step:.2f} · "
-            f"{size} · depth {s.depth_mean:.2f} · draft {s.draft_s:.2f} s · verify {s.verify_s:.2f} s · mode {s.mode}")
+            f"{size} · draft {s.draft_s:.2f} s · verify {s.verify_s:.2f} s · mode {s.mode}")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
