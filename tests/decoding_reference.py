@@ -1,11 +1,16 @@
 """Target-only decoding through the arena, one token a pass: the reference that tree and chain verification rows
-must equal bit for bit (tests/test_tree_llama.py, tests/test_onnx_trees.py)."""
+must equal bit for bit (tests/test_tree_llama.py, tests/test_onnx_trees.py); and a count of the trees an engine
+verifies."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
 from edgespec.arena import Cache, KVArena
+from edgespec.engine import Engine
 
 
 def started(model: Cache, prompt: list[int]) -> KVArena:
@@ -34,3 +39,20 @@ def decode_on(arena: KVArena, generated: list[int], n: int) -> np.ndarray:
         generated.append(int(rows[-1].argmax()))
         arena.commit([generated[-1]])
     return np.stack(rows)
+
+
+@contextmanager
+def counting_leaves(engine: Engine) -> Iterator[list[int]]:
+    """While open: the number of leaves of each token tree the engine's target verifies."""
+    leaves: list[int] = []
+    verify_tree = engine.arena.extend_tree
+
+    def counting(name: str, tokens: list[int], parents: list[int]) -> np.ndarray:
+        leaves.append(len(set(range(len(tokens))) - set(parents)))
+        return verify_tree(name, tokens, parents)
+
+    engine.arena.extend_tree = counting  # type: ignore[method-assign]
+    try:
+        yield leaves
+    finally:
+        del engine.arena.extend_tree

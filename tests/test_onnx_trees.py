@@ -8,7 +8,6 @@ through prompt reuse and at the context's end."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from edgespec.exactness import check
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
 from edgespec.verify import verify_tree_greedy
 from tests.conftest import onnx_export_dir
-from tests.decoding_reference import decode_on, one_at_a_time, started
+from tests.decoding_reference import counting_leaves, decode_on, one_at_a_time, started
 from tests.test_sampling_e2e import assert_sampling_matches_target
 
 pytestmark = pytest.mark.skipif(custom_ops.library() is None and custom_ops.ensure() is None,
@@ -113,23 +112,6 @@ def test_sampled_mode_tree_follows_the_target_distribution(onnx_int8_engine: Eng
     with counting_leaves(onnx_int8_engine) as leaves:
         assert_sampling_matches_target(onnx_int8_engine, "tree", max_tokens=6, gamma=4)
     assert max(leaves) > 1
-
-
-@contextmanager
-def counting_leaves(engine: Engine) -> Iterator[list[int]]:
-    """While open: the number of leaves of each token tree the engine's target verifies."""
-    leaves: list[int] = []
-    verify_tree = engine.arena.extend_tree
-
-    def counting(name: str, tokens: list[int], parents: list[int]) -> np.ndarray:
-        leaves.append(len(set(range(len(tokens))) - set(parents)))
-        return verify_tree(name, tokens, parents)
-
-    engine.arena.extend_tree = counting  # type: ignore[method-assign]
-    try:
-        yield leaves
-    finally:
-        del engine.arena.extend_tree
 
 
 def test_a_tree_at_the_context_end(onnx_int8_engine: Engine) -> None:

@@ -22,7 +22,8 @@ from edgespec.exactness import PADDED_ROWS
 from edgespec.llama_backend import ContextOptions, LlamaModel
 from edgespec.models import resolve
 from edgespec.verify import verify_tree_greedy
-from tests.decoding_reference import decode_on, one_at_a_time, started
+from tests.decoding_reference import counting_leaves, decode_on, one_at_a_time, started
+from tests.test_sampling_e2e import assert_sampling_matches_target
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 8
 # Nodes 0-2: the first root path; node 3 hangs off node 0; node 4 is a second root, node 5 its child.
@@ -206,6 +207,14 @@ def test_mode_tree_drafting_on_its_own_equals_target_only(fast: Engine, spec_ben
         out = fast.generate(prompt, max_tokens=48, mode="tree")
         assert out.tokens == fast.generate(prompt, max_tokens=48, mode="none").tokens
     assert leaves and max(leaves) > 1
+
+
+def test_sampled_mode_tree_on_the_fast_numerics_follows_the_target_distribution(fast: Engine) -> None:
+    """Sampling verifies trees here too (``verify_tree_sampled``, padded tree passes): the sampled tokens pass the
+    distribution tests of tests/test_sampling_e2e.py, with trees of several leaves verified."""
+    with counting_leaves(fast) as leaves:
+        assert_sampling_matches_target(fast, "tree", max_tokens=6, gamma=4)
+    assert max(leaves) > 1
 
 
 def test_a_kept_second_branch_and_what_follows_are_one_token_decoding_on_the_fast_numerics(fast: Engine) -> None:
