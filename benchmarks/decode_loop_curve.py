@@ -9,7 +9,8 @@ turns around from one turn to the next, so the shared machine's load falls on bo
 checked equal to the target's. The speculative engine's target passes in the decode loop are timed by the rows
 they compute and the context they start at: the verify curve the loop pays (per k, the median of each k-row pass's
 seconds over the median 1-row pass at the same context, within ``CONTEXT_BIN`` tokens) beside a start-up calibration
-(best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from. Matching the
+(best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from, and beside the
+curve the controller had learned by the end (the one it chose γ by). Matching the
 context matters: lookup drafts most where the prompt is long (summaries, RAG), where every pass is dearer, so the
 median k-row pass over the median 1-row pass of all contexts (also printed) overstates what a row costs.
 Prints a table per category and the curves, writes decode_loop_curve.json and .png.
@@ -146,6 +147,10 @@ def main() -> None:
         passes: Passes = defaultdict(list)
         time_passes(engines["ngram"], passes)
         records = play(engines, questions, args.max_tokens)
+        controller = engines["ngram"].controller
+        assert controller is not None  # γ auto: set up by the first generation
+        learned = {k: float(controller.curve.shape[k]) for k in CURVE_ROWS}
+        steepness = controller.curve.steepness
     finally:
         for engine in engines.values():
             engine.close()
@@ -160,22 +165,27 @@ def main() -> None:
         print(f"{category:<16}{plain['tok_s']:>13.1f}{spec['tok_s']:>12.1f}{spec['tok_s'] / plain['tok_s']:>9.2f}×"
               f"{spec['tau']:>7.2f}{spec['alpha']:>7.2f}")
     print("verify curve, cost of a k-row pass / a 1-row pass (k = 1 + draft tokens):")
-    print(f"{'k':>4}{'calibration':>13}{'decode loop, same context (passes)':>37}{'all contexts':>14}")
+    print(f"{'k':>4}{'calibration':>13}{'decode loop, same context (passes)':>37}{'all contexts':>14}"
+          f"{'controller':>12}")
     for k in CURVE_ROWS:
         cell = (f"{loop[k]['relative']:>28.2f} ({loop[k]['passes']:>5}){loop[k]['all_contexts']:>14.2f}" if k in loop
                 else f"{'-':>37}{'-':>14}")
-        print(f"{k:>4}{calibrated[k]:>13.2f}{cell}")
+        print(f"{k:>4}{calibrated[k]:>13.2f}{cell}{learned[k]:>12.2f}")
+    print(f"controller: what the speculative engine's γ controller believed at the end (steepness {steepness:.2f} × "
+          "its own start-up calibration's excess over one row)")
 
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "decode_loop_curve.json"
     out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model),
                                "per_category": args.per_category, "max_tokens": args.max_tokens,
                                "summary": summary, "loop_curve": loop, "calibrated_curve": calibrated,
+                               "controller_curve": learned, "controller_steepness": steepness,
                                "records": records}, indent=1))
     ks = [k for k in CURVE_ROWS if k in loop]
     lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--"),
              ("decode loop, ngram, same context", [loop[k]["relative"] for k in ks], "tab:blue", "-"),
-             ("decode loop, ngram, all contexts", [loop[k]["all_contexts"] for k in ks], "tab:blue", ":")]
+             ("decode loop, ngram, all contexts", [loop[k]["all_contexts"] for k in ks], "tab:blue", ":"),
+             ("the γ controller's learned curve, at the end", [learned[k] for k in ks], "tab:red", "-.")]
     line_chart(args.out / "decode_loop_curve.png", ks, lines, "rows in the pass (1 + draft tokens)",
                "cost relative to one row", "Verify cost: decode loop vs calibration")
     print(f"wrote {out} and decode_loop_curve.png")

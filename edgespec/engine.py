@@ -384,6 +384,11 @@ class Engine:
         return draft.truncated(int(k))
 
     # -- setup ----------------------------------------------------------------------------------------
+    @property
+    def controller(self) -> GammaController | None:
+        """The γ controller of this engine's γ-auto generations (what it has learned), None before the first."""
+        return self._controller
+
     def _get_controller(self) -> GammaController:
         if self._controller is None:
             t = self.tuning
