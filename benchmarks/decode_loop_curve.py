@@ -171,8 +171,8 @@ def main() -> None:
         cell = (f"{loop[k]['relative']:>28.2f} ({loop[k]['passes']:>5}){loop[k]['all_contexts']:>14.2f}" if k in loop
                 else f"{'-':>37}{'-':>14}")
         print(f"{k:>4}{calibrated[k]:>13.2f}{cell}{learned[k]:>12.2f}")
-    print(f"controller: what the speculative engine's γ controller believed at the end (steepness {steepness:.2f} × "
-          "its own start-up calibration's excess over one row)")
+    print("controller: what the speculative engine's γ controller believed at the end (each k verified lately at what "
+          f"its verifies cost, the others at {steepness:.2f} × its own start-up calibration's excess over one row)")
 
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "decode_loop_curve.json"

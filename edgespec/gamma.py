@@ -29,8 +29,8 @@ Why the controller this replaced lost on a steep curve (`edgespec replay`, recor
 learned only from verified drafts, so declined keys faded back toward an optimistic prior (0.6) and were re-tried,
 and it refined its cost curve only at the k in use, slowly: timed with a curve calibrated flatter than the true
 one (a short calibration context, or a busy machine), it kept drafting where verifying cost more than it won.
-The verify-cost curve is calibrated at load; online, its scale follows every pass and one steepness factor
-(CostCurve.observe) corrects its slope from every verify.
+The verify-cost curve is calibrated at load; online, its scale follows every single-token pass and each k verified
+is believed at what its verifies cost (CostCurve.observe), the calibration's form filling in the k not verified lately.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ _PRIOR_MEAN = 0.6  # optimistic enough that a new model drafter or key gets trie
 _PRIOR_WEIGHT = 2.0
 _PRIOR = np.full(MAX_GAMMA, _PRIOR_MEAN)
 _EMA = 0.1
+_CURVE_EMA = 0.2  # per verify of a k: its cost follows a change within ~5 verifies of it
 # A free drafter's acceptance is taken one standard deviation below its posterior mean (about the 16th percentile).
 _LOWER_Z = 1.0
 # Every this many declined drafts of a key, verify one token anyway: estimates of a key that is never tried
@@ -73,20 +74,26 @@ def expected_step(acceptance: np.ndarray, shape: np.ndarray, scale: float, draft
 class CostCurve:
     """Seconds for one target pass over k tokens, k = 1..MAX_GAMMA+1, as shape × scale.
 
-    The shape (relative cost of k tokens vs 1) comes from calibration; the scale follows every verify
-    observed, so a context that grows (attention gets dearer) or a machine that gets busier moves the
-    whole curve, not just the k values in use.
+    The scale (one token's pass) follows every single-token pass, so a context that grows (attention gets dearer)
+    or a machine that gets busier moves the whole curve. The shape (cost(k) / cost(1)) starts from calibration and
+    is learned per k from the verifies themselves: where a k has been verified lately its own running estimate
+    counts, and the k not yet verified (or not lately) take the calibration's form, its excess over one row scaled
+    by one steepness fitted to the k that were (see ``observe``).
     """
 
     shape: np.ndarray  # index k: cost(k) / cost(1); index 0 unused
     scale: float  # seconds for k = 1
-    # shape = 1 + steepness · (calibrated shape − 1): see observe
+    # The prior for k not verified lately: 1 + steepness · (calibrated shape − 1), fitted to the k that were.
     steepness: float = 1.0
     _calibrated: np.ndarray = field(init=False, repr=False)
+    _cost: np.ndarray = field(init=False, repr=False)  # per k: running estimate of cost(k) / cost(1)
+    _seen: np.ndarray = field(init=False, repr=False)  # per k: decayed count of verifies behind that estimate
 
     def __post_init__(self) -> None:
-        self._bound()
+        self.shape[1:] = _physical(self.shape[1:], np.ones(len(self.shape) - 1))
         self._calibrated = self.shape.copy()
+        self._cost = self.shape.copy()
+        self._seen = np.zeros(len(self.shape))
 
     @classmethod
     def measure(cls, run: Callable[[int], None], rounds: int = 3,
@@ -104,47 +111,87 @@ class CostCurve:
         seconds = np.array([statistic(s) if s else np.nan for s in samples])
         return cls(shape=seconds / seconds[1], scale=float(seconds[1]))
 
-    def _bound(self) -> None:
-        """Keep the shape physical. Verifying more tokens never costs less, and k tokens in one pass never cost
-        more than k passes of one (the engine could always do that instead). Timings taken on a busy machine can
-        say otherwise (measured under load: k = 5 at 1.36 against k = 3 at 2.05; k = 14 at 83× one token), and
-        a curve that dips makes the controller verify long drafts that are rarely accepted, while one that
-        soars makes it conclude that no draft could ever pay, and never try one to find out."""
-        k = np.arange(len(self.shape))
-        self.shape[1:] = np.minimum(np.maximum.accumulate(self.shape[1:]), k[1:])
-
     def seconds(self, k: int) -> float:
         return float(self.shape[k] * self.scale)
 
     def observe(self, k: int, seconds: float) -> None:
-        """Learn from one pass over k tokens: a single token's sets the scale, a batch's the steepness.
+        """Learn from one pass over k tokens: a single token's sets the scale, a batch's the shape.
 
-        Both from every pass would not be identifiable: verifies at one k fit any steepness once the scale
-        absorbs the rest, so a curve once learned flat (a long context, where the padded single-token pass costs
-        nearly what a batch does) explained every later, steeper verify by a dearer pass and stayed flat while
-        the controller drafted every step (Spec-Bench run of 2026-11-23, stem's question 142 after the
-        extraction questions: 316 tokens drafted, 27 accepted, 0.68× its target alone in the same run). A scale
-        left stale by steps that all draft errs the safe way: a context that grew makes batches look steep,
-        drafting stops, and the next plain step renews the scale.
+        Both from every pass would not be identifiable: verifies at one k fit any shape once the scale absorbs the
+        rest, so a curve once learned flat (a long context, where the padded single-token pass costs nearly what a
+        batch does) explained every later, steeper verify by a dearer pass and stayed flat while the controller
+        drafted every step (Spec-Bench run of 2026-11-23, stem's question 142 after the extraction questions: 316
+        tokens drafted, 27 accepted, 0.68× its target alone in the same run). A scale left stale by steps that all
+        draft errs the safe way: a context that grew makes batches look steep, drafting stops, and the next plain
+        step renews the scale.
+
+        Each k verified keeps its own estimate. One factor times the calibration's form, fitted to every k at once
+        (as before), believed the EPYC's loop paid 1.2-4× what it did for 3+ rows (docs/controller.md): the
+        calibration there is flat at 2 rows and its excess is not proportional to the loop's, so the factor that
+        fitted the k in use (divided by a calibrated excess of a few %) overshot the others, and lookup drafted too
+        short. The factor now only fills in the k not verified lately, fitted by least squares so that the k with
+        the largest calibrated excess (the best-measured form) weigh most and a k calibrated at 1.00 not at all.
         """
         if k == 1:
             self.scale += _EMA * (seconds - self.scale)
             return
-        excess = self._calibrated[k] - 1
-        if excess > 0:
-            # The calibration is trusted for the curve's form, not its steepness: verifying k tokens gets
-            # relatively dearer or cheaper as the context grows (each row attends over all of it, while the
-            # weights are read once), and a calibration timed on a busy machine can be off either way. One
-            # factor, learned from every verify, moves the whole curve, the k not in use too: refining only the
-            # k in use (as before) let a curve calibrated too flat keep tempting the controller to the k it had
-            # not yet used.
-            observed = (seconds / self.scale - 1) / excess
-            self.steepness = max(0.0, self.steepness + _EMA * (observed - self.steepness))
-            self.shape[1:] = 1 + self.steepness * (self._calibrated[1:] - 1)
-            self._bound()
+        # Every batch verify ages what the others taught: a k not verified for ~30 verifies falls back to the prior.
+        self._seen *= _DECAY
+        self._seen[k] += 1
+        # A running mean over the first verifies of a k, then an average of its latest ~5 (a stall on a shared
+        # machine moves it for a few verifies; a context or load that changes what a k costs is followed as fast);
+        # a verify that ran past k single passes counts as k, as the engine could always have run them one by one.
+        self._cost[k] += max(1 / self._seen[k], _CURVE_EMA) * (min(seconds / self.scale, k) - self._cost[k])
+        self._refit()
+
+    def _refit(self) -> None:
+        """The shape from the per-k estimates, each weighed against the prior as one verify's worth."""
+        calibrated_excess = self._calibrated[1:] - 1
+        fit = float((self._seen[1:] * calibrated_excess ** 2).sum())
+        if fit > 0:
+            self.steepness = max(0.0, float((self._seen[1:] * calibrated_excess * (self._cost[1:] - 1)).sum()) / fit)
+        prior = 1 + self.steepness * calibrated_excess
+        evidence = self._seen[1:] / (self._seen[1:] + 1)
+        self.shape[1:] = _physical(evidence * self._cost[1:] + (1 - evidence) * prior, self._seen[1:] + 1)
+
+    def learned(self) -> dict[str, list[float]]:
+        """What the verifies taught of each k's cost, for the next process on the same model (``start_from``)."""
+        return {"cost": self._cost[1:].tolist(), "seen": self._seen[1:].tolist()}
+
+    def start_from(self, learned: object) -> None:
+        """Take what ``learned`` wrote (ratios: the scale is this process's); ValueError for anything else."""
+        try:
+            cost, seen = (np.array(learned[name], dtype=float) for name in ("cost", "seen"))  # type: ignore[index]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a cost curve's learned state: {e}") from e
+        if cost.shape != seen.shape or cost.shape != (len(self.shape) - 1,) or not (
+                np.all(np.isfinite(cost)) and np.all(cost >= 0) and np.all(np.isfinite(seen)) and np.all(seen >= 0)):
+            raise ValueError("not a cost curve's learned state")
+        self._cost[1:], self._seen[1:] = cost, seen
+        self._refit()
 
     def as_dict(self) -> dict[int, float]:
         return {k: round(self.seconds(k), 6) for k in range(1, len(self.shape))}
+
+
+def _physical(shape: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``shape`` (index 0: k = 1, the unit, kept) made physical, each other point moved as little as its ``weight``
+    says (a weighted isotonic fit, pooling adjacent violators): verifying more tokens never costs less, and k tokens
+    in one pass never cost more than k passes of one (the engine could always do that instead). Timings on a busy
+    machine say otherwise (measured under load: k = 5 at 1.36 against k = 3 at 2.05; k = 14 at 83× one token): a
+    curve that dips makes the controller verify long drafts that are rarely accepted, one that soars makes it
+    conclude that no draft could ever pay, and never try one to find out. Pooling, not raising every later point to
+    the highest before it, keeps one noisy or overestimated k from lifting all the k after it."""
+    capped = np.concatenate(([1.0], np.minimum(shape[1:], np.arange(2, len(shape) + 1))))
+    if np.all(capped[1:] >= capped[:-1]):
+        return capped
+    blocks = [[1.0, np.inf, 1]]  # [value, weight, points]: the unit never moves
+    for value, w in zip(capped[1:], weight[1:], strict=True):
+        blocks.append([float(value), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v1, w1, n1), (v2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([v1 if np.isinf(w1) else (v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(int(n), v) for v, _, n in blocks])
 
 
 @dataclass
@@ -218,7 +265,7 @@ class GammaController:
         ``edgespec generate`` otherwise spends its first steps relearning what every earlier run knew."""
         return {"pooled": {name: a.as_lists() for name, a in self._pooled.items()},
                 "keyed": [[name, key, streak, a.as_lists()] for (name, key, streak), a in self._keyed.items()],
-                "draft_ratio": dict(self._draft_ratio)}
+                "draft_ratio": dict(self._draft_ratio), "curve": self.curve.learned()}
 
     def start_from(self, learned: dict[str, object]) -> None:
         """Take what an earlier controller learned (``learned``'s dict); ValueError if it is not one, and then
@@ -228,6 +275,8 @@ class GammaController:
             keyed = {(str(n), int(k), bool(s)): _Acceptance.from_lists(v)
                      for n, k, s, v in learned["keyed"]}  # type: ignore[union-attr]
             ratios = {str(n): float(r) for n, r in learned["draft_ratio"].items()}  # type: ignore[union-attr]
+            if "curve" in learned:  # files written before the curve was learned per k lack it
+                self.curve.start_from(learned["curve"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a controller's learned state: {e}") from e
         self._pooled.update(pooled)

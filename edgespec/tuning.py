@@ -128,9 +128,9 @@ def find_tuning(target: str | os.PathLike[str], draft: str | os.PathLike[str] | 
 class StoredCurve:
     """What an untuned engine measured and learned, kept for the next process on the same model file, thread count
     and device: the verify-cost curve it calibrated on its first request (calibrating costs ~3 s of the first
-    reply's time: 17 batch sizes, 3 rounds; the γ controller follows the scale and steepness online from the first
-    step anyway), and beside it what its γ controller learned of the drafters' acceptance, rewritten after every
-    request (``GammaController.learned``)."""
+    reply's time: 17 batch sizes, 3 rounds; the γ controller follows the scale and each k's cost online from the
+    first step anyway), and beside it what its γ controller learned of the drafters' acceptance and of each k's
+    cost, rewritten after every request (``GammaController.learned``)."""
 
     path: Path
 

@@ -247,8 +247,9 @@ def test_sampled_output_follows_the_target_distribution(mode: str, params: Sampl
 
 def test_what_the_controller_learned_is_kept_for_the_next_process(clock: FakeClock, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """An untuned engine writes its controller's learned acceptance after each request beside its stored curve; the
-    next engine on the same model starts from it instead of the prior (a one-shot generate starts warm). Outputs
+    """An untuned engine writes what its controller learned (acceptance, each verified k's cost) after each request
+    beside its stored curve; the next engine on the same model starts from it instead of the prior and the
+    calibration (a one-shot generate starts warm). Outputs
     never change: what is kept only chooses γ. A damaged file is ignored, said once, and rewritten."""
     stored = StoredCurve(tmp_path / "curve.json")
     first = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
@@ -258,6 +259,8 @@ def test_what_the_controller_learned_is_kept_for_the_next_process(clock: FakeClo
     assert learned["pooled"] and learned["keyed"] and not GammaController(stored.read()).learned()["pooled"]
     second = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
     assert second._get_controller().learned() == learned  # the first engine's state, not the prior
+    assert any(learned["curve"]["seen"]) and np.array_equal(second._get_controller().curve.shape[1:],
+                                                            first._get_controller().curve.shape[1:])
     assert second.generate(PROMPT, max_tokens=60).tokens == out.tokens
     stored.learned_path.write_text(json.dumps({"format": 1, "learned": {"pooled": {"ngram": [[1.0], [2.0]]}}}))
     third = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
