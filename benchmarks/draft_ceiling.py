@@ -48,9 +48,9 @@ def straight(slope: float) -> np.ndarray:
     return curve_shape({1: 1.0, 17: 1.0 + 16 * slope})
 
 
-def row(label: str, result: dict[str, dict[str, float]]) -> dict:
+def row(label: str, result: dict[str, dict[str, float | None]]) -> dict:
     worst = min((s["speedup"], cat) for cat, s in result.items())
-    return {"label": label, **{k: float(v) for k, v in result["overall"].items()},
+    return {"label": label, **{k: None if v is None else float(v) for k, v in result["overall"].items()},
             "worst": {"category": worst[1], "speedup": float(worst[0])}}
 
 
