@@ -117,6 +117,19 @@ def test_the_default_configuration_is_what_generate_runs_with_no_flags(tmp_path:
     assert CONFIGS["default"].auto and "default" in DEFAULT_CONFIGS
 
 
+def test_fast_numerics_run_every_edgespec_configuration_on_them_checked_against_its_own_target(
+        tmp_path: Path) -> None:
+    """`--fast-numerics`: the target and mode tree both load with llama.cpp's fast numerics (where the self-check pads
+    the passes so that trees stay exact), and mode tree's output equals its target's on the same numerics."""
+    result = _bench(tmp_path, "--limit", "1", "--max-tokens", "16", "--configs", "tree-auto", "--no-plots",
+                    "--fast-numerics")
+    assert result["setup"]["fast_numerics"] and result["args"]["fast_numerics"]
+    assert {name: result["workers"][name]["exact_numerics"] for name in ("target", "tree-auto")} == {
+        "target": False, "tree-auto": False}
+    overall = result["summary"]["tree-auto"]["overall"]
+    assert overall["lossless"] == overall["generations"] > 0
+
+
 def test_configs_skip_cleanly_without_their_model_folder() -> None:
     configs, skipped = select(["target", "ortg-plain", "onnx-ngram"], {"ort_genai_model": None, "onnx_model": None})
     assert [c.name for c in configs] == ["target"]

@@ -40,6 +40,10 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--ctx", type=_positive, default=4096)
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda", "metal"],
                    help="where every configuration runs its models (default: %(default)s)")
+    b.add_argument("--fast-numerics", action="store_true",
+                   help="edgespec's configurations on llama.cpp's fast numerics (F16 KV cache, flash attention), as "
+                        "`edgespec generate --fast-numerics`: each speculative configuration is still checked "
+                        "against its own target on the same numerics (the peers keep their own)")
     b.add_argument("--seed", type=int, default=0, help="orders configurations within each question; seeds peers")
     b.add_argument("--ort-genai-model", default=None, help="onnxruntime-genai model folder (ortg-* configs)")
     b.add_argument("--onnx-model", default=None, help="edgespec ONNX model folder (onnx-* configs)")
@@ -128,7 +132,8 @@ def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
             "max_tokens": args.max_tokens or (128 if chat else 256),
             "configs": tuple(n for n in configs.split(",") if n),
             "model": args.model, "threads": args.threads, "ctx": args.ctx, "seed": args.seed,
-            "ort_genai_model": args.ort_genai_model, "onnx_model": args.onnx_model, "device": args.device}
+            "ort_genai_model": args.ort_genai_model, "onnx_model": args.onnx_model, "device": args.device,
+            "fast_numerics": args.fast_numerics}
 
 
 def _bench(args: argparse.Namespace) -> int:

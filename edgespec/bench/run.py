@@ -39,6 +39,7 @@ class RunArgs:
     ort_genai_model: str | None = None
     onnx_model: str | None = None
     device: str = "cpu"
+    fast_numerics: bool = False  # edgespec's llama.cpp configurations on the fast numerics (F16 KV, flash attention)
 
     @property
     def run_options(self) -> dict[str, object]:
@@ -115,7 +116,8 @@ def open_setup(args: RunArgs) -> tuple[Engine, Setup]:
     model_path = resolve(args.model)
     chat = edgespec.load(model_path, mode="none", gamma=0, n_ctx=64, n_threads=1, tuning=False)
     eog = tuple(t for t in range(chat.target.n_vocab) if chat.target.is_eog(t))
-    return chat, Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed, args.device)
+    return chat, Setup(str(model_path), args.threads or physical_cores(), args.ctx, eog, args.seed, args.device,
+                       args.fast_numerics)
 
 
 def start_workers(configs: list[Config], args: RunArgs, setup: Setup, workers: dict[str, Worker],

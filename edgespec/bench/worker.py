@@ -33,6 +33,7 @@ class Setup:
     eog: tuple[int, ...]  # end-of-generation token ids: generation stops at the first, which is not output
     seed: int
     device: str = "cpu"  # where the models run (cpu, cuda, metal): every configuration on the same one
+    fast_numerics: bool = False  # edgespec's configurations load with exact_numerics=False (--fast-numerics)
 
 
 @dataclass

@@ -25,22 +25,24 @@ class NativeRunner:
         flags = options.get("generate_flags")
         if isinstance(flags, list):  # `edgespec generate FLAGS`, with the threads and context every config shares
             self.engine = generate_engine([*flags, "--threads", str(setup.threads), "--ctx", str(setup.n_ctx),
-                                           "--device", setup.device])
+                                           "--device", setup.device, *["--fast-numerics"] * setup.fast_numerics])
             self.model = str(self.engine.target.path)
         else:
             self.engine = edgespec.load(self.model, draft=options.get("draft"),
                                         mode=None if tuned else str(options.get("mode", "none")),
                                         gamma=None if tuned else options.get("gamma", "auto"),  # type: ignore[arg-type]
                                         n_ctx=setup.n_ctx, n_threads=setup.threads, device=setup.device,
-                                        tuning=tuned)
+                                        exact_numerics=not setup.fast_numerics, tuning=tuned)
         if tuned and self.engine.tuning is None:
             raise EdgespecError("no tuning for this model, thread count and device: run `edgespec tune` first")
         self.engine.generate(_WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing
 
     def info(self) -> dict[str, object]:
         e = self.engine
+        options = getattr(e.target, "options", None)  # llama.cpp's; an ONNX export's numerics are its graphs'
         info: dict[str, object] = {"engine": f"edgespec {edgespec.__version__}", "mode": e.mode, "gamma": e.gamma,
                                    "tuned": e.tuning is not None,
+                                   "exact_numerics": getattr(options, "exact_numerics", None),
                                    "model_file": str(getattr(e.target, "path", self.model))}
         manifest = getattr(e.target, "manifest", None)
         if isinstance(manifest, dict):  # an ONNX export: which products it runs (its export timed them here)
