@@ -67,6 +67,20 @@ def test_the_controller_never_loses_on_a_steep_curve_and_drafts_where_it_pays() 
     assert simulate(streams, curve_shape(CURVES["flat"])) == flat  # deterministic
 
 
+def test_a_controller_started_from_a_calibration_of_another_form_learns_the_curve_the_passes_cost() -> None:
+    """The engine starts from its start-up calibration and pays the decode loop's curve. Calibrated flat at 2 rows
+    with a fifth of the loop's excess (measured on the EPYC, docs/controller.md), on the scripted streams, lookup
+    makes nearly what it makes when the calibration is the truth, on the loop curves measured there, with noisy
+    timings; one steepness fitted to every k made 0.93× of it on the steeper one (the 16-column products' loop)."""
+    streams = _scripted_streams()
+    calibration = curve_shape(CURVES["avx512-prefetch-calibration"])
+    for truth in ("avx512-prefetch-loop", "avx512-16col-loop"):
+        shape = curve_shape(CURVES[truth])
+        started_right = simulate(streams, shape, noise=0.2)["overall"]["speedup"]
+        started_off = simulate(streams, shape, noise=0.2, calibration=calibration)["overall"]["speedup"]
+        assert started_off >= 0.95 * started_right, (truth, started_off, started_right)
+
+
 def test_the_replayed_drafter_can_be_another_one() -> None:
     """benchmarks/draft_ceiling.py replays lookup plus a second drafter of a given accuracy: the drafter given is
     the one played; one always right pays where lookup has nothing, one never right costs next to nothing."""

@@ -113,6 +113,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-overhead", type=float, default=0.0,
                    help="time per step the drafter itself takes (drafting, its upkeep), in single-token passes; "
                         "plain decoding does not pay it (default: %(default)s)")
+    p.add_argument("--calibration", default=None,
+                   help="the curve the γ controller starts from, as the engine starts from its start-up calibration "
+                        "(default: each replayed curve itself), e.g. avx512-prefetch-calibration")
     p.add_argument("--noise", type=float, default=0.0,
                    help="the controller sees each pass's time times exp(NOISE · N(0,1)), as on a busy machine")
     p.add_argument("--annotate", action="store_true",
@@ -197,7 +200,7 @@ def _replay(args: argparse.Namespace) -> int:
         measured |= measured_curves(path)
     known = CURVES | measured
     curves = [c for c in (args.curves or ",".join(measured or CURVES)).split(",") if c]
-    unknown = [c for c in curves if c not in known]
+    unknown = [c for c in [*curves, *[args.calibration] * bool(args.calibration)] if c not in known]
     if unknown or not curves:
         raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(known)}")
     if min(args.overhead, args.draft_overhead, args.noise) < 0:
@@ -210,8 +213,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.annotate:
         annotate(args.model, args.streams, threads=args.threads)
     streams = load_streams(args.streams)
+    calibration = curve_shape(known[args.calibration]) if args.calibration else None
     results = {c: simulate(streams, curve_shape(known[c]), args.overhead, args.noise,
-                           tree_leaves=TREE_DRAFTERS[args.drafter], draft_overhead=args.draft_overhead)
+                           tree_leaves=TREE_DRAFTERS[args.drafter], draft_overhead=args.draft_overhead,
+                           calibration=calibration)
                for c in curves}
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0

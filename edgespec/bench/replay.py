@@ -49,6 +49,10 @@ CURVES: dict[str, dict[int, float]] = {
     # The same machine after the prefetching products (a second row nearly free): the curve the decode loop paid,
     # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-prefetch.json
     "avx512-prefetch-loop": {1: 1.0, 2: 1.05, 3: 1.15, 4: 1.22, 5: 1.22, 6: 1.34, 7: 1.40},
+    # A start-up calibration of that build, flat at 2 rows, whose excess is a fifth to a half of the loop's (the
+    # form the γ controller once fitted one factor to: docs/controller.md); replay it with --calibration,
+    # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-controller-belief.json
+    "avx512-prefetch-calibration": {1: 1.0, 2: 1.0, 3: 1.05, 4: 1.15, 5: 1.21, 6: 1.24, 7: 1.28},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
 GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
@@ -326,7 +330,8 @@ TREE_DRAFTERS = {"ngram": 0, "tree": MAX_TREE_LEAVES, "tree-chain": 1}  # --draf
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
              drafter: Callable[[], NgramDrafter] = NgramDrafter,
-             tree_leaves: int = 0, draft_overhead: float = 0.0) -> dict[str, dict[str, float | None]]:
+             tree_leaves: int = 0, draft_overhead: float = 0.0,
+             calibration: np.ndarray | None = None) -> dict[str, dict[str, float | None]]:
     """Per category and overall: speed-up over target-only, τ, mean γ, α, mean accepted depth, and for trees
     (``tree_leaves``) the mean tree size, nodes per pass (None for lookup chains). One controller and one drafter
     play every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in
@@ -335,9 +340,11 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     gives what was measured). ``noise``: the
     controller sees each pass's time scaled by exp(noise · N(0, 1)) (a busy machine; seeded). ``drafter``: a free
     drafter proposing as n-gram lookup does (``LookupThenGuess``).
-    ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains)."""
+    ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains). ``calibration``: the
+    curve the controller starts from (default: ``shape``, the one the passes cost), as the engine starts from its
+    start-up calibration and learns what the loop pays."""
     rng = np.random.default_rng(0)
-    ctl = controller(CostCurve(shape.copy(), _SCALE))
+    ctl = controller(CostCurve((shape if calibration is None else calibration).copy(), _SCALE))
     proposer = drafter()
     streams = list(streams)
     # Drafting time is charged by --draft-overhead, not read from this process's clock (which would make the replay
