@@ -126,11 +126,12 @@ class CostCurve:
         step renews the scale.
 
         Each k verified keeps its own estimate. One factor times the calibration's form, fitted to every k at once
-        (as before), believed the EPYC's loop paid 1.2-4× what it did for 3+ rows (docs/controller.md): the
-        calibration there is flat at 2 rows and its excess is not proportional to the loop's, so the factor that
-        fitted the k in use (divided by a calibrated excess of a few %) overshot the others, and lookup drafted too
-        short. The factor now only fills in the k not verified lately, fitted by least squares so that the k with
-        the largest calibrated excess (the best-measured form) weigh most and a k calibrated at 1.00 not at all.
+        (this curve until 2026-11-25), believed the EPYC's loop paid 1.2-4× what it did for 3+ rows
+        (docs/controller.md): the calibration there is flat at 2 rows and its excess is not proportional to the
+        loop's, so the factor that fitted the k in use (divided by a calibrated excess of a few %) overshot the
+        others, and lookup drafted too short. The factor now only fills in the k not verified lately, fitted by
+        least squares so that the k with the largest calibrated excess (the best-measured form) weigh most and a k
+        calibrated at 1.00 not at all.
         """
         if k == 1:
             self.scale += _EMA * (seconds - self.scale)
