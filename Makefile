@@ -42,10 +42,10 @@ $(VENV)/.dev-done: $(VENV)/.setup-done
 
 demo: setup
 	$(BIN)/edgespec generate --chat --compare --max-tokens 256 \
-		"Summarize in three sentences: Speculative decoding lets a cheap drafter propose several tokens \
-that the target model verifies in one batched forward pass. The target keeps the longest prefix it agrees \
-with plus one token of its own, so the output is exactly what it would have produced alone. On a CPU the \
-verification of several tokens costs more than one, so the number of drafted tokens must be chosen with care."
+		"Fix the spelling mistakes in this paragraph and return it: Speculative decodng lets a cheap drafter \
+propose several tokens that the target model verifys in one batched forward pass. The target keeps the longest \
+prefix it agres with plus one token of its own, so the output is exactly what it would have produced alone. On a \
+CPU the verification of several tokens costs more then one, so the number of drafted tokens must be choosen with care."
 
 lint: setup-dev
 	$(BIN)/ruff check .
