@@ -35,6 +35,7 @@ is believed at what its verifies cost (CostCurve.observe), the calibration's for
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,12 +87,14 @@ class CostCurve:
     # The prior for k not verified lately: 1 + steepness · (calibrated shape − 1), fitted to the k that were.
     steepness: float = 1.0
     _calibrated: np.ndarray = field(init=False, repr=False)
+    _excess: np.ndarray = field(init=False, repr=False)  # per k ≥ 1: the calibration's excess over one row
     _cost: np.ndarray = field(init=False, repr=False)  # per k: running estimate of cost(k) / cost(1)
     _seen: np.ndarray = field(init=False, repr=False)  # per k: decayed count of verifies behind that estimate
 
     def __post_init__(self) -> None:
         self.shape[1:] = _physical(self.shape[1:], np.ones(len(self.shape) - 1))
         self._calibrated = self.shape.copy()
+        self._excess = self._calibrated[1:] - 1
         self._cost = self.shape.copy()
         self._seen = np.zeros(len(self.shape))
 
@@ -147,13 +150,12 @@ class CostCurve:
 
     def _refit(self) -> None:
         """The shape from the per-k estimates, each weighed against the prior as one verify's worth."""
-        calibrated_excess = self._calibrated[1:] - 1
-        fit = float((self._seen[1:] * calibrated_excess ** 2).sum())
+        seen, cost, excess = self._seen[1:], self._cost[1:], self._excess
+        fit = float(seen @ (excess * excess))
         if fit > 0:
-            self.steepness = max(0.0, float((self._seen[1:] * calibrated_excess * (self._cost[1:] - 1)).sum()) / fit)
-        prior = 1 + self.steepness * calibrated_excess
-        evidence = self._seen[1:] / (self._seen[1:] + 1)
-        self.shape[1:] = _physical(evidence * self._cost[1:] + (1 - evidence) * prior, self._seen[1:] + 1)
+            self.steepness = max(0.0, float(seen @ (excess * (cost - 1))) / fit)
+        prior = 1 + self.steepness * excess
+        self.shape[1:] = _physical(prior + seen / (seen + 1) * (cost - prior), seen + 1)
 
     def learned(self) -> dict[str, list[float]]:
         """What the verifies taught of each k's cost, for the next process on the same model (``start_from``)."""
@@ -186,13 +188,19 @@ def _physical(shape: np.ndarray, weight: np.ndarray) -> np.ndarray:
     capped = np.concatenate(([1.0], np.minimum(shape[1:], np.arange(2, len(shape) + 1))))
     if np.all(capped[1:] >= capped[:-1]):
         return capped
-    blocks = [[1.0, np.inf, 1]]  # [value, weight, points]: the unit never moves
-    for value, w in zip(capped[1:], weight[1:], strict=True):
-        blocks.append([float(value), float(w), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (v1, w1, n1), (v2, w2, n2) = blocks.pop(-2), blocks.pop()
-            blocks.append([v1 if np.isinf(w1) else (v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.concatenate([np.full(int(n), v) for v, _, n in blocks])
+    # Plain floats: the loop runs every verify, and numpy's scalars cost more than the arithmetic.
+    values, weights, points = [1.0], [math.inf], [1]  # the unit never moves
+    for value, w in zip(capped[1:].tolist(), weight[1:].tolist(), strict=True):
+        values.append(value)
+        weights.append(w)
+        points.append(1)
+        while len(values) > 1 and values[-2] > values[-1]:
+            v2, w2, n2 = values.pop(), weights.pop(), points.pop()
+            if not math.isinf(weights[-1]):
+                values[-1] = (values[-1] * weights[-1] + v2 * w2) / (weights[-1] + w2)
+            weights[-1] += w2
+            points[-1] += n2
+    return np.repeat(values, points)
 
 
 @dataclass
@@ -229,7 +237,9 @@ class _Acceptance:
         """Posterior mean of each position's rate, or ``lower_z`` standard deviations below it."""
         n = self.trials + _PRIOR_WEIGHT
         mean = (self.accepts + prior * _PRIOR_WEIGHT) / n
-        return np.clip(mean - lower_z * np.sqrt(mean * (1 - mean) / n), 0.0, 1.0)
+        if not lower_z:
+            return mean  # within [0, 1]: accepted ≤ trials, and so is the prior
+        return np.maximum(mean - lower_z * np.sqrt(mean * (1 - mean) / n), 0.0)
 
 
 class GammaController:
