@@ -39,6 +39,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -86,17 +87,17 @@ class CostCurve:
     scale: float  # seconds for k = 1
     # The prior for k not verified lately: 1 + steepness · (calibrated shape − 1), fitted to the k that were.
     steepness: float = 1.0
-    _calibrated: np.ndarray = field(init=False, repr=False)
-    _excess: np.ndarray = field(init=False, repr=False)  # per k ≥ 1: the calibration's excess over one row
-    _cost: np.ndarray = field(init=False, repr=False)  # per k: running estimate of cost(k) / cost(1)
-    _seen: np.ndarray = field(init=False, repr=False)  # per k: decayed count of verifies behind that estimate
+    # Per k from 1 (index k − 1), as plain floats: they change every verify, and on 17 numbers numpy's calls cost more
+    # than the arithmetic (in the decode loop, caches cold after a pass: ~130 µs a verify with arrays).
+    _excess: list[float] = field(init=False, repr=False)  # the calibration's excess over one row
+    _cost: list[float] = field(init=False, repr=False)  # running estimate of cost(k) / cost(1)
+    _seen: list[float] = field(init=False, repr=False)  # decayed count of verifies behind that estimate
 
     def __post_init__(self) -> None:
-        self.shape[1:] = _physical(self.shape[1:], np.ones(len(self.shape) - 1))
-        self._calibrated = self.shape.copy()
-        self._excess = self._calibrated[1:] - 1
-        self._cost = self.shape.copy()
-        self._seen = np.zeros(len(self.shape))
+        self.shape[1:] = _physical(self.shape[1:].tolist(), [1.0] * (len(self.shape) - 1))
+        self._cost = self.shape[1:].tolist()
+        self._excess = [cost - 1 for cost in self._cost]
+        self._seen = [0.0] * len(self._cost)
 
     @classmethod
     def measure(cls, run: Callable[[int], None], rounds: int = 3,
@@ -140,26 +141,30 @@ class CostCurve:
             self.scale += _EMA * (seconds - self.scale)
             return
         # Every batch verify ages what the others taught: a k not verified for ~30 verifies falls back to the prior.
-        self._seen *= _DECAY
-        self._seen[k] += 1
+        self._seen = [seen * _DECAY for seen in self._seen]
+        i, seconds = k - 1, float(seconds)  # plain floats stay plain (a numpy scalar's arithmetic is slower)
+        self._seen[i] += 1
         # A running mean over the first verifies of a k, then an average of its latest ~5 (a stall on a shared
         # machine moves it for a few verifies; a context or load that changes what a k costs is followed as fast);
         # a verify that ran past k single passes counts as k, as the engine could always have run them one by one.
-        self._cost[k] += max(1 / self._seen[k], _CURVE_EMA) * (min(seconds / self.scale, k) - self._cost[k])
+        self._cost[i] += max(1 / self._seen[i], _CURVE_EMA) * (min(seconds / self.scale, k) - self._cost[i])
         self._refit()
 
     def _refit(self) -> None:
         """The shape from the per-k estimates, each weighed against the prior as one verify's worth."""
-        seen, cost, excess = self._seen[1:], self._cost[1:], self._excess
-        fit = float(seen @ (excess * excess))
+        rows = list(zip(self._seen, self._cost, self._excess, strict=True))
+        fit = sum(seen * excess * excess for seen, _, excess in rows)
         if fit > 0:
-            self.steepness = max(0.0, float(seen @ (excess * (cost - 1))) / fit)
-        prior = 1 + self.steepness * excess
-        self.shape[1:] = _physical(prior + seen / (seen + 1) * (cost - prior), seen + 1)
+            self.steepness = max(0.0, sum(seen * excess * (cost - 1) for seen, cost, excess in rows) / fit)
+        blended = []
+        for seen, cost, excess in rows:
+            prior = 1 + self.steepness * excess
+            blended.append(prior + seen / (seen + 1) * (cost - prior))
+        self.shape[1:] = _physical(blended, [seen + 1 for seen in self._seen])
 
     def learned(self) -> dict[str, list[float]]:
         """What the verifies taught of each k's cost, for the next process on the same model (``start_from``)."""
-        return {"cost": self._cost[1:].tolist(), "seen": self._seen[1:].tolist()}
+        return {"cost": list(self._cost), "seen": list(self._seen)}
 
     def start_from(self, learned: object) -> None:
         """Take what ``learned`` wrote (ratios: the scale is this process's); ValueError for anything else."""
@@ -170,27 +175,26 @@ class CostCurve:
         if cost.shape != seen.shape or cost.shape != (len(self.shape) - 1,) or not (
                 np.all(np.isfinite(cost)) and np.all(cost >= 0) and np.all(np.isfinite(seen)) and np.all(seen >= 0)):
             raise ValueError("not a cost curve's learned state")
-        self._cost[1:], self._seen[1:] = cost, seen
+        self._cost, self._seen = cost.tolist(), seen.tolist()
         self._refit()
 
     def as_dict(self) -> dict[int, float]:
         return {k: round(self.seconds(k), 6) for k in range(1, len(self.shape))}
 
 
-def _physical(shape: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """``shape`` (index 0: k = 1, the unit, kept) made physical, each other point moved as little as its ``weight``
+def _physical(shape: list[float], weight: list[float]) -> list[float]:
+    """``shape`` (from k = 1, the unit, kept) made physical, each other point moved as little as its ``weight``
     says (a weighted isotonic fit, pooling adjacent violators): verifying more tokens never costs less, and k tokens
     in one pass never cost more than k passes of one (the engine could always do that instead). Timings on a busy
     machine say otherwise (measured under load: k = 5 at 1.36 against k = 3 at 2.05; k = 14 at 83× one token): a
     curve that dips makes the controller verify long drafts that are rarely accepted, one that soars makes it
     conclude that no draft could ever pay, and never try one to find out. Pooling, not raising every later point to
     the highest before it, keeps one noisy or overestimated k from lifting all the k after it."""
-    capped = np.concatenate(([1.0], np.minimum(shape[1:], np.arange(2, len(shape) + 1))))
-    if np.all(capped[1:] >= capped[:-1]):
+    capped = [1.0, *(min(value, k) for k, value in enumerate(shape[1:], start=2))]
+    if all(a <= b for a, b in pairwise(capped)):
         return capped
-    # Plain floats: the loop runs every verify, and numpy's scalars cost more than the arithmetic.
     values, weights, points = [1.0], [math.inf], [1]  # the unit never moves
-    for value, w in zip(capped[1:].tolist(), weight[1:].tolist(), strict=True):
+    for value, w in zip(capped[1:], weight[1:], strict=True):
         values.append(value)
         weights.append(w)
         points.append(1)
@@ -200,7 +204,7 @@ def _physical(shape: np.ndarray, weight: np.ndarray) -> np.ndarray:
                 values[-1] = (values[-1] * weights[-1] + v2 * w2) / (weights[-1] + w2)
             weights[-1] += w2
             points[-1] += n2
-    return np.repeat(values, points)
+    return [value for value, n in zip(values, points, strict=True) for _ in range(n)]
 
 
 @dataclass
