@@ -50,7 +50,7 @@ MAX_GAMMA = 16
 _DECAY = 0.97  # per observation: acceptance statistics remember roughly the last 30 drafts of a key
 _PRIOR_MEAN = 0.6  # optimistic enough that a new model drafter or key gets tried (a free one takes a lower bound)
 _PRIOR_WEIGHT = 2.0
-_PRIOR = np.full(MAX_GAMMA, _PRIOR_MEAN)
+_PRIOR = [_PRIOR_MEAN] * MAX_GAMMA
 _EMA = 0.1
 _CURVE_EMA = 0.2  # per verify of a k: its cost follows a change within ~5 verifies of it
 # A free drafter's acceptance is taken one standard deviation below its posterior mean (about the 16th percentile).
@@ -61,7 +61,7 @@ _LOWER_Z = 1.0
 _EXPLORE_EVERY = 32
 
 
-def expected_step(acceptance: np.ndarray, shape: np.ndarray, scale: float, draft_cost: float, overhead: float,
+def expected_step(acceptance: Sequence[float], shape: np.ndarray, scale: float, draft_cost: float, overhead: float,
                   k_max: int) -> tuple[np.ndarray, np.ndarray]:
     """E[tokens | k] and E[seconds | k] of one step verifying k = 0..k_max draft tokens (the module docstring's
     formulas): ``acceptance[j]`` is a_j, ``shape[k] * scale`` one target pass over k tokens, ``draft_cost`` the
@@ -209,24 +209,25 @@ def _physical(shape: list[float], weight: list[float]) -> list[float]:
 
 @dataclass
 class _Acceptance:
-    """Decayed counts of drafted / accepted tokens per draft position (0-based)."""
+    """Decayed counts of drafted / accepted tokens per draft position (0-based), as plain floats: they change every
+    step, and on 16 numbers numpy's calls cost more than the arithmetic."""
 
-    trials: np.ndarray = field(default_factory=lambda: np.zeros(MAX_GAMMA))
-    accepts: np.ndarray = field(default_factory=lambda: np.zeros(MAX_GAMMA))
+    trials: list[float] = field(default_factory=lambda: [0.0] * MAX_GAMMA)
+    accepts: list[float] = field(default_factory=lambda: [0.0] * MAX_GAMMA)
 
     def observe(self, drafted: int, accepted: int) -> None:
-        self.fade()
+        """Fade what was seen, then count this draft: its first ``tested`` positions tried, ``accepted`` right."""
         tested = positions_tested(drafted, accepted)
-        self.trials[:tested] += 1
-        self.accepts[:accepted] += 1
+        self.trials = [trials * _DECAY + (i < tested) for i, trials in enumerate(self.trials)]
+        self.accepts = [accepts * _DECAY + (i < accepted) for i, accepts in enumerate(self.accepts)]
 
     def fade(self) -> None:
         """Weigh what was seen so far a little less (toward the prior, as the text moves on)."""
-        self.trials *= _DECAY
-        self.accepts *= _DECAY
+        self.trials = [trials * _DECAY for trials in self.trials]
+        self.accepts = [accepts * _DECAY for accepts in self.accepts]
 
     def as_lists(self) -> list[list[float]]:
-        return [self.trials.tolist(), self.accepts.tolist()]
+        return [list(self.trials), list(self.accepts)]
 
     @classmethod
     def from_lists(cls, lists: object) -> _Acceptance:
@@ -235,15 +236,17 @@ class _Acceptance:
         if trials.shape != (MAX_GAMMA,) or accepts.shape != (MAX_GAMMA,) or not (
                 np.all(np.isfinite(trials)) and np.all(accepts >= 0) and np.all(accepts <= trials + 1e-9)):
             raise ValueError("not acceptance counts")
-        return cls(trials, accepts)
+        return cls(trials.tolist(), accepts.tolist())
 
-    def rates(self, prior: np.ndarray, lower_z: float = 0.0) -> np.ndarray:
-        """Posterior mean of each position's rate, or ``lower_z`` standard deviations below it."""
-        n = self.trials + _PRIOR_WEIGHT
-        mean = (self.accepts + prior * _PRIOR_WEIGHT) / n
-        if not lower_z:
-            return mean  # within [0, 1]: accepted ≤ trials, and so is the prior
-        return np.maximum(mean - lower_z * np.sqrt(mean * (1 - mean) / n), 0.0)
+    def rates(self, prior: Sequence[float], lower_z: float = 0.0) -> list[float]:
+        """Posterior mean of each position's rate, or ``lower_z`` standard deviations below it (at least 0; a mean is
+        within [0, 1]: accepted ≤ trials, and so is the prior)."""
+        rates = []
+        for trials, accepts, p in zip(self.trials, self.accepts, prior, strict=True):
+            n = trials + _PRIOR_WEIGHT
+            mean = (accepts + p * _PRIOR_WEIGHT) / n
+            rates.append(max(mean - lower_z * math.sqrt(mean * (1 - mean) / n), 0.0) if lower_z else mean)
+        return rates
 
 
 class GammaController:
@@ -256,7 +259,7 @@ class GammaController:
         scratch: ``edgespec tune`` measures them (edgespec/tuning.py)."""
         self.curve = curve
         # Positions beyond those measured take the last measured rate.
-        self._priors = {name: np.array([*p, *[p[-1]] * MAX_GAMMA][:MAX_GAMMA], dtype=float)
+        self._priors = {name: [float(x) for x in [*p, *[p[-1]] * MAX_GAMMA][:MAX_GAMMA]]
                         for name, p in (priors or {}).items() if p}
         self._pooled: dict[str, _Acceptance] = {}
         self._keyed: dict[tuple[str, int, bool], _Acceptance] = {}
@@ -312,7 +315,7 @@ class GammaController:
         plain = 1.0 / (self.curve.seconds(1) + self._overhead)
         return max(self._tokens / self._seconds, plain) if self._seconds > 0 else plain
 
-    def acceptance(self, drafter: str, key: int) -> np.ndarray:
+    def acceptance(self, drafter: str, key: int) -> list[float]:
         """Acceptance per draft position for this key: a free drafter's lower estimate (its declined drafts are
         judged anyway, so caution costs only a late start), another's posterior mean (it learns only by
         drafting, so it needs the benefit of the doubt, and exploration)."""
