@@ -217,9 +217,11 @@ class _Acceptance:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Fade what was seen, then count this draft: its first ``tested`` positions tried, ``accepted`` right."""
-        tested = positions_tested(drafted, accepted)
-        self.trials = [trials * _DECAY + (i < tested) for i, trials in enumerate(self.trials)]
-        self.accepts = [accepts * _DECAY + (i < accepted) for i, accepts in enumerate(self.accepts)]
+        self.fade()
+        for i in range(positions_tested(drafted, accepted)):
+            self.trials[i] += 1
+        for i in range(accepted):
+            self.accepts[i] += 1
 
     def fade(self) -> None:
         """Weigh what was seen so far a little less (toward the prior, as the text moves on)."""
@@ -278,9 +280,10 @@ class GammaController:
         self._seconds = 0.0
 
     def learned(self) -> dict[str, object]:
-        """What this controller learned of its drafters — acceptance per draft position, pooled and per key, and a
-        draft token's cost — for the next process on the same model to start from (``start_from``): a one-shot
-        ``edgespec generate`` otherwise spends its first steps relearning what every earlier run knew."""
+        """What this controller learned — its drafters' acceptance per draft position, pooled and per key, a draft
+        token's cost, and what each verified k cost — for the next process on the same model to start from
+        (``start_from``): a one-shot ``edgespec generate`` otherwise spends its first steps relearning what every
+        earlier run knew."""
         return {"pooled": {name: a.as_lists() for name, a in self._pooled.items()},
                 "keyed": [[name, key, streak, a.as_lists()] for (name, key, streak), a in self._keyed.items()],
                 "draft_ratio": dict(self._draft_ratio), "curve": self.curve.learned()}
@@ -342,14 +345,14 @@ class GammaController:
         if tokens is not None:
             self._shadows[drafter] = (stats_key, list(tokens[:available]))
             self._free.add(drafter)
-        ks = np.arange(available + 1)
         draft_cost = 0.0 if draft_cost_sunk else self._draft_ratio.get(drafter, 0.0) * self.curve.scale
         tokens_k, seconds = expected_step(self.acceptance(drafter, key), self.curve.shape, self.curve.scale,
                                           draft_cost, self._overhead, available)
-        value = tokens_k - self.rate() * seconds
+        rate = self.rate()
+        value = tokens_k - rate * seconds
         k = int(np.argmax(value))
         if k == 0 and tokens is None:
-            if np.all(ks + 1 - self.rate() * seconds <= value[0]):
+            if np.all(np.arange(1, available + 2) - rate * seconds <= value[0]):
                 return 0  # even a draft accepted whole would not pay (a dear one): nothing to explore
             # A draft that was never made teaches nothing: what a few rejections taught fades back toward the
             # prior, and every _EXPLORE_EVERY declines one token is verified anyway, so one unlucky passage

@@ -200,7 +200,7 @@ def _replay(args: argparse.Namespace) -> int:
         measured |= measured_curves(path)
     known = CURVES | measured
     curves = [c for c in (args.curves or ",".join(measured or CURVES)).split(",") if c]
-    unknown = [c for c in [*curves, *[args.calibration] * bool(args.calibration)] if c not in known]
+    unknown = [c for c in curves + ([args.calibration] if args.calibration else []) if c not in known]
     if unknown or not curves:
         raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(known)}")
     if min(args.overhead, args.draft_overhead, args.noise) < 0:

@@ -24,8 +24,9 @@ class NativeRunner:
         self.model = str(options.get("model") or setup.model)  # a GGUF, or an ONNX folder for that backend
         flags = options.get("generate_flags")
         if isinstance(flags, list):  # `edgespec generate FLAGS`, with the threads and context every config shares
+            numerics = ["--fast-numerics"] if setup.fast_numerics else []
             self.engine = generate_engine([*flags, "--threads", str(setup.threads), "--ctx", str(setup.n_ctx),
-                                           "--device", setup.device, *["--fast-numerics"] * setup.fast_numerics])
+                                           "--device", setup.device, *numerics])
             self.model = str(self.engine.target.path)
         else:
             self.engine = edgespec.load(self.model, draft=options.get("draft"),
