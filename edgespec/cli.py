@@ -52,8 +52,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "metal"])
     p.add_argument("--fast-numerics", action="store_true",
-                   help="F16 KV cache and flash attention (the usual fast path on GPUs), but greedy output may "
-                        "drift from target-only decoding at long contexts")
+                   help="llama.cpp's default numerics (F16 KV cache, flash attention) on the CPU too, where greedy "
+                        "output may then drift from target-only decoding (a GPU uses them anyway, made exact there by "
+                        "fixed-shape passes)")
     p.add_argument("--require-exact", action="store_true",
                    help="refuse to run where this build and device give batched verification other logits than "
                         "one-token decoding (checked once per build and device), instead of warning")

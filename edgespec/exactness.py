@@ -279,16 +279,15 @@ _warned: set[Path] = set()
 
 
 def _advice(result: Exactness) -> str:
-    """What may make this build exact, by device: on a CPU the kernels edgespec builds with; on a GPU only the
-    numerics settings (padding was already tried)."""
+    """What may make this build exact, by device: on a CPU the kernels and settings edgespec builds with; on a GPU
+    nothing but the CPU (padding was already tried, and both numerics use llama.cpp's defaults there)."""
     key = result.key
     if key.get("backend") == "onnx":
         return "build edgespec's kernels (`edgespec build-kernel`) and use an export made with them"
     if key.get("device") in ("cuda", "metal"):
         tried = ", ".join(map(str, PADDED_ROWS))
-        other = "--fast-numerics" if key.get("exact_numerics") else "the default (exact) numerics"
-        return (f"passes padded to {tried} rows were not exact either on this device: try {other}, or run "
-                "speculation on the CPU (--device cpu)")
+        return (f"passes padded to {tried} rows were not exact either on this device: run speculation on the CPU "
+                "(--device cpu)")
     if key.get("exact_numerics") is False:
         return "drop --fast-numerics"
     return "rebuild llama-cpp-python with -DGGML_LLAMAFILE=OFF (`make setup`)"

@@ -63,7 +63,7 @@ class ContextOptions:
     n_batch: int = 512
     n_threads: int | None = None  # None: physical cores
     device: str = "cpu"
-    exact_numerics: bool = True  # F32 KV cache, flash attention off
+    exact_numerics: bool = True  # lossless verification: on a CPU an F32 KV cache, flash attention off (set_numerics)
 
     def __post_init__(self) -> None:
         check_options(self.device, self.n_ctx, self.n_batch, self.n_threads)
@@ -77,6 +77,21 @@ def _gpu_layers(device: str) -> int:
             f"CMAKE_ARGS=\"-DGGML_{device.upper()}=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python"
         )
     return -1 if device != "cpu" and gpu else 0
+
+
+def set_numerics(cparams: lc.llama_context_params, exact: bool, on_gpu: bool) -> None:
+    """The KV cache type and attention kernel of a context: llama.cpp's defaults (F16 KV cache, flash attention
+    where the device has it) unless ``exact`` on a CPU.
+
+    Greedy losslessness needs a position verified inside a batch to get bit-identical logits to the same position
+    decoded alone. On a CPU an F32 KV cache with flash attention off gives that (docs/exact-numerics.md). On a GPU
+    neither those settings nor the defaults do (passes of 4+ rows take other kernels: H100, H200); there fixed-shape
+    passes make it exact (``set_pass_rows``, chosen by the self-check), and with them the defaults were exact too
+    and cost less a pass (H200: padded target-only 0.98x llama-cpp-python's unpadded decoding, 0.90x with F32 and
+    no flash attention; docs/gpu.md). So exact numerics keep the defaults on a GPU."""
+    if exact and not on_gpu:
+        cparams.type_k = cparams.type_v = lc.GGML_TYPE_F32
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
 class LlamaModel:
@@ -111,11 +126,8 @@ class LlamaModel:
         cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
-        if self.options.exact_numerics:
-            # Batch-invariant logits: a position verified inside a batch gets bit-identical logits to the
-            # same position decoded alone, which greedy losslessness depends on (measured-facts.md).
-            cparams.type_k = cparams.type_v = lc.GGML_TYPE_F32
-            cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.on_gpu = mparams.n_gpu_layers != 0
+        set_numerics(cparams, self.options.exact_numerics, self.on_gpu)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lc.llama_model_free(self._model)
@@ -414,9 +426,9 @@ class LlamaModel:
     @property
     def exact_reuse(self) -> bool:
         """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: with
-        exact numerics, measured (tests/test_prompt_cache.py); with the fast ones, or where passes must be padded
-        to be exact, a position's KV depends on the batch it was prefilled in."""
-        return self.options.exact_numerics and not self.pass_rows
+        exact numerics on a CPU, measured (tests/test_prompt_cache.py); with the fast ones, or where passes must be
+        padded to be exact, a position's KV depends on the batch it was prefilled in (a GPU: not measured)."""
+        return self.options.exact_numerics and not self.pass_rows and not self.on_gpu
 
     def save_state(self) -> CacheState | None:
         """A copy of sequence 0's cache entries (llama.cpp's own state format); None for sliding-window models

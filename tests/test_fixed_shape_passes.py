@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import llama_cpp as lc
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from edgespec.backend import padded_pass_limit
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError
 from edgespec.exactness import PADDED_ROWS, check
-from edgespec.llama_backend import KV_STEP, ContextOptions, LlamaModel
+from edgespec.llama_backend import KV_STEP, ContextOptions, LlamaModel, set_numerics
 from edgespec.models import families
 from tests.fake_backend import BOS, FakeClock, FakeModel, encode, scripted
 from tests.fake_backend import KV_STEP as FAKE_KV_STEP
@@ -179,3 +180,17 @@ def test_a_device_whose_padded_trees_drift_verifies_chains(clock: FakeClock, hom
     trusting = _shape_dependent(clock, home)
     trusting.exact_trees = True  # type: ignore[misc]
     assert Engine(trusting, mode="tree", gamma=16).generate(PROMPT, max_tokens=120).tokens != target_only.tokens
+
+
+def test_exact_numerics_are_the_cpu_settings_and_the_defaults_on_a_gpu() -> None:
+    """On a CPU exact numerics are an F32 KV cache without flash attention; on a GPU, where fixed-shape passes are
+    what make verification exact, llama.cpp's defaults (measured exact padded and cheaper there: docs/gpu.md)."""
+    def settings(exact: bool, on_gpu: bool) -> tuple[int, int, int]:
+        params = lc.llama_context_default_params()
+        set_numerics(params, exact, on_gpu)
+        return params.type_k, params.type_v, params.flash_attn_type
+
+    defaults = settings(False, False)
+    assert settings(True, False) == (lc.GGML_TYPE_F32, lc.GGML_TYPE_F32, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    assert settings(True, True) == settings(False, True) == defaults
+    assert defaults[0] != lc.GGML_TYPE_F32 and defaults[2] != lc.LLAMA_FLASH_ATTN_TYPE_DISABLED

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from ..extras import needed
+from ..extras import needed, require
 from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
 from .replay import CURVES, TREE_DRAFTERS
@@ -144,16 +144,18 @@ def _bench(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.chat:
         return _bench_chat(args, out_dir)
+    from .bandwidth import bytes_per_token, measure_bandwidth
     from .report import bandwidth_bounds, head_to_head, summarize, table
     from .run import BenchArgs, run
 
+    on_cpu = args.device == "cpu"  # the bandwidth bound is the host memory's: it bounds decoding on the CPU only
+    if on_cpu:
+        require("gguf", "bench", "edgespec bench's bandwidth bound")  # before the run, not after it
     result = run(BenchArgs(per_category=args.per_category, limit=args.limit, **_run_args(args, chat=False)))
     result["summary"] = summarize(result)
     result["head_to_head"] = head_to_head(result)
-    from .bandwidth import bytes_per_token, measure_bandwidth
-
-    result["bandwidth"] = bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),
-                                           bytes_per_token(result["setup"]["model"]))
+    result["bandwidth"] = (bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),
+                                            bytes_per_token(result["setup"]["model"])) if on_cpu else None)
     print(table(result))
     stem = _stem(out_dir, "spec_bench", result)
     result["plots"] = [] if args.no_plots else _plots(result, stem)
