@@ -394,6 +394,9 @@ class Engine:
             t = self.tuning
             self._controller = (self._untuned_controller() if t is None else
                                 GammaController(t.curve(), t.acceptance, t.draft_cost_s, t.overhead_s))
+            rows = getattr(self.target, "pass_rows", 0)
+            if rows:  # a target that pads its passes (the self-check's choice on a GPU) pays the same for all
+                self._controller.curve.pad_to(rows)
         return self._controller
 
     def _untuned_controller(self) -> GammaController:

@@ -61,15 +61,18 @@ _LOWER_Z = 1.0
 _EXPLORE_EVERY = 32
 
 
-def expected_step(acceptance: Sequence[float], shape: np.ndarray, scale: float, draft_cost: float, overhead: float,
-                  k_max: int) -> tuple[np.ndarray, np.ndarray]:
+def expected_step(acceptance: Sequence[float], shape: Sequence[float], scale: float, draft_cost: float,
+                  overhead: float, k_max: int) -> tuple[list[float], list[float]]:
     """E[tokens | k] and E[seconds | k] of one step verifying k = 0..k_max draft tokens (the module docstring's
     formulas): ``acceptance[j]`` is a_j, ``shape[k] * scale`` one target pass over k tokens, ``draft_cost`` the
     cost of a drafted token. The one copy of the rule: the controller, `edgespec tune` and the skip-set search
-    all rate γ with it."""
-    survive = np.concatenate(([1.0], np.cumprod(np.asarray(acceptance, dtype=float)[:k_max])))
-    k = np.arange(len(survive))
-    return np.cumsum(survive), np.asarray(shape[1:len(k) + 1], dtype=float) * scale + k * draft_cost + overhead
+    all rate γ with it. Plain floats: the controller asks every step, for a few k, where numpy's calls cost more
+    than the arithmetic (~60 µs a step in the decode loop)."""
+    tokens, survive = [1.0], 1.0
+    for a in acceptance[:k_max]:
+        survive *= float(a)
+        tokens.append(tokens[-1] + survive)
+    return tokens, [float(shape[k + 1]) * scale + k * draft_cost + overhead for k in range(len(tokens))]
 
 
 @dataclass
@@ -84,7 +87,10 @@ class CostCurve:
     """
 
     shape: np.ndarray  # index k: cost(k) / cost(1); index 0 unused
-    scale: float  # seconds for k = 1
+    scale: float  # seconds for k = 1 (and for every k up to flat_rows)
+    # Passes of up to this many tokens cost the same by construction (a target that pads every pass to this many
+    # rows: ``pad_to``).
+    flat_rows: int = 1
     # The prior for k not verified lately: 1 + steepness · (calibrated shape − 1), fitted to the k that were.
     steepness: float = 1.0
     # Per k from 1 (index k − 1), as plain floats: they change every verify, and on 17 numbers numpy's calls cost more
@@ -118,6 +124,18 @@ class CostCurve:
     def seconds(self, k: int) -> float:
         return float(self.shape[k] * self.scale)
 
+    def pad_to(self, rows: int) -> None:
+        """The target pads every pass of up to ``rows`` tokens to ``rows`` rows (a GPU's fixed-shape passes): those
+        passes are one shape, so they cost the same and each of them times the scale. What a calibration or the
+        verifies measured for them otherwise is noise around that (H200: 1.564 ms for 1-4 tokens, padded to 4)."""
+        self.flat_rows = max(1, rows)
+        flat = min(self.flat_rows, len(self._cost))
+        self._cost[:flat] = [1.0] * flat
+        self._excess[:flat] = [0.0] * flat
+        self._seen[:flat] = [0.0] * flat
+        self.shape[1:flat + 1] = 1.0
+        self.shape[1:] = _physical(self.shape[1:].tolist(), [1.0] * (len(self.shape) - 1))
+
     def observe(self, k: int, seconds: float) -> None:
         """Learn from one pass over k tokens: a single token's sets the scale, a batch's the shape.
 
@@ -137,7 +155,7 @@ class CostCurve:
         least squares so that the k with the largest calibrated excess (the best-measured form) weigh most and a k
         calibrated at 1.00 not at all.
         """
-        if k == 1:
+        if k <= self.flat_rows:
             self.scale += _EMA * (seconds - self.scale)
             return
         # Every batch verify ages what the others taught: a k not verified for ~30 verifies falls back to the prior.
@@ -242,9 +260,9 @@ class _Acceptance:
 
     def rates(self, prior: Sequence[float], lower_z: float = 0.0) -> list[float]:
         """Posterior mean of each position's rate, or ``lower_z`` standard deviations below it (at least 0; a mean is
-        within [0, 1]: accepted ≤ trials, and so is the prior)."""
+        within [0, 1]: accepted ≤ trials, and so is the prior), for the first ``len(prior)`` positions."""
         rates = []
-        for trials, accepts, p in zip(self.trials, self.accepts, prior, strict=True):
+        for trials, accepts, p in zip(self.trials, self.accepts, prior, strict=False):
             n = trials + _PRIOR_WEIGHT
             mean = (accepts + p * _PRIOR_WEIGHT) / n
             rates.append(max(mean - lower_z * math.sqrt(mean * (1 - mean) / n), 0.0) if lower_z else mean)
@@ -318,13 +336,13 @@ class GammaController:
         plain = 1.0 / (self.curve.seconds(1) + self._overhead)
         return max(self._tokens / self._seconds, plain) if self._seconds > 0 else plain
 
-    def acceptance(self, drafter: str, key: int) -> list[float]:
-        """Acceptance per draft position for this key: a free drafter's lower estimate (its declined drafts are
-        judged anyway, so caution costs only a late start), another's posterior mean (it learns only by
-        drafting, so it needs the benefit of the doubt, and exploration)."""
+    def acceptance(self, drafter: str, key: int, positions: int = MAX_GAMMA) -> list[float]:
+        """Acceptance of the first ``positions`` draft positions for this key: a free drafter's lower estimate (its
+        declined drafts are judged anyway, so caution costs only a late start), another's posterior mean (it learns
+        only by drafting, so it needs the benefit of the doubt, and exploration)."""
         lower_z = _LOWER_Z if drafter in self._free else 0.0
         pooled = self._pooled.get(drafter)
-        base = self._priors.get(drafter, _PRIOR)
+        base = self._priors.get(drafter, _PRIOR)[:positions]
         if pooled is None:
             return _Acceptance().rates(base, lower_z)
         keyed = self._keyed.get(self._key(drafter, key))
@@ -346,13 +364,13 @@ class GammaController:
             self._shadows[drafter] = (stats_key, list(tokens[:available]))
             self._free.add(drafter)
         draft_cost = 0.0 if draft_cost_sunk else self._draft_ratio.get(drafter, 0.0) * self.curve.scale
-        tokens_k, seconds = expected_step(self.acceptance(drafter, key), self.curve.shape, self.curve.scale,
-                                          draft_cost, self._overhead, available)
+        tokens_k, seconds = expected_step(self.acceptance(drafter, key, available), self.curve.shape,
+                                          self.curve.scale, draft_cost, self._overhead, available)
         rate = self.rate()
-        value = tokens_k - rate * seconds
-        k = int(np.argmax(value))
+        value = [t - rate * s for t, s in zip(tokens_k, seconds, strict=True)]
+        k = max(range(len(value)), key=value.__getitem__)  # the first best, as argmax
         if k == 0 and tokens is None:
-            if np.all(np.arange(1, available + 2) - rate * seconds <= value[0]):
+            if all(n + 1 - rate * s <= value[0] for n, s in enumerate(seconds)):
                 return 0  # even a draft accepted whole would not pay (a dear one): nothing to explore
             # A draft that was never made teaches nothing: what a few rejections taught fades back toward the
             # prior, and every _EXPLORE_EVERY declines one token is verified anyway, so one unlucky passage

@@ -60,10 +60,9 @@ def expected_speedup(alpha: float, cost_ratio: float, verify: np.ndarray) -> tup
     """Best (speed-up, γ) for per-token acceptance ``alpha``; ``verify[k]`` = cost(k tokens) / cost(1)."""
     tokens, seconds = expected_step(np.full(MAX_GAMMA, alpha), verify, 1.0, cost_ratio, 0.0,
                                     min(MAX_GAMMA, len(verify) - 2))  # in target passes
-    speedups = tokens / seconds
-    speedups[0] = 1.0  # γ = 0 is the target alone: the unit
-    gamma = int(np.argmax(speedups))  # the first best: γ = 0 unless some γ beats it
-    return float(speedups[gamma]), gamma
+    speedups = [1.0, *(t / s for t, s in zip(tokens[1:], seconds[1:], strict=True))]  # γ = 0: the target alone
+    gamma = max(range(len(speedups)), key=speedups.__getitem__)  # the first best: γ = 0 unless some γ beats it
+    return speedups[gamma], gamma
 
 
 class _Scorer:

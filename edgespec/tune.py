@@ -141,9 +141,9 @@ def _measured(stats: list[GenerationStats]) -> tuple[list[float], float, float]:
 
 def _fixed_gamma_rates(t: Tuning, drafter: str) -> list[float]:
     """Expected tokens per second for fixed γ = 0..MAX_GAMMA, from the cost curve and measured acceptance."""
-    tokens, seconds = expected_step(np.asarray(t.acceptance[drafter]), np.asarray(t.curve_shape), t.curve_scale,
+    tokens, seconds = expected_step(t.acceptance[drafter], t.curve_shape, t.curve_scale,
                                     t.draft_cost_s[drafter], t.overhead_s, MAX_GAMMA)
-    return [float(r) for r in tokens / seconds]
+    return [n / s for n, s in zip(tokens, seconds, strict=True)]
 
 
 Entry = tuple[Engine, list[tuple[str, int | str]], list[list[int]]]  # an engine, its (mode, γ) candidates, prompts

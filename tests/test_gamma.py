@@ -249,3 +249,19 @@ def test_what_the_curve_learned_carries_to_a_new_controller_and_a_damaged_record
         with pytest.raises(ValueError):
             second.start_from({**first.learned(), "curve": damaged})
     assert second.curve.shape[4] == pytest.approx(first.curve.shape[4])  # nothing taken from a refused record
+
+
+def test_a_padded_target_pays_the_same_for_every_pass_up_to_its_rows() -> None:
+    """A target padded to 4 rows (a GPU's fixed-shape passes): passes of 1-4 tokens are one shape, whatever the steep
+    calibration said. Each of them times the scale, none bends the shape, and a draft lookup already made is verified
+    whole (up to 3 tokens) when it is right now and then, which the steep curve declines."""
+    controller = _controller()
+    _learn(controller, 0.3)
+    assert controller.choose("ngram", 5, 3, draft_cost_sunk=True) == 0  # steep: 1.35-2.05x a pass for a few hits
+    controller.curve.pad_to(4)
+    assert controller.curve.shape[1:5].tolist() == [1.0] * 4 and controller.curve.shape[5] == STEEP[5]
+    for _ in range(30):
+        controller.curve.observe(3, 2 * SCALE)  # the passes got dearer (a longer context): the scale follows
+    assert controller.curve.scale == pytest.approx(2 * SCALE, rel=0.05)
+    assert controller.curve.shape[1:5].tolist() == [1.0] * 4
+    assert controller.choose("ngram", 5, 3, draft_cost_sunk=True) == 3
