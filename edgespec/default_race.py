@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import custom_ops
 from .engine import Engine
-from .errors import EdgespecError
+from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .exactness import NotExactError
 from .extras import install_command
 from .loading import open_engine
@@ -170,9 +170,13 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
     """Measure the candidates (module docstring), store the choice and print it as a short table."""
     started = time.perf_counter()
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
-    say(first_use_line(family, len(candidates), bool(onnx and key["onnx"]), budget, default_choice_path(key)))
+    on_gpu = device in ("cuda", "metal")  # the export's exact kernels run on the CPU: it is not exported for nothing
+    say(first_use_line(family, len(candidates), bool(onnx and key["onnx"] and not on_gpu), budget,
+                       default_choice_path(key)))
     skipped: dict[str, str] = {}
-    if onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
+    if onnx and on_gpu:
+        skipped["onnx int8"] = f"its exact kernels run on the CPU only, and this race is on {device}"
+    elif onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
         path, note = onnx_candidate(family, threads, say)
         if path is None:
             skipped["onnx int8"] = note
@@ -189,6 +193,9 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                                        device=device, tuning=False, require_exact=True)
             except NotExactError as e:
                 skipped[name] = "not lossless on this build: " + e.result.describe()
+                continue
+            except (ModelLoadError, InvalidParameterError) as e:  # it cannot run here (a device its build lacks)
+                skipped[name] = str(e)
                 continue
             # Raced free of any tuning, but its γ-auto run's calibration is kept: the winner's first reply after
             # the race then starts from it instead of calibrating again (~3 s).

@@ -125,3 +125,21 @@ def test_a_stored_onnx_choice_holds_only_while_its_export_does(tmp_path: Path, m
     assert default_choice(1, "cpu") is FIXED and len(measured) == 1
     monkeypatch.setattr(custom_ops, "default_attention", lambda: "gqa")
     assert default_race.onnx_export_path(families()["smollm2-135m"]) != export
+
+
+def test_a_race_on_a_gpu_leaves_out_what_cannot_run_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU device the ONNX export is not built (its exact kernels run on the CPU only), and a candidate that
+    cannot open there is left out with llama.cpp's reason, instead of ending the race with a traceback. On this
+    CPU-only build no candidate can: the race says why, for each."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(default_race, "onnx_candidate", lambda *_: pytest.fail("exported for a GPU race"))
+    key = choice_key(1, "cuda")
+    assert key is not None
+    said: list[str] = []
+    with pytest.raises(edgespec.EdgespecError) as raised:
+        choose_default(families()["smollm2-135m"], key, 1, "cuda", Budget(prompts=2, max_tokens=12), say=said.append)
+    assert "an ONNX export" not in said[0]
+    message = str(raised.value)
+    assert message.startswith("no default candidate can run losslessly here")
+    assert "its exact kernels run on the CPU only, and this race is on cuda" in message
+    assert "built for the CPU only" in message  # llama.cpp's own reason, once per GGUF variant

@@ -162,7 +162,7 @@ class TreeDrafter:
             k, spine_rates = len(spine), np.ones(len(spine))
         else:
             k = controller.choose(self.lookup.name, spine.key, len(spine), True, spine.tokens)
-            spine_rates = controller.acceptance(self.lookup.name, spine.key)[:k]
+            spine_rates = controller.acceptance(self.lookup.name, spine.key, k)
             rate, curve = controller.rate(), controller.curve
 
             def pass_cost(rows: int) -> float:  # a verify pass of ``rows`` rows, in tokens at the rate achieved
