@@ -1,11 +1,12 @@
 """Are llama.cpp's rows for a token tree what one-token decoding of each node's path gives? Per numerics and pass size.
 
-    PYTHONPATH=. python benchmarks/tree_rows.py [--contexts 40,250,300,900] [--trees 6] [--settings exact:0,fast:4]
-                                               [--threads 2] [--out DIR]
+    PYTHONPATH=. python benchmarks/tree_rows.py [--contexts 40,250,300,900] [--trees 6] [--nodes 6:12]
+                                               [--settings exact:0,fast:4] [--device cpu] [--threads 2] [--out DIR]
 
-A setting is NUMERICS:ROWS: ``exact`` (F32 KV cache, flash attention off: LlamaModel's default) or ``fast`` (llama.cpp's
-defaults: F16 KV cache, flash attention on: ``--fast-numerics``), and the pass size B every pass is padded to
-(``LlamaModel.set_pass_rows``; 0: unpadded). For each setting, context and random tree (6-12 nodes after a real text,
+A setting is NUMERICS:ROWS: ``exact`` (F32 KV cache, flash attention off: LlamaModel's default on a CPU; on a GPU it
+loads llama.cpp's defaults too, ``llama_backend.set_numerics``) or ``fast`` (llama.cpp's defaults: F16 KV cache, flash
+attention on: ``--fast-numerics``), and the pass size B every pass is padded to (``LlamaModel.set_pass_rows``; 0:
+unpadded). For each setting, context and random tree (``--nodes``, default 6-12 nodes, after a real text,
 node 0 the trunk as ``KVArena.extend_tree`` lays it out), the model verifies the tree in one pass
 (``LlamaModel.decode_tree``: one sequence per root-to-leaf path; padded to a multiple of B rows) and every row is
 compared, bit for bit, with one-token decoding of the node's path (each token in a pass of its own, padded to B rows
@@ -55,14 +56,16 @@ def one_token_rows(model: LlamaModel, context: int, tokens: list[int]) -> np.nda
     return np.stack([model.decode([t], context + d, 1)[0].copy() for d, t in enumerate(tokens)])
 
 
-def random_tree(rng: np.random.Generator) -> tuple[list[int], list[int]]:
-    """Tokens and parents of a random tree whose node 0 is the trunk (the one root), as extend_tree feeds it."""
-    n = int(rng.integers(6, 13))
+def random_tree(rng: np.random.Generator, nodes: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """Tokens and parents of a random tree of ``nodes`` (min, max) nodes whose node 0 is the trunk (the one root), as
+    extend_tree feeds it."""
+    n = int(rng.integers(nodes[0], nodes[1] + 1))
     parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
     return [int(t) for t in rng.integers(100, 20000, n)], parents
 
 
-def measure(model: LlamaModel, prefix: list[int], trees: int, rng: np.random.Generator) -> dict[str, object]:
+def measure(model: LlamaModel, prefix: list[int], trees: int, rng: np.random.Generator,
+            nodes: tuple[int, int] = (6, 12)) -> dict[str, object]:
     context = len(prefix)
     tally: dict[str, object] = {"rows": 0, "same_as_one_token": 0, "in_place_rows": 0,
                                 "in_place_same_as_one_token": 0, "max_diff_one_token": 0.0,
@@ -70,7 +73,7 @@ def measure(model: LlamaModel, prefix: list[int], trees: int, rng: np.random.Gen
     model.truncate(0)
     model.decode(prefix, 0, 1)
     for _ in range(trees):
-        tokens, parents = random_tree(rng)
+        tokens, parents = random_tree(rng, nodes)
         node_paths = paths(parents)
         leaves = [i for i in range(len(tokens)) if i not in set(parents)]
         rows = model.decode_tree(tokens, parents, context).copy()
@@ -104,12 +107,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contexts", default="40,250,300,900")
     parser.add_argument("--trees", type=int, default=6)
+    parser.add_argument("--nodes", default="6:12", help="a random tree's size, MIN:MAX nodes (the trunk included); "
+                        "at most the pass rows keeps a padded tree one pass shape (a GPU: docs/gpu.md)")
     parser.add_argument("--settings", default="exact:0,exact:4,fast:0,fast:4,fast:8")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "metal"))
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     threads = args.threads or physical_cores()
+    low, high = (int(n) for n in args.nodes.split(":"))
+    if not 2 <= low <= high:
+        parser.error(f"--nodes must be MIN:MAX with 2 <= MIN <= MAX, got {args.nodes!r}")
     results = []
     for setting in args.settings.split(","):
         numerics, rows = setting.split(":")
@@ -121,8 +129,9 @@ def main() -> None:
         text = model.tokenize(TEXT)
         rng = np.random.default_rng(0)
         for context in (int(c) for c in args.contexts.split(",")):
-            tally = measure(model, text[:context], args.trees, rng)
-            results.append({"numerics": numerics, "pass_rows": int(rows), "context": context, **tally})
+            tally = measure(model, text[:context], args.trees, rng, (low, high))
+            results.append({"numerics": numerics, "pass_rows": int(rows), "context": context, "nodes": [low, high],
+                            **tally})
             print(results[-1], flush=True)
         model.close()
     out = Path(args.out)
