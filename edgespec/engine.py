@@ -109,8 +109,8 @@ class Engine:
         self.prompt_cache = PromptCache()
         if not target.exact_reuse:
             log.warning("prompt reuse is off for %s: here a kept cache prefix is not bit-identical to a fresh "
-                        "prefill (fast numerics, or passes padded to a fixed shape), so every request prefills its "
-                        "whole prompt", target.path.name)
+                        "prefill (fast numerics, passes padded to a fixed shape, or the self-check's reuse probe "
+                        "found it so), so every request prefills its whole prompt", target.path.name)
         template = target.chat_template
         self.chat_template = (ChatTemplate(template, target.token_text(target.bos).decode("utf-8", "replace"),
                                            target.token_text(target.eos).decode("utf-8", "replace"))

@@ -7,8 +7,10 @@ llamafile's sgemm kernels, GPU kernels) or onnxruntime may not be. So at first u
 tokens one at a time and then the same tokens in one batch, after a short and after a several-hundred-token
 context, and compares the logits. Where the model verifies token trees (``decode_tree``) and batched passes are
 exact, a small tree is probed too, at the same pass shape: its rows against one-token decoding of each node's path,
-then its second branch kept and decoding continued (``probe_trees``); ``exact_trees`` is that verdict. The verdict
-is cached per build and device in ``$EDGESPEC_HOME/exactness``:
+then its second branch kept and decoding continued (``probe_trees``); ``exact_trees`` is that verdict. Where the
+model would reuse a kept prompt prefix (``exact_reuse``), a prompt prefilled whole is compared with the same prompt
+prefilled as a prefix and the rest (``probe_reuse``): what the prompt cache does; ``reuse_probe_exact`` is that
+verdict. The verdict is cached per build and device in ``$EDGESPEC_HOME/exactness``:
 llama.cpp's library files, version and system info (CPU features), the CPU, device, threads, the model's
 quantization type and the numerics settings; for ONNX the onnxruntime version, execution providers, device,
 threads, the export's quantization and graph revision, and the attention kernel's build (named after its source,
@@ -35,7 +37,7 @@ from .gamma import MAX_GAMMA
 from .models import cache_dir
 from .tuning import cpu_identity
 
-FORMAT = 3  # 2: verdicts name the padded pass size they chose; 3: and whether trees are exact at it
+FORMAT = 4  # 2: verdicts name the padded pass size they chose; 3: and whether trees are exact at it; 4: and reuse
 BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and their remainder are both used
 # Committed tokens before the probe: a short context, one just below a multiple of 256 (llama.cpp rounds the
 # attended cache length n_kv up to one: a pass across it sees another n_kv than its first rows decoded alone;
@@ -43,6 +45,7 @@ BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and th
 _KV_STEP = 256
 CONTEXTS = (24, _KV_STEP - 3, 320)
 GOES_ON = 2  # tokens decoded one at a time after a probed tree's second branch is kept
+REUSE = (100, 320)  # a kept prefix, and the prompt it starts: prefilled whole against the prefix and then the rest
 TREE_NODES = MAX_GAMMA + 1  # a probed tree's nodes: the most one verify pass carries (the trunk, then the draft)
 # Pass sizes tried, smallest first, where unpadded passes are not exact (llama_backend.LlamaModel.set_pass_rows):
 # every pass, a one-token decode too, is then padded to that many rows, and a draft is at most one fewer.
@@ -97,6 +100,7 @@ class Exactness:
     unpadded_max_abs_diff: float = 0.0  # what unpadded passes gave, when padding was needed
     exact_trees: bool = False  # tree rows equal one-token decoding at the chosen pass shape
     tree_max_abs_diff: float | None = None  # what the tree probe found; None: not probed (no trees, or not exact)
+    reuse_max_abs_diff: float | None = None  # what the reuse probe found; None: not probed (no reuse here)
 
     def describe(self) -> str:
         figures = f"max logit difference {self.max_abs_diff:.3g}, argmax agrees at {self.argmax_agree}/" \
@@ -185,6 +189,24 @@ def probe_trees(model: TreeProbed, rows: int = 0) -> float | None:
     return worst if probed_trees else None
 
 
+def probe_reuse(model: Probed) -> float:
+    """Max |logit difference| of a prompt's last row between the prompt prefilled whole and prefilled as a kept
+    prefix and then the rest, as the prompt cache reuses a conversation's earlier turns. Batch invariance of verify
+    passes (``probe``) does not imply it: a prefill of hundreds of tokens takes other kernels than a verify, and where
+    reuse was measured exact (two CPU kinds, 1-6 threads) it was measured, not derived. Leaves the cache empty."""
+    text = model.tokenize(_TEXT, add_special=True)
+    end = max(2, min(REUSE[1], model.n_ctx - 1))
+    kept = min(REUSE[0], end - 1)
+    tokens = (text * (end // len(text) + 1))[:end]
+    model.truncate(0)
+    whole = model.decode(tokens, 0, 1)[0].copy()
+    model.truncate(0)
+    model.decode(tokens[:kept], 0, 1)
+    resumed = model.decode(tokens[kept:], kept, 1)[0].copy()
+    model.truncate(0)
+    return float(np.abs(whole - resumed).max())
+
+
 def _files(folder: Path) -> list[list[object]]:
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir()) if f.is_file()]
 
@@ -237,6 +259,7 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
             if cached.pass_rows and pad is not None:
                 pad(cached.pass_rows)
             _apply_trees(model, cached.exact_trees)
+            _apply_reuse(model, cached.reuse_max_abs_diff)
             return cached
     except (OSError, ValueError, TypeError):
         pass  # missing or unreadable: probe again
@@ -254,9 +277,11 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
             pad(0)
     tree_worst = probe_trees(model, rows) if worst == 0.0 and _verifies_trees(model) else None  # type: ignore[arg-type]
     _apply_trees(model, tree_worst == 0.0)
+    reuse = probe_reuse(model) if getattr(model, "exact_reuse", False) else None
+    _apply_reuse(model, reuse)
     result = Exactness(key, worst == 0.0, worst, agree, n, round(time.perf_counter() - started, 3),
                        pass_rows=rows, unpadded_max_abs_diff=unpadded, exact_trees=tree_worst == 0.0,
-                       tree_max_abs_diff=tree_worst)
+                       tree_max_abs_diff=tree_worst, reuse_max_abs_diff=reuse)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"format": FORMAT, **asdict(result)} | {"cached": False}, indent=1))
@@ -273,6 +298,12 @@ def _apply_trees(model: object, exact: bool) -> None:
     """Tell a tree-verifying model whether its trees are exact (the engine verifies trees only then)."""
     if _verifies_trees(model):
         model.exact_trees = exact  # type: ignore[attr-defined]
+
+
+def _apply_reuse(model: object, difference: float | None) -> None:
+    """Tell a model whose reuse was probed whether it is exact (it reuses a kept prefix only then)."""
+    if difference is not None and hasattr(model, "reuse_probe_exact"):
+        model.reuse_probe_exact = difference == 0.0  # type: ignore[attr-defined]
 
 
 _warned: set[Path] = set()

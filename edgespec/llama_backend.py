@@ -150,6 +150,9 @@ class LlamaModel:
         # Measured on a CPU: not with the exact numerics (a row's sums depend on which cells its ancestors sit in),
         # yes with the fast ones padded to 4 rows (flash attention walks a row's visible cells in order).
         self.exact_trees = False
+        # Whether a kept prompt prefix plus the rest gives a whole prefill's logits: what the self-check's reuse
+        # probe measured (exactness.probe_reuse); until then, yes where ``exact_reuse`` says so.
+        self.reuse_probe_exact = True
         self.tree_passes = True  # one sequence per root-to-leaf path (``decode_tree``)
 
     # -- lifetime -------------------------------------------------------------------------------------
@@ -426,9 +429,10 @@ class LlamaModel:
     @property
     def exact_reuse(self) -> bool:
         """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: with
-        exact numerics on a CPU, measured (tests/test_prompt_cache.py); with the fast ones, or where passes must be
-        padded to be exact, a position's KV depends on the batch it was prefilled in (a GPU: not measured)."""
-        return self.options.exact_numerics and not self.pass_rows and not self.on_gpu
+        exact numerics on a CPU, measured (tests/test_prompt_cache.py) and probed by the self-check; with the fast
+        ones, or where passes must be padded to be exact, a position's KV depends on the batch it was prefilled in
+        (a GPU: not measured)."""
+        return self.options.exact_numerics and not self.pass_rows and not self.on_gpu and self.reuse_probe_exact
 
     def save_state(self) -> CacheState | None:
         """A copy of sequence 0's cache entries (llama.cpp's own state format); None for sliding-window models

@@ -272,6 +272,7 @@ class OnnxModel:
         self._no_tree = np.zeros(0, dtype=np.int32)  # tree_parents of a chain
         self._tree: int | None = None  # where the tree fed by decode_tree starts, until keep_tree_path
         self.exact_trees = False  # the engine verifies trees only where the self-check found them exact
+        self.reuse_probe_exact = True  # a kept prompt prefix is reused unless the self-check's reuse probe differs
         self._layer_files = files[1:-1]
         self._session: Callable[[str, Path], Any] = session
         # Segments split at the skip set only when the layer-skip draft is first readied (``_plan``): the target's
@@ -542,8 +543,9 @@ class OnnxModel:
     @property
     def exact_reuse(self) -> bool:
         """Whether a kept cache prefix plus a decoded tail gives a fresh prefill's logits bit for bit: the
-        graphs are batch-invariant (docs/onnx-format.md), measured on the CPU (tests/test_prompt_cache.py)."""
-        return self.device_type == "cpu"
+        graphs are batch-invariant (docs/onnx-format.md), measured on the CPU (tests/test_prompt_cache.py) and probed
+        by the self-check (``reuse_probe_exact``)."""
+        return self.device_type == "cpu" and self.reuse_probe_exact
 
     def save_state(self) -> CacheState | None:
         """A copy of the KV of the held positions; None on a GPU (copying it to the host is not cheap)."""

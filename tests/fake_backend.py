@@ -13,6 +13,8 @@ greedy output that differs from target-only, as it would with a real layer-skip 
 are shifted by an amount that depends on its pass's shape (rows in the pass, and the attended length rounded up
 to a multiple of ``KV_STEP``), so a token verified in a batch can get another argmax than decoded alone — unless
 every pass is padded to the same number of rows (``set_pass_rows``), as the real backend does.
+``prefill_dependent`` makes verify passes exact but a prompt's KV depend on how it was prefilled (whole, or a kept
+prefix and then the rest): what only the self-check's reuse probe can find out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ BOS, EOS = 0, 1
 N_VOCAB = 258  # BOS, EOS and the 256 bytes
 PEAK = 10.0  # a scripted token's logit above every other one
 KV_STEP = 16  # a shape-dependent fake's attended-length step (llama.cpp's is 256: small here to meet it often)
+PREFILL_ROWS = 8  # passes longer than this are prefills: a prefill-dependent fake's entries remember their length
 
 Logits = Callable[[Sequence[int]], np.ndarray]  # context (tokens held up to a position) → next-token logits
 
@@ -82,6 +85,7 @@ class FakeClock:
 class _Entry:
     token: int
     writer: str  # "target" or "draft"
+    prefill: int = 0  # the length of the pass that wrote it, when longer than PREFILL_ROWS (a prefill)
 
 
 class _Pass:
@@ -111,7 +115,8 @@ class FakeModel:
     def __init__(self, logits: Logits, n_ctx: int = 256, pass_cost: Callable[[int], float] = lambda n: 0.01,
                  clock: FakeClock | None = None, self_draft: Logits | None = None, draft_cost_ratio: float = 0.3,
                  calibrated: tuple[float, float] | None = None, name: str = "fake.gguf",
-                 chat_template: str | None = None, shape_dependent: bool = False) -> None:
+                 chat_template: str | None = None, shape_dependent: bool = False,
+                 prefill_dependent: bool = False) -> None:
         """``pass_cost(n)``: seconds one forward pass over n tokens charges ``clock``. ``self_draft``: the logits
         of a layer-skip view over this model's memory, whose passes cost ``draft_cost_ratio`` of the target's."""
         self.path = Path(name)
@@ -129,6 +134,8 @@ class FakeModel:
         self._tree: tuple[int, list[int], list[int]] = (0, [], [])  # the last decode_tree's start, tokens, parents
         self.closed = False
         self.shape_dependent = shape_dependent
+        self.prefill_dependent = prefill_dependent
+        self.reuse_probe_exact = True  # the self-check's reuse verdict (exactness.probe_reuse)
         self.pass_rows = 0  # 0: passes of their own size; B: padded to B rows (set_pass_rows)
         self._shape = 0  # the last target pass's shape, which shifts its rows when shape_dependent
 
@@ -212,8 +219,9 @@ class FakeModel:
     @property
     def exact_reuse(self) -> bool:
         """A position's entry depends on its token and context alone; a row's logits also on its pass's shape
-        when shape_dependent (a prefill's last chunk is another shape than a whole prompt's)."""
-        return not self.shape_dependent
+        when shape_dependent (a prefill's last chunk is another shape than a whole prompt's). prefill_dependent
+        entries are not told apart here: only the self-check's reuse probe finds them out."""
+        return not self.shape_dependent and self.reuse_probe_exact
 
     def save_state(self) -> CacheState:
         end = self.cache_end()
@@ -235,7 +243,7 @@ class FakeModel:
         if not tokens or start + len(tokens) > self.n_ctx:
             raise EdgespecError(f"fake: cannot write {len(tokens)} tokens at {start} (n_ctx {self.n_ctx})")
         for i, token in enumerate(tokens):
-            self.kv[start + i] = _Entry(token, writer)
+            self.kv[start + i] = _Entry(token, writer, len(tokens) if len(tokens) > PREFILL_ROWS else 0)
         rows = self.pass_rows if len(tokens) <= self.pass_rows else len(tokens)
         self.passes.append(len(tokens))
         self._shape = rows + 3 * -(-(start + rows) // KV_STEP)
@@ -253,6 +261,8 @@ class FakeModel:
                 row = np.roll(row, 1)  # a target reading draft-written KV computes something else
             if corrupt and self.shape_dependent:
                 row = np.roll(row, self._shape % 5)  # another pass shape, other kernels: other logits
+            if corrupt and self.prefill_dependent:  # a prompt prefilled in two passes: other kernels for its KV
+                row = np.roll(row, len({e.prefill for e in held if e.prefill}) % 5)  # type: ignore[union-attr]
             out.append(row)
         return np.array(out, dtype=np.float32).reshape(len(out), N_VOCAB)
 

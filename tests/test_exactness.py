@@ -39,6 +39,7 @@ def test_the_exact_build_passes_quickly_and_the_verdict_is_cached(home: Path) ->
         # Trees probed too, and not exact with these kernels: a branch's rows depend on the cells it sits in.
         assert not first.exact_trees and first.tree_max_abs_diff > 0 and not model.exact_trees
         assert not first.cached and cpu < 9.0  # ~2 s of one core when quiet for chains, ~2 s more for trees
+        assert first.reuse_max_abs_diff == 0.0 and model.exact_reuse  # a kept prompt prefix is reused here
         again = check(model, "cpu")
         assert again.cached and again.exact and again.key == first.key and not again.exact_trees
         assert len(list((home / "exactness").glob("llamacpp-*.json"))) == 1
@@ -159,3 +160,34 @@ def test_fast_numerics_with_require_exact_load_padded_and_stay_lossless(home: Pa
     assert main(["generate", "hi", "--model", "smollm2-135m:q4_1", "--fast-numerics", "--require-exact",
                  "--max-tokens", "2", "--threads", "2", "--ctx", "1024"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_build_whose_prompt_reuse_differs_is_found_out_and_prefills_every_prompt_whole(home: Path) -> None:
+    """Verify passes exact, but a prompt's KV depends on how it was prefilled (the prefill-dependent fake: a kept
+    prefix then the rest is not a whole prefill): the reuse probe finds it, its verdict (read back too) turns reuse
+    off, and a conversation's next request then answers as a fresh engine does; reusing would have answered else."""
+    from edgespec.engine import Engine
+    from tests.fake_backend import BOS, FakeModel, encode, scripted
+
+    sequence = [BOS, *encode("the cat sat on the mat. " * 40)]
+
+    def fake() -> FakeModel:
+        return FakeModel(scripted(sequence), n_ctx=1024, prefill_dependent=True)
+
+    model = fake()
+    result = check(model, "cpu")
+    assert result.exact and result.reuse_max_abs_diff and result.reuse_max_abs_diff > 0 and not model.exact_reuse
+    again = fake()
+    assert check(again, "cpu").cached and not again.exact_reuse
+    first = Engine(model, mode="ngram").generate(sequence[:40], max_tokens=12)
+    follow_up = sequence[:40] + first.tokens + sequence[52:72]  # a tail longer than a verify pass: a prefill
+    alone = fake()
+    check(alone, "cpu")  # the cached verdict: no reuse, not even of the BOS its calibration left behind
+    fresh = Engine(alone, mode="ngram").generate(follow_up, max_tokens=12).tokens
+    engine = Engine(again, mode="ngram")
+    engine.generate(sequence[:40], max_tokens=12)
+    assert engine.generate(follow_up, max_tokens=12).tokens == fresh
+    unprobed = fake()  # the same device believed to reuse exactly: its kept prefix makes another answer
+    engine = Engine(unprobed, mode="ngram")
+    engine.generate(sequence[:40], max_tokens=12)
+    assert engine.generate(follow_up, max_tokens=12).tokens != fresh
