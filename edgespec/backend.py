@@ -17,7 +17,8 @@ from typing import Protocol, runtime_checkable
 from .arena import OwnedCache, SharedCache
 from .errors import InvalidParameterError
 
-DEVICES = ("auto", "cpu", "cuda", "metal")
+GPU_DEVICES = ("cuda", "metal")
+DEVICES = ("auto", "cpu", *GPU_DEVICES)
 
 
 @dataclass(frozen=True)

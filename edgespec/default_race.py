@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import custom_ops
+from .backend import GPU_DEVICES
 from .engine import Engine
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .exactness import NotExactError
@@ -170,7 +171,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
     """Measure the candidates (module docstring), store the choice and print it as a short table."""
     started = time.perf_counter()
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
-    on_gpu = device in ("cuda", "metal")  # the export's exact kernels run on the CPU: it is not exported for nothing
+    on_gpu = device in GPU_DEVICES  # the export's exact kernels run on the CPU: it is not exported for nothing
     say(first_use_line(family, len(candidates), bool(onnx and key["onnx"] and not on_gpu), budget,
                        default_choice_path(key)))
     skipped: dict[str, str] = {}

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import custom_ops
 from .arena import TreeCache
+from .backend import GPU_DEVICES
 from .errors import EdgespecError
 from .gamma import MAX_GAMMA
 from .models import cache_dir
@@ -118,15 +119,19 @@ def contexts(n_ctx: int, rows: int = 0) -> list[int]:
     return sorted({max(1, min(c, n_ctx - max(rows, BATCH))) for c in probed})
 
 
+def _probe_text(model: Probed, length: int) -> list[int]:
+    """The probes' text as ``length`` tokens (repeated as often as it takes)."""
+    text = model.tokenize(_TEXT, add_special=True)
+    return (text * (length // len(text) + 1))[:length]
+
+
 def probe(model: Probed, rows: int = 0) -> tuple[float, int, int]:
     """Max |logit difference|, argmax agreements and positions compared, single-token vs batched decoding,
     both padded to ``rows`` when it is not 0 (the model's passes must already be padded so). Each batched pass
     carries as many tokens as the model allows there (``max_pass_rows``): BATCH unpadded, up to ``rows`` padded.
     Leaves the model's cache empty."""
-    text = model.tokenize(_TEXT, add_special=True)
     probed = contexts(model.n_ctx, rows)
-    needed = max(probed) + max(rows, BATCH)
-    tokens = (text * (needed // len(text) + 1))[:needed]
+    tokens = _probe_text(model, max(probed) + max(rows, BATCH))
     worst, agree, n = 0.0, 0, 0
     for context in probed:
         model.truncate(0)
@@ -158,10 +163,8 @@ def probe_trees(model: TreeProbed, rows: int = 0) -> float | None:
     decoding puts it; smaller trees, with the exact numerics' kernels, often came out exact by chance) or as the
     model allows there (``max_tree_rows``). None where no context had room for a tree with a branch. Leaves the
     model's cache empty."""
-    text = model.tokenize(_TEXT, add_special=True)
     probed = contexts(model.n_ctx, rows)
-    needed = max(probed) + 2 * TREE_NODES + GOES_ON
-    tokens = (text * (needed // len(text) + 1))[:needed]
+    tokens = _probe_text(model, max(probed) + 2 * TREE_NODES + GOES_ON)
     worst, probed_trees, held = 0.0, 0, 0
     model.truncate(0)
     for context in probed:  # in increasing order: each context's prefix extends the last one's
@@ -194,10 +197,9 @@ def probe_reuse(model: Probed) -> float:
     prefix and then the rest, as the prompt cache reuses a conversation's earlier turns. Batch invariance of verify
     passes (``probe``) does not imply it: a prefill of hundreds of tokens takes other kernels than a verify, and where
     reuse was measured exact (two CPU kinds, 1-6 threads) it was measured, not derived. Leaves the cache empty."""
-    text = model.tokenize(_TEXT, add_special=True)
     end = max(2, min(REUSE[1], model.n_ctx - 1))
     kept = min(REUSE[0], end - 1)
-    tokens = (text * (end // len(text) + 1))[:end]
+    tokens = _probe_text(model, end)
     model.truncate(0)
     whole = model.decode(tokens, 0, 1)[0].copy()
     model.truncate(0)
@@ -315,7 +317,7 @@ def _advice(result: Exactness) -> str:
     key = result.key
     if key.get("backend") == "onnx":
         return "build edgespec's kernels (`edgespec build-kernel`) and use an export made with them"
-    if key.get("device") in ("cuda", "metal"):
+    if key.get("device") in GPU_DEVICES:
         tried = ", ".join(map(str, PADDED_ROWS))
         return (f"passes padded to {tried} rows were not exact either on this device: run speculation on the CPU "
                 "(--device cpu)")

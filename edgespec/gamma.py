@@ -133,8 +133,7 @@ class CostCurve:
         self._cost[:flat] = [1.0] * flat
         self._excess[:flat] = [0.0] * flat
         self._seen[:flat] = [0.0] * flat
-        self.shape[1:flat + 1] = 1.0
-        self.shape[1:] = _physical(self.shape[1:].tolist(), [1.0] * (len(self.shape) - 1))
+        self._refit()
 
     def observe(self, k: int, seconds: float) -> None:
         """Learn from one pass over k tokens: a single token's sets the scale, a batch's the shape.

@@ -21,7 +21,7 @@ import llama_cpp as lc
 import numpy as np
 
 from .arena import CacheState
-from .backend import ModelOptions, check_options, padded_pass_limit, split_batches
+from .backend import GPU_DEVICES, ModelOptions, check_options, padded_pass_limit, split_batches
 from .cpu import physical_cores
 from .drafters.base import MAX_TREE_LEAVES
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
@@ -71,7 +71,7 @@ class ContextOptions:
 
 def _gpu_layers(device: str) -> int:
     gpu = bool(lc.llama_supports_gpu_offload())
-    if device in ("cuda", "metal") and not gpu:
+    if device in GPU_DEVICES and not gpu:
         raise InvalidParameterError(
             f"device={device!r}, but this llama-cpp-python was built for the CPU only; reinstall it with "
             f"CMAKE_ARGS=\"-DGGML_{device.upper()}=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python"

@@ -32,7 +32,7 @@ import numpy as np
 from . import custom_ops
 from . import onnx_segments as segments
 from .arena import CacheState
-from .backend import ModelOptions, check_options, split_batches
+from .backend import GPU_DEVICES, ModelOptions, check_options, split_batches
 from .cpu import physical_cores
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .extras import install_command, require
@@ -164,7 +164,7 @@ def _providers(device: str) -> list[str]:
 
     available = set(ort.get_available_providers())
     wanted = [p for p in _PROVIDERS[device] if p in available]
-    if device in ("cuda", "metal") and not wanted:
+    if device in GPU_DEVICES and not wanted:
         package = f"onnxruntime-gpu ({install_command('cuda')})" if device == "cuda" else "an onnxruntime with CoreML"
         raise InvalidParameterError(f"device={device!r}, but this onnxruntime has no {_PROVIDERS[device][0]}; "
                                     f"install {package}")
