@@ -115,7 +115,10 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     threads = args.threads or physical_cores()
-    low, high = (int(n) for n in args.nodes.split(":"))
+    try:
+        low, high = (int(n) for n in args.nodes.split(":"))
+    except ValueError:
+        low = high = 0
     if not 2 <= low <= high:
         parser.error(f"--nodes must be MIN:MAX with 2 <= MIN <= MAX, got {args.nodes!r}")
     results = []
