@@ -26,6 +26,11 @@ rows equal after keeping another path.
 
 from __future__ import annotations
 
+# First: numpy imported before llama.cpp's CUDA library crashes the process (edgespec/_preload.py; the H200 run of
+# 2026-11-26 lost this probe to it).
+import edgespec  # noqa: F401
+
+# isort: split
 import argparse
 import json
 from pathlib import Path

@@ -104,7 +104,10 @@ def choice_key(threads: int, device: str) -> dict[str, object] | None:
     source = family.source_path()
     if source is None:
         return None
-    return default_choice_key(source, family.default_candidates(), onnx_identity(), threads, device)
+    # No ONNX candidate on a GPU (its exact kernels are CPU code), and onnxruntime is not even imported there: on
+    # the H200 image importing it after llama.cpp's CUDA library crashed the process.
+    onnx = None if device in GPU_DEVICES else onnx_identity()
+    return default_choice_key(source, family.default_candidates(), onnx, threads, device)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,16 @@ def test_a_race_on_a_gpu_leaves_out_what_cannot_run_there(tmp_path: Path, monkey
     assert message.startswith("no default candidate can run losslessly here")
     assert "its exact kernels run on the CPU only, and this race is on cuda" in message
     assert "built for the CPU only" in message  # llama.cpp's own reason, once per GGUF variant
+
+
+def test_a_gpu_choice_never_imports_onnxruntime() -> None:
+    """On the H200 image importing onnxruntime after llama.cpp's CUDA library killed the process (SIGSEGV) before
+    the race began: a GPU's choice key has no ONNX part and must not import onnxruntime to say so. A fresh
+    interpreter, since this one has imported it already."""
+    code = ("import sys, edgespec.default_race as r\n"
+            "key = r.choice_key(1, 'cuda')\n"
+            "assert key is None or key['onnx'] is None, key\n"
+            "print('onnxruntime' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
