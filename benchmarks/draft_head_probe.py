@@ -1,6 +1,8 @@
 """How often a draft head guesses the target's next-but-one token, trained on the model's own answers.
 
-    python benchmarks/draft_head_probe.py EXPORT TEST_STREAMS [--answers 160] [--mlp-epochs N] [--out DIR]
+    python benchmarks/draft_head_probe.py EXPORT TEST_STREAMS [--answers 160] [--mlp-epochs N] [--eagle-epochs N]
+                                          [--eagle-weights FILE] [--out DIR]
+    python benchmarks/draft_head_probe.py train-hf GGUF ANSWERS [--samples 8] [--eagle-epochs 10] [--out DIR]
 
 EXPORT: an edgespec ONNX directory (the default model's: `~/.cache/edgespec/onnx/...`). TEST_STREAMS: recorded
 target-only Spec-Bench outputs of the same model (`edgespec replay --record`). The training text is the model's
@@ -19,6 +21,12 @@ cost on the start-up calibration's curve, ~0.5 on the decode loop's).
 cross-entropy against the target's choices through the target's own output projection (its rows limited to the
 tokens the training answers choose, as a draft head's would be): [h_t, embedding(x_{t+1})] → a linear map to the
 hidden width, plus one residual MLP block (LayerNorm, SiLU, MLP_HIDDEN wide) → the direction of h_{t+1}.
+
+``--eagle-epochs N`` trains EAGLE's head (one decoder layer that attends over the earlier positions' features:
+`eagle_module`) on the same text here and scores it after every epoch, also where n-gram lookup has no match and
+beside lookup itself. ``train-hf`` makes more training text than 2 cores can (on a GPU: the model's own sampled
+answers, S per prompt of ANSWERS, through transformers) and trains the head there; ``--eagle-weights`` scores such
+a head here, on this export's features and the test streams (unseen prompts).
 Prints a table, writes draft_head_probe.json and .png.
 """
 
@@ -28,6 +36,8 @@ import argparse
 import importlib.util
 import json
 import random
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +45,8 @@ from edgespec.export.onnx_reference import OnnxReference
 
 from edgespec.bench.plots import line_chart
 from edgespec.bench.replay import Stream, load_streams, record
+from edgespec.drafters.ngram import NgramDrafter
+from edgespec.sampling import SamplingParams
 from edgespec.tuning import cpu_identity
 
 TOPICS = ("the water cycle", "photosynthesis", "the French Revolution", "machine learning", "climate change",
@@ -53,6 +65,7 @@ TEMPLATES = ("Explain {t} in simple terms.", "Write a short essay about {t}.",
 SHARES = (0.125, 0.25, 0.5, 1.0)
 RIDGE = 1e-4  # × training positions, on the normal equations' diagonal
 MLP_HIDDEN = 1536  # the target's own MLP width
+HEAD_COSTS = (0.02, 0.05, 0.1)  # a head token's time in target passes, for the replay's predicted speed-ups
 
 
 def own_answers(export: Path, count: int, path: Path, max_tokens: int = 256) -> list[Stream]:
@@ -77,6 +90,17 @@ class Probe:
         # √width · g_i · W[:, i], so argmax over (x @ rows) is the head's argmax for any hidden x.
         self.rows = self.ref.head.run(None, {"hidden": np.eye(width, dtype=np.float32)[None] * 1000.0})[0][0]
         self.embedding = self.rows / np.linalg.norm(self.rows, axis=0).mean()  # tied: a token's row, rescaled
+
+    def sequence(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Each position's last hidden state as the head takes it (before the final norm) and the target's choice."""
+        self.ref.truncate(0)
+        hidden = self.ref.hidden(ids)
+        return hidden[0], self.ref.head.run(None, {"hidden": hidden})[0][0].argmax(-1)
+
+    def token_embeddings(self) -> np.ndarray:
+        """The target's input embedding table [vocab, width]."""
+        vocab = self.rows.shape[1]
+        return self.ref.embed.run(None, {"input_ids": np.arange(vocab, dtype=np.int64)[None]})[0][0]
 
     def hidden(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Each position's last hidden state (unit length) and the target's choice there."""
@@ -145,18 +169,341 @@ def mlp_head(x: np.ndarray, labels: np.ndarray, test_x: np.ndarray, test_labels:
     return {"top1": agree, "test_tokens_in_its_rows": float(np.mean(np.isin(test_labels, vocab)))}
 
 
+def lookup_guesses(ids: list[int], prompt: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per position j of ``ids`` from the prompt's end on: n-gram lookup's match length (0: none) and its guess for
+    ids[j] (-1: none) from ids[:j], as mode ngram drafts it."""
+    lookup, params, rng = NgramDrafter(), SamplingParams(), np.random.default_rng(0)
+    keys, guesses = np.zeros(len(ids), int), np.full(len(ids), -1)
+    context = list(ids[:prompt])
+    lookup.begin(context)
+    for j in range(prompt, len(ids)):
+        draft = lookup.propose(context, 1, params, rng)
+        if len(draft):
+            keys[j], guesses[j] = draft.key, draft.tokens[0]
+        context.append(ids[j])
+    return keys, guesses
+
+
+def eagle_module(width: int, heads: int, embed: np.ndarray, rows: np.ndarray, vocab: np.ndarray) -> object:
+    """EAGLE's draft head (Li et al. 2024), scaled to this model: at every position i, [f_i, embedding(x_{i+1})]
+    → a linear map to the width → one decoder layer (RMSNorm, causal attention over all earlier positions with
+    rotary positions, RMSNorm, SwiGLU MLP) → f̂_{i+1}, the target's next last hidden state (before its final norm, at
+    unit RMS); the target's own head (final norm + output projection: ``rows``, limited to the tokens ``vocab``, the
+    ones the training answers choose) turns f̂_{i+1} into a guess for x_{i+2}."""
+    import torch
+
+    dim = width // heads
+
+    class EagleHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("embed", torch.tensor(embed))
+            self.register_buffer("out_rows", torch.tensor(rows[:, vocab]) / width ** 0.5)  # (f/rms(f)) @ rows/√w
+            self.register_buffer("vocab", torch.tensor(vocab))
+            self.fuse = torch.nn.Linear(2 * width, width, bias=False)
+            self.norm1, self.norm2 = torch.nn.RMSNorm(width), torch.nn.RMSNorm(width)
+            self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+            self.o = torch.nn.Linear(width, width, bias=False)
+            self.up = torch.nn.Linear(width, 2 * MLP_HIDDEN, bias=False)
+            self.down = torch.nn.Linear(MLP_HIDDEN, width, bias=False)
+
+        def forward(self, f: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            """f [batch, n, width], tokens [batch, n] = x_{i+1}: f̂_{i+1} for every i, attending to positions ≤ i
+            (a batch's shorter sequences padded at the end)."""
+            b, n = tokens.shape
+            z = self.fuse(torch.cat([f, self.embed[tokens]], -1))
+            q, k, v = self.qkv(self.norm1(z)).view(b, n, 3, heads, dim).unbind(2)
+            angle = torch.arange(n, device=f.device)[:, None] * 10000.0 ** (
+                -torch.arange(0, dim, 2, device=f.device) / dim)
+            cos, sin = angle.cos()[:, None], angle.sin()[:, None]
+
+            def rotate(x: torch.Tensor) -> torch.Tensor:
+                a, c = x[..., ::2], x[..., 1::2]
+                return torch.stack([a * cos - c * sin, a * sin + c * cos], -1).flatten(-2)
+
+            att = torch.nn.functional.scaled_dot_product_attention(
+                rotate(q).transpose(1, 2), rotate(k).transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            z = z + self.o(att.transpose(1, 2).reshape(b, n, width))
+            gate, up = self.up(self.norm2(z)).chunk(2, -1)
+            return z + self.down(torch.nn.functional.silu(gate) * up)
+
+        def logits(self, f: torch.Tensor) -> torch.Tensor:
+            return (f / f.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()) @ self.out_rows
+
+    return EagleHead()
+
+
+Sequence = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # features (unit RMS), ids, the target's choices, prompt
+
+
+def train_eagle(head: object, train: list[Sequence], epochs: int, batch: int, report: Callable[[int], None]) -> None:
+    """Teacher forcing on the target's own features (small noise added, as EAGLE does); loss = smooth-L1 on the
+    feature + cross-entropy on the token (EAGLE weighs the token 0.1 at 7B; here its top-1 is what is asked)."""
+    import torch
+
+    torch.manual_seed(0)
+    width, device = train[0][0].shape[1], head.embed.device
+    index = torch.full((len(head.embed),), -1, dtype=torch.long, device=device)
+    index[head.vocab] = torch.arange(len(head.vocab), device=device)
+    opt = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3,
+                                                   total_steps=epochs * ((len(train) + batch - 1) // batch))
+    for epoch in range(epochs):
+        order = np.random.default_rng(epoch).permutation(len(train))
+        for first in range(0, len(train), batch):
+            part = [train[j] for j in order[first:first + batch]]
+            n = max(len(ids) for _, ids, _, _ in part) - 1
+            f = torch.zeros(len(part), n + 1, width)
+            ids = torch.zeros(len(part), n + 1, dtype=torch.long)
+            labels = torch.full((len(part), n), -1, dtype=torch.long)
+            for r, (fs, tokens, choice, _) in enumerate(part):
+                f[r, :len(tokens)], ids[r, :len(tokens)] = torch.tensor(fs), torch.tensor(tokens)
+                labels[r, :len(tokens) - 1] = torch.tensor(choice[1:])  # at i: the target's choice at i + 1
+            f, ids, labels = f.to(device), ids.to(device), labels.to(device)
+            valid = labels >= 0
+            known = index[labels.clamp(min=0)] >= 0
+            known &= valid
+            pred = head(f[:, :n] + (torch.rand_like(f[:, :n]) - 0.5) * 0.2, ids[:, 1:])
+            loss = torch.nn.functional.smooth_l1_loss(pred[valid], f[:, 1:][valid]) + \
+                torch.nn.functional.cross_entropy(head.logits(pred[known]), index[labels[known]])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+        report(epoch)
+
+
+def score_eagle(head: object, test: list[Sequence]) -> dict[str, float]:
+    """Scored like the other heads (the next-but-one token where x_{t+1} is the greedy token, on the generated
+    positions), overall and where n-gram lookup has no match there, beside lookup's own top-1 and either right;
+    and a second step as drafting runs it (its own f̂_{t+1} and its own guess fed back: top-1 for x_{t+3} where the
+    first guess was right, on a quarter of those positions)."""
+    import torch
+
+    head.eval()
+    device = head.embed.device
+    right1 = right2 = tried2 = total = unmatched = right_unmatched = lookup_right = either = 0
+    with torch.no_grad():
+        for f, ids, choice, prompt in test:
+            keys, lookup_guess = lookup_guesses(ids.tolist(), prompt)
+            n = len(ids)
+            f, tokens, choice = (torch.tensor(a, device=device) for a in (f, ids, choice))
+            pred = head(f[None, :n - 1], tokens[None, 1:])[0]
+            guess = head.vocab[head.logits(pred).argmax(-1)]
+            t = torch.arange(prompt - 1, n - 2, device=device)
+            t = t[tokens[t + 1] == choice[t]]
+            ok = guess[t] == choice[t + 1]
+            at = (t + 2).cpu().numpy()
+            by_lookup = torch.tensor(lookup_guess[at], device=device) == choice[t + 1]
+            none = torch.tensor(keys[at] == 0, device=device)
+            right1, total = right1 + int(ok.sum()), total + len(t)
+            unmatched, right_unmatched = unmatched + int(none.sum()), right_unmatched + int(ok[none].sum())
+            lookup_right, either = lookup_right + int(by_lookup.sum()), either + int((ok | by_lookup).sum())
+            for i in t[ok][::4].tolist():
+                out = head(torch.cat([f[:i + 1], pred[i:i + 1]])[None],
+                           torch.cat([tokens[1:i + 2], guess[i:i + 1]])[None])
+                tried2 += 1
+                right2 += int(i + 2 < n and bool(tokens[i + 2] == choice[i + 1])
+                              and bool(head.vocab[head.logits(out[0, -1]).argmax()] == choice[i + 2]))
+    head.train()
+    return {"top1": right1 / max(total, 1), "top1_no_lookup_match": right_unmatched / max(unmatched, 1),
+            "no_lookup_match_share": unmatched / max(total, 1), "lookup_top1": lookup_right / max(total, 1),
+            "either_top1": either / max(total, 1), "step2_top1": right2 / max(tried2, 1), "positions": total}
+
+
+def chain_replay(head: object, test: list[Sequence], gamma: int = 3) -> dict[str, dict]:
+    """What the head would do as a drafter, replayed on the test streams (greedy: a draft token is accepted while
+    it equals the recorded token): n-gram lookup's chain (up to ``gamma`` tokens) against lookup where it matched
+    ≥ 2 tokens, else the head's chain of 1 or 2 (its first guess from the target's last computed feature and the
+    token the target chose, the second from the head's own f̂ and guess). τ = tokens a verify pass keeps; the
+    speed-up over plain decoding (1 token a pass at cost 1) is predicted from the decode loop's curve on the
+    AVX-512 EPYC (``replay.CURVES['avx512-prefetch-loop']``, rows = draft + 1) with each head token costing
+    ``HEAD_COSTS`` passes (this head: 4.6 M parameters + 13 k output rows ≈ 9% of the target's bytes)."""
+    import torch
+
+    from edgespec.bench.replay import CURVES
+
+    curve = CURVES["avx512-prefetch-loop"]
+    runs = {"lookup": 0, "lookup, else head x1": 1, "lookup, else head x2": 2}  # head chain length
+    totals = {name: [0, 0, 0.0, 0] for name in runs}  # tokens kept, passes, rows' cost, head tokens
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    head.eval()
+    with torch.no_grad():
+        for f, ids, _, prompt in test:
+            f, tokens = torch.tensor(f), torch.tensor(ids)
+            pred = head(f[None, :len(ids) - 1], tokens[None, 1:])[0]
+            first = head.vocab[head.logits(pred).argmax(-1)]  # first[i]: the guess for x_{i+2}
+            for name, length in runs.items():
+                total, lookup, j = totals[name], NgramDrafter(), prompt
+                context = list(ids[:prompt])
+                lookup.begin(context)
+                while j < len(ids):
+                    draft = lookup.propose(context, gamma, params, rng)
+                    guess = list(draft.tokens)
+                    if length and (not len(draft) or draft.key < 2) and j >= 2:
+                        guess = [int(first[j - 2])]
+                        if length == 2 and j + 1 < len(ids):
+                            second = -1  # behind a wrong first token the second row is verified all the same
+                            if guess[0] == ids[j]:
+                                out = head(torch.cat([f[:j - 1], pred[j - 2:j - 1]])[None],
+                                           torch.cat([tokens[1:j], first[j - 2:j - 1]])[None])
+                                second = int(head.vocab[head.logits(out[0, -1]).argmax()])
+                            guess.append(second)
+                        total[3] += len(guess)
+                    accepted = 0
+                    while accepted < len(guess) and j + accepted < len(ids) and guess[accepted] == ids[j + accepted]:
+                        accepted += 1
+                    kept = min(accepted + 1, len(ids) - j)
+                    total[0], total[1] = total[0] + kept, total[1] + 1
+                    total[2] += curve[min(len(guess) + 1, max(curve))]
+                    context.extend(int(t) for t in ids[j:j + kept])
+                    j += kept
+    head.train()
+    return {name: {"tau": t / p, "head_tokens_per_pass": h / p,
+                   **{f"predicted_speedup_head_cost_{c}": t / (rows + c * h) for c in HEAD_COSTS}}
+            for name, (t, p, rows, h) in totals.items()}
+
+
+def onnx_sequences(probe: Probe, streams: list[Stream], scale: float | None = None) -> tuple[list[Sequence], float]:
+    """The export's features for each stream, divided by ``scale`` (default: their RMS over all positions)."""
+    raw = []
+    for s in streams:
+        ids = [*s.prompt, *s.output]
+        f, choice = probe.sequence(ids)
+        raw.append((f, np.asarray(ids), choice, len(s.prompt)))
+    if scale is None:
+        scale = float(np.sqrt(np.mean(np.concatenate([f for f, *_ in raw]) ** 2)))
+    return [(f / scale, ids, choice, prompt) for f, ids, choice, prompt in raw], scale
+
+
+def eagle_probe(probe: Probe, train: list[Stream], test: list[Stream], epochs: int,
+                weights: Path | None) -> dict[str, object]:
+    """Train the head here on the own answers (or load one trained elsewhere, ``--eagle-weights``: its features'
+    scale and output rows come with it) and score it on the test streams after every epoch."""
+    import torch
+
+    torch.set_num_threads(2)
+    width, heads = probe.rows.shape[0], probe.ref.manifest["num_attention_heads"]
+    if weights is not None:
+        saved = torch.load(weights, weights_only=False)  # our own file: numpy arrays inside
+        head = eagle_module(width, heads, probe.token_embeddings(), probe.rows, saved["vocab"])
+        head.load_state_dict(saved["state"], strict=False)  # the parameters; embed and out_rows: this export's
+        test_seqs, _ = onnx_sequences(probe, test, saved["scale"])
+        scores = score_eagle(head, test_seqs)
+        print(f"  EAGLE head from {weights}: {scores}")
+        replay = chain_replay(head, test_seqs)
+        print(f"  replayed as a drafter (chains, greedy): {replay}")
+        return {**{k: v for k, v in saved.items() if k not in ("state", "vocab")}, **scores, "replay": replay}
+    train_seqs, scale = onnx_sequences(probe, train)
+    test_seqs, _ = onnx_sequences(probe, test, scale)
+    vocab = np.unique(np.concatenate([c for *_, c, _ in train_seqs]))
+    head = eagle_module(width, heads, probe.token_embeddings(), probe.rows, vocab)
+    history: list[dict[str, float]] = []
+
+    def report(epoch: int) -> None:
+        history.append({"epoch": epoch + 1, **score_eagle(head, test_seqs)})
+        print(f"  EAGLE head, epoch {epoch + 1}/{epochs}: {history[-1]}")
+
+    train_eagle(head, train_seqs, epochs, 1, report)
+    return {"training_positions": int(sum(len(ids) - 1 for _, ids, _, _ in train_seqs)), "epochs": epochs,
+            "parameters": sum(p.numel() for p in head.parameters()), "output_rows": len(vocab),
+            **history[-1], "history": history}
+
+
+def train_hf(argv: list[str]) -> None:
+    """``train-hf GGUF ANSWERS --samples S --eagle-epochs N --out DIR``, on a GPU: the model's own sampled answers
+    (transformers, weights dequantized from the GGUF) to the prompts of ANSWERS (the own-answers file of a run
+    here), S per prompt, their features, and the head trained on them; writes DIR/eagle_head.pt for
+    ``--eagle-weights`` here (scored on this machine's export and test streams)."""
+    import time
+
+    import torch
+
+    from edgespec.bench.peers.hf import load_dequantized
+
+    parser = argparse.ArgumentParser(prog="draft_head_probe.py train-hf")
+    parser.add_argument("gguf", type=Path)
+    parser.add_argument("answers")
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--eagle-epochs", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    torch.manual_seed(0)  # the sampled answers (the 2026-11-26 run's were not seeded)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_dequantized(args.gguf).to(device)
+    eos = int(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, int)
+              else model.generation_config.eos_token_id[0])
+    prompts = [s.prompt for s in load_streams(args.answers)]
+    sequences: list[tuple[list[int], int]] = []
+    for _ in range(args.samples):
+        for first in range(0, len(prompts), 256):
+            part = prompts[first:first + 256]
+            width = max(map(len, part))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in part], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in part], device=device)
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.8,
+                                     top_p=0.95, max_new_tokens=args.max_tokens, pad_token_id=eos,
+                                     eos_token_id=eos)
+            for p, row in zip(part, out[:, width:].tolist(), strict=True):
+                sequences.append(([*p, *row[:row.index(eos) if eos in row else len(row)]], len(p)))
+        print(f"  {len(sequences)} answers sampled ({time.time() - t0:.0f} s)", flush=True)
+    captured: list[torch.Tensor] = []
+    model.model.norm.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
+    data: list[Sequence] = []
+    for first in range(0, len(sequences), 32):
+        part = sequences[first:first + 32]
+        width = max(len(ids) for ids, _ in part)
+        ids = torch.tensor([ids + [eos] * (width - len(ids)) for ids, _ in part], device=device)
+        captured.clear()
+        with torch.no_grad():
+            choices = model(input_ids=ids).logits.argmax(-1).cpu().numpy()
+        features = captured[0].float().cpu().numpy()
+        data += [(features[r, :len(i)], np.asarray(i), choices[r, :len(i)], p) for r, (i, p) in enumerate(part)]
+    scale = float(np.sqrt(np.mean(np.concatenate([f[::7] for f, *_ in data]) ** 2)))
+    data = [(f / scale, ids, choice, p) for f, ids, choice, p in data]
+    held_out = data[::20]  # every 20th answer: a check for over-fitting, not the score (that is made here)
+    train = [d for j, d in enumerate(data) if j % 20]
+    positions = int(sum(len(ids) - 1 for _, ids, _, _ in train))
+    print(f"  features of {len(data)} answers, {positions} training positions ({time.time() - t0:.0f} s)", flush=True)
+    rows = model.lm_head.weight.detach().float().cpu().numpy().T * model.model.norm.weight.detach().float().cpu(
+        ).numpy()[:, None] * model.config.hidden_size ** 0.5  # as Probe.rows: √width · g_i · W[:, i]
+    vocab = np.unique(np.concatenate([c for *_, c, _ in train]))
+    head = eagle_module(model.config.hidden_size, model.config.num_attention_heads,
+                        model.model.embed_tokens.weight.detach().float().cpu().numpy(), rows, vocab).to(device)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def report(epoch: int) -> None:
+        scores = score_eagle(head, held_out[:40])
+        state = {k: v.half().cpu() for k, v in head.state_dict().items() if k not in ("embed", "out_rows", "vocab")}
+        torch.save({"state": state, "vocab": vocab, "scale": scale, "training_positions": positions,
+                    "answers": len(train), "samples": args.samples, "epochs": epoch + 1,
+                    "parameters": sum(p.numel() for p in head.parameters()), "output_rows": len(vocab),
+                    "held_out": scores}, args.out / "eagle_head.pt")
+        print(f"  epoch {epoch + 1}/{args.eagle_epochs} ({time.time() - t0:.0f} s): held-out {scores}", flush=True)
+
+    train_eagle(head, train, args.eagle_epochs, 32, report)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path)
     parser.add_argument("test_streams")
     parser.add_argument("--answers", type=int, default=160, help="own answers to generate for training")
     parser.add_argument("--mlp-epochs", type=int, default=0, help="also train an MLP head (needs torch)")
+    parser.add_argument("--eagle-epochs", type=int, default=0,
+                        help="also train an EAGLE-style head with one attention layer (needs torch)")
+    parser.add_argument("--eagle-weights", type=Path, help="score an EAGLE head trained elsewhere (train-hf)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     if args.mlp_epochs < 0:
         parser.error("--mlp-epochs must be 0 or more")
-    if args.mlp_epochs and importlib.util.find_spec("torch") is None:
-        parser.error("--mlp-epochs needs torch: pip install 'edgespec[export-hf]'")
+    if args.eagle_epochs < 0:
+        parser.error("--eagle-epochs must be 0 or more")
+    if (args.mlp_epochs or args.eagle_epochs) and importlib.util.find_spec("torch") is None:
+        parser.error("--mlp-epochs and --eagle-epochs need torch: pip install 'edgespec[export-hf]'")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train = own_answers(args.export, args.answers, out / "draft_head_probe-answers.jsonl")
@@ -178,10 +525,16 @@ def main() -> None:
                **mlp_head(x, labels, test_x, test_labels, probe.rows, args.mlp_epochs)}
         print(f"{len(x):>8} training positions: MLP head top-1 {mlp['top1']:.3f} (its output rows hold "
               f"{mlp['test_tokens_in_its_rows']:.3f} of the test positions' tokens)")
+    eagle = None
+    if args.eagle_epochs > 0 or args.eagle_weights:
+        eagle = eagle_probe(probe, train, load_streams(args.test_streams), args.eagle_epochs, args.eagle_weights)
+        print(f"{eagle['training_positions']:>8} training positions: EAGLE head top-1 {eagle['top1']:.3f}, "
+              f"second step {eagle['step2_top1']:.3f} ({eagle['parameters']:,} parameters, "
+              f"{eagle['output_rows']} output rows)")
     (out / "draft_head_probe.json").write_text(json.dumps(
         {"cpu": cpu_identity(), "export": str(args.export), "test_streams": args.test_streams,
          "answers": args.answers, "training_tokens": int(sum(len(s.output) for s in train)),
-         "test_positions": len(test_labels), "rows": rows, "mlp": mlp}, indent=1))
+         "test_positions": len(test_labels), "rows": rows, "mlp": mlp, "eagle": eagle}, indent=1))
     line_chart(out / "draft_head_probe.png", [r["training_positions"] for r in rows],
                [("linear head, top-1", [r["top1"] for r in rows], "tab:blue", "-")],
                "training positions (the model's own answers)", "top-1 agreement on Spec-Bench answers",
@@ -190,4 +543,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["train-hf"]:
+        train_hf(sys.argv[2:])
+    else:
+        main()
