@@ -234,7 +234,10 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
     lib = Path(lc.__file__).parent / "lib"
     key.update(backend="llamacpp", llama_cpp=lc.__version__, library=_files(lib) if lib.is_dir() else None,
                system_info=lc.llama_print_system_info().decode("utf-8", "replace").strip(),
-               quant=model.description, exact_numerics=exact_numerics)  # type: ignore[attr-defined]
+               quant=model.description,  # type: ignore[attr-defined]
+               # the settings loaded, not the flag: on a GPU both load llama.cpp's defaults (set_numerics), so
+               # one verdict (and one probe) serves both
+               exact_numerics=exact_numerics and device not in GPU_DEVICES)
     return key
 
 

@@ -68,6 +68,17 @@ def test_the_key_names_the_build_device_and_quantization() -> None:
     assert key["library"] and "CPU" in str(key["system_info"]) and key["exact_numerics"] is True
 
 
+def test_on_a_gpu_both_numerics_share_one_verdict() -> None:
+    """Exact and fast numerics load the same settings on a GPU (llama_backend.set_numerics), so the key that files
+    the self-check's verdict is the same for both: one probe, not two. On the CPU they differ."""
+    model = _shipped()
+    try:
+        assert build_key(model, "cuda", True) == build_key(model, "cuda", False)
+        assert build_key(model, "cpu", True) != build_key(model, "cpu", False)
+    finally:
+        model.close()
+
+
 def test_fast_numerics_are_flagged_unpadded_and_made_exact_by_padding(home: Path) -> None:
     """llama.cpp's defaults (F16 KV cache, flash attention) on 2 threads: a batched row's logits differ from
     one-token decoding (real llama.cpp, no wrapper; on one thread they were identical here). With every pass padded
