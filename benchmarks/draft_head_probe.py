@@ -66,6 +66,7 @@ SHARES = (0.125, 0.25, 0.5, 1.0)
 RIDGE = 1e-4  # × training positions, on the normal equations' diagonal
 MLP_HIDDEN = 1536  # the target's own MLP width
 HEAD_COSTS = (0.02, 0.05, 0.1)  # a head token's time in target passes, for the replay's predicted speed-ups
+CONFIDENCE = (0.1, 0.2, 0.4)  # the replay's gates on the head's own probability of a draft path
 
 
 def own_answers(export: Path, count: int, path: Path, max_tokens: int = 256) -> list[Stream]:
@@ -311,11 +312,24 @@ def score_eagle(head: object, test: list[Sequence]) -> dict[str, float]:
             "either_top1": either / max(total, 1), "step2_top1": right2 / max(tried2, 1), "positions": total}
 
 
+def _second(head: object, f: object, pred: object, tokens: object, first: object, j: int,
+            cache: dict[int, tuple[int, float]]) -> tuple[int, float]:
+    """The head's guess for x_{j+1} after its own f̂_{j-1} and guess for x_j, and its probability (cached)."""
+    import torch
+
+    if j not in cache:
+        out = head(torch.cat([f[:j - 1], pred[j - 2:j - 1]])[None], torch.cat([tokens[1:j], first[j - 2:j - 1]])[None])
+        p2 = torch.softmax(head.logits(out[0, -1]), -1).max(-1)
+        cache[j] = int(head.vocab[p2.indices]), float(p2.values)
+    return cache[j]
+
+
 def chain_replay(head: object, test: list[Sequence], gamma: int = 3) -> dict[str, dict]:
     """What the head would do as a drafter, replayed on the test streams (greedy: a draft token is accepted while
     it equals the recorded token): n-gram lookup's chain (up to ``gamma`` tokens) against lookup where it matched
     ≥ 2 tokens, else the head's chain of 1 or 2 (its first guess from the target's last computed feature and the
-    token the target chose, the second from the head's own f̂ and guess). τ = tokens a verify pass keeps; the
+    token the target chose, the second from the head's own f̂ and guess), always or while the path's probability by
+    the head's own softmax is at least a gate (EAGLE-2's confidence). τ = tokens a verify pass keeps; the
     speed-up over plain decoding (1 token a pass at cost 1) is predicted from the decode loop's curve on the
     AVX-512 EPYC (``replay.CURVES['avx512-prefetch-loop']``, rows = draft + 1) with each head token costing
     ``HEAD_COSTS`` passes (this head: 4.6 M parameters + 13 k output rows ≈ 9% of the target's bytes)."""
@@ -324,7 +338,9 @@ def chain_replay(head: object, test: list[Sequence], gamma: int = 3) -> dict[str
     from edgespec.bench.replay import CURVES
 
     curve = CURVES["avx512-prefetch-loop"]
-    runs = {"lookup": 0, "lookup, else head x1": 1, "lookup, else head x2": 2}  # head chain length
+    # (head chain length, the path probability a head token needs by the head's own softmax; 0: always drafted)
+    runs = {"lookup": (0, 0.0), "lookup, else head x1": (1, 0.0), "lookup, else head x2": (2, 0.0),
+            **{f"lookup, else head while p >= {p}": (2, p) for p in CONFIDENCE}}
     totals = {name: [0, 0, 0.0, 0] for name in runs}  # tokens kept, passes, rows' cost, head tokens
     params, rng = SamplingParams(), np.random.default_rng(0)
     head.eval()
@@ -332,23 +348,25 @@ def chain_replay(head: object, test: list[Sequence], gamma: int = 3) -> dict[str
         for f, ids, _, prompt in test:
             f, tokens = torch.tensor(f), torch.tensor(ids)
             pred = head(f[None, :len(ids) - 1], tokens[None, 1:])[0]
-            first = head.vocab[head.logits(pred).argmax(-1)]  # first[i]: the guess for x_{i+2}
-            for name, length in runs.items():
+            top = torch.softmax(head.logits(pred), -1).max(-1)
+            first, sure = head.vocab[top.indices], top.values  # first[i]: the guess for x_{i+2}, its probability
+            seconds: dict[int, tuple[int, float]] = {}  # j → the head's second guess (x_{j+1}), its probability
+            for name, (length, min_p) in runs.items():
                 total, lookup, j = totals[name], NgramDrafter(), prompt
                 context = list(ids[:prompt])
                 lookup.begin(context)
                 while j < len(ids):
                     draft = lookup.propose(context, gamma, params, rng)
                     guess = list(draft.tokens)
-                    if length and (not len(draft) or draft.key < 2) and j >= 2:
+                    if length and (not len(draft) or draft.key < 2) and j >= 2 and sure[j - 2] >= min_p:
                         guess = [int(first[j - 2])]
                         if length == 2 and j + 1 < len(ids):
-                            second = -1  # behind a wrong first token the second row is verified all the same
-                            if guess[0] == ids[j]:
-                                out = head(torch.cat([f[:j - 1], pred[j - 2:j - 1]])[None],
-                                           torch.cat([tokens[1:j], first[j - 2:j - 1]])[None])
-                                second = int(head.vocab[head.logits(out[0, -1]).argmax()])
-                            guess.append(second)
+                            if min_p == 0:  # behind a wrong first token the second row is verified all the same
+                                guess.append(_second(head, f, pred, tokens, first, j, seconds)[0]
+                                             if guess[0] == ids[j] else -1)
+                            elif (later := _second(head, f, pred, tokens, first, j, seconds))[1] * float(
+                                    sure[j - 2]) >= min_p:
+                                guess.append(later[0])
                         total[3] += len(guess)
                     accepted = 0
                     while accepted < len(guess) and j + accepted < len(ids) and guess[accepted] == ids[j + accepted]:
