@@ -234,10 +234,10 @@ def eagle_module(width: int, heads: int, embed: np.ndarray, rows: np.ndarray, vo
     return EagleHead()
 
 
-Sequence = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # features (unit RMS), ids, the target's choices, prompt
+Answer = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # features (unit RMS), ids, the target's choices, prompt
 
 
-def train_eagle(head: object, train: list[Sequence], epochs: int, batch: int, report: Callable[[int], None]) -> None:
+def train_eagle(head: object, train: list[Answer], epochs: int, batch: int, report: Callable[[int], None]) -> None:
     """Teacher forcing on the target's own features (small noise added, as EAGLE does); loss = smooth-L1 on the
     feature + cross-entropy on the token (EAGLE weighs the token 0.1 at 7B; here its top-1 is what is asked)."""
     import torch
@@ -274,7 +274,7 @@ def train_eagle(head: object, train: list[Sequence], epochs: int, batch: int, re
         report(epoch)
 
 
-def score_eagle(head: object, test: list[Sequence]) -> dict[str, float]:
+def score_eagle(head: object, test: list[Answer]) -> dict[str, float]:
     """Scored like the other heads (the next-but-one token where x_{t+1} is the greedy token, on the generated
     positions), overall and where n-gram lookup has no match there, beside lookup's own top-1 and either right;
     and a second step as drafting runs it (its own f̂_{t+1} and its own guess fed back: top-1 for x_{t+3} where the
@@ -324,7 +324,7 @@ def _second(head: object, f: object, pred: object, tokens: object, first: object
     return cache[j]
 
 
-def chain_replay(head: object, test: list[Sequence], gamma: int = 3) -> dict[str, dict]:
+def chain_replay(head: object, test: list[Answer], gamma: int = 3) -> dict[str, dict]:
     """What the head would do as a drafter, replayed on the test streams (greedy: a draft token is accepted while
     it equals the recorded token): n-gram lookup's chain (up to ``gamma`` tokens) against lookup where it matched
     ≥ 2 tokens, else the head's chain of 1 or 2 (its first guess from the target's last computed feature and the
@@ -382,7 +382,7 @@ def chain_replay(head: object, test: list[Sequence], gamma: int = 3) -> dict[str
             for name, (t, p, rows, h) in totals.items()}
 
 
-def onnx_sequences(probe: Probe, streams: list[Stream], scale: float | None = None) -> tuple[list[Sequence], float]:
+def onnx_sequences(probe: Probe, streams: list[Stream], scale: float | None = None) -> tuple[list[Answer], float]:
     """The export's features for each stream, divided by ``scale`` (default: their RMS over all positions)."""
     raw = []
     for s in streams:
@@ -447,6 +447,10 @@ def train_hf(argv: list[str]) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
+    if args.samples < 1 or args.eagle_epochs < 1 or args.max_tokens < 1:
+        parser.error("--samples, --eagle-epochs and --max-tokens must be 1 or more")
+    if not args.gguf.is_file() or not Path(args.answers).is_file():
+        parser.error(f"{args.gguf} or {args.answers}: no such file")
     t0 = time.time()
     torch.manual_seed(0)  # the sampled answers (the 2026-11-26 run's were not seeded)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -470,7 +474,7 @@ def train_hf(argv: list[str]) -> None:
         print(f"  {len(sequences)} answers sampled ({time.time() - t0:.0f} s)", flush=True)
     captured: list[torch.Tensor] = []
     model.model.norm.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
-    data: list[Sequence] = []
+    data: list[Answer] = []
     for first in range(0, len(sequences), 32):
         part = sequences[first:first + 32]
         width = max(len(ids) for ids, _ in part)
@@ -482,7 +486,7 @@ def train_hf(argv: list[str]) -> None:
         data += [(features[r, :len(i)], np.asarray(i), choices[r, :len(i)], p) for r, (i, p) in enumerate(part)]
     scale = float(np.sqrt(np.mean(np.concatenate([f[::7] for f, *_ in data]) ** 2)))
     data = [(f / scale, ids, choice, p) for f, ids, choice, p in data]
-    held_out = data[::20]  # every 20th answer: a check for over-fitting, not the score (that is made here)
+    held_out = data[::20]  # every 20th answer (its prompt is trained on in other samples): a check on the fit only
     train = [d for j, d in enumerate(data) if j % 20]
     positions = int(sum(len(ids) - 1 for _, ids, _, _ in train))
     print(f"  features of {len(data)} answers, {positions} training positions ({time.time() - t0:.0f} s)", flush=True)
@@ -520,6 +524,8 @@ def main() -> None:
         parser.error("--mlp-epochs must be 0 or more")
     if args.eagle_epochs < 0:
         parser.error("--eagle-epochs must be 0 or more")
+    if args.eagle_weights is not None and not args.eagle_weights.is_file():
+        parser.error(f"--eagle-weights {args.eagle_weights}: no such file")
     if (args.mlp_epochs or args.eagle_epochs) and importlib.util.find_spec("torch") is None:
         parser.error("--mlp-epochs and --eagle-epochs need torch: pip install 'edgespec[export-hf]'")
     out = Path(args.out)
