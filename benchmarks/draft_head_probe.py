@@ -395,23 +395,29 @@ def onnx_sequences(probe: Probe, streams: list[Stream], scale: float | None = No
 
 
 def eagle_probe(probe: Probe, train: list[Stream], test: list[Stream], epochs: int,
-                weights: Path | None) -> dict[str, object]:
+                weights: Path | None, rows: int = 0) -> dict[str, object]:
     """Train the head here on the own answers (or load one trained elsewhere, ``--eagle-weights``: its features'
-    scale and output rows come with it) and score it on the test streams after every epoch."""
+    scale and output rows come with it, cut to the ``rows`` tokens the own answers use most if given) and score it
+    on the test streams after every epoch."""
     import torch
 
     torch.set_num_threads(2)
     width, heads = probe.rows.shape[0], probe.ref.manifest["num_attention_heads"]
     if weights is not None:
         saved = torch.load(weights, weights_only=False)  # our own file: numpy arrays inside
-        head = eagle_module(width, heads, probe.token_embeddings(), probe.rows, saved["vocab"])
+        vocab = saved["vocab"]
+        if rows and rows < len(vocab):  # the head's rows for the tokens the own answers use most
+            counts = np.bincount(np.concatenate([s.output for s in train]), minlength=probe.rows.shape[1])
+            vocab = np.sort(vocab[np.argsort(-counts[vocab], kind="stable")[:rows]])
+        head = eagle_module(width, heads, probe.token_embeddings(), probe.rows, vocab)
         head.load_state_dict(saved["state"], strict=False)  # the parameters; embed and out_rows: this export's
         test_seqs, _ = onnx_sequences(probe, test, saved["scale"])
         scores = score_eagle(head, test_seqs)
         print(f"  EAGLE head from {weights}: {scores}")
         replay = chain_replay(head, test_seqs)
         print(f"  replayed as a drafter (chains, greedy): {replay}")
-        return {**{k: v for k, v in saved.items() if k not in ("state", "vocab")}, **scores, "replay": replay}
+        return {**{k: v for k, v in saved.items() if k not in ("state", "vocab")}, "output_rows": len(vocab),
+                **scores, "replay": replay}
     train_seqs, scale = onnx_sequences(probe, train)
     test_seqs, _ = onnx_sequences(probe, test, scale)
     vocab = np.unique(np.concatenate([c for *_, c, _ in train_seqs]))
@@ -518,12 +524,16 @@ def main() -> None:
     parser.add_argument("--eagle-epochs", type=int, default=0,
                         help="also train an EAGLE-style head with one attention layer (needs torch)")
     parser.add_argument("--eagle-weights", type=Path, help="score an EAGLE head trained elsewhere (train-hf)")
+    parser.add_argument("--eagle-rows", type=int, default=0,
+                        help="with --eagle-weights: keep only the output rows of the N tokens the own answers use most")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     if args.mlp_epochs < 0:
         parser.error("--mlp-epochs must be 0 or more")
     if args.eagle_epochs < 0:
         parser.error("--eagle-epochs must be 0 or more")
+    if args.eagle_rows < 0:
+        parser.error("--eagle-rows must be 0 (all) or more")
     if args.eagle_weights is not None and not args.eagle_weights.is_file():
         parser.error(f"--eagle-weights {args.eagle_weights}: no such file")
     if (args.mlp_epochs or args.eagle_epochs) and importlib.util.find_spec("torch") is None:
@@ -551,7 +561,8 @@ def main() -> None:
               f"{mlp['test_tokens_in_its_rows']:.3f} of the test positions' tokens)")
     eagle = None
     if args.eagle_epochs > 0 or args.eagle_weights:
-        eagle = eagle_probe(probe, train, load_streams(args.test_streams), args.eagle_epochs, args.eagle_weights)
+        eagle = eagle_probe(probe, train, load_streams(args.test_streams), args.eagle_epochs, args.eagle_weights,
+                            args.eagle_rows)
         print(f"{eagle['training_positions']:>8} training positions: EAGLE head top-1 {eagle['top1']:.3f}, "
               f"second step {eagle['step2_top1']:.3f} ({eagle['parameters']:,} parameters, "
               f"{eagle['output_rows']} output rows)")
