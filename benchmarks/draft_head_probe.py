@@ -410,7 +410,9 @@ def eagle_probe(probe: Probe, train: list[Stream], test: list[Stream], epochs: i
             counts = np.bincount(np.concatenate([s.output for s in train]), minlength=probe.rows.shape[1])
             vocab = np.sort(vocab[np.argsort(-counts[vocab], kind="stable")[:rows]])
         head = eagle_module(width, heads, probe.token_embeddings(), probe.rows, vocab)
-        head.load_state_dict(saved["state"], strict=False)  # the parameters; embed and out_rows: this export's
+        loaded = head.load_state_dict(saved["state"], strict=False)  # the parameters; the buffers: this export's
+        if set(loaded.missing_keys) - {"embed", "out_rows", "vocab"} or loaded.unexpected_keys:
+            raise SystemExit(f"{weights}: not a head of this shape ({loaded})")
         test_seqs, _ = onnx_sequences(probe, test, saved["scale"])
         scores = score_eagle(head, test_seqs)
         print(f"  EAGLE head from {weights}: {scores}")
