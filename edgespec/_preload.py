@@ -19,12 +19,17 @@ from pathlib import Path
 _GPU_LIBRARIES = ("libggml-cuda*", "libggml-hip*", "libggml-vulkan*", "libggml-metal*")
 
 
-def load_llama_cpp_first() -> None:
+def gpu_build() -> bool:
+    """Whether the installed llama-cpp-python has a GPU backend (read from its library files: no import)."""
     spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or "llama_cpp" in sys.modules:
-        return
+    if spec is None:
+        return False
     lib = Path(spec.origin or "").parent / "lib"
-    if not any(any(lib.glob(pattern)) for pattern in _GPU_LIBRARIES):
+    return any(any(lib.glob(pattern)) for pattern in _GPU_LIBRARIES)
+
+
+def load_llama_cpp_first() -> None:
+    if "llama_cpp" in sys.modules or not gpu_build():
         return
     if "numpy" not in sys.modules:
         import llama_cpp  # noqa: F401  (loads libllama before numpy)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import custom_ops
+from . import _preload, custom_ops
 from .backend import GPU_DEVICES
 from .engine import Engine
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
@@ -97,6 +97,12 @@ def current_export(export: Path) -> bool:
     return manifest["source"].get("graphs") == GRAPHS_REVISION and custom_ops.uses_exact_attention(manifest) == wanted
 
 
+def races_on_gpu(device: str) -> bool:
+    """Whether the GGUF candidates run on a GPU: a GPU named, or ``auto`` with a GPU build of llama.cpp (which then
+    offloads every layer)."""
+    return device in GPU_DEVICES or (device == "auto" and _preload.gpu_build())
+
+
 def choice_key(threads: int, device: str) -> dict[str, object] | None:
     """The key of this machine's choice, or None when the default family's weights are not installed (loading
     the fixed default then says which package to install)."""
@@ -106,7 +112,7 @@ def choice_key(threads: int, device: str) -> dict[str, object] | None:
         return None
     # No ONNX candidate on a GPU (its exact kernels are CPU code), and onnxruntime is not even imported there: on
     # the H200 image importing it after llama.cpp's CUDA library crashed the process.
-    onnx = None if device in GPU_DEVICES else onnx_identity()
+    onnx = None if races_on_gpu(device) else onnx_identity()
     return default_choice_key(source, family.default_candidates(), onnx, threads, device)
 
 
@@ -174,12 +180,13 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
     """Measure the candidates (module docstring), store the choice and print it as a short table."""
     started = time.perf_counter()
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
-    on_gpu = device in GPU_DEVICES  # the export's exact kernels run on the CPU: it is not exported for nothing
+    on_gpu = races_on_gpu(device)  # the export's exact kernels run on the CPU: it is not exported for nothing
     say(first_use_line(family, len(candidates), bool(onnx and key["onnx"] and not on_gpu), budget,
                        default_choice_path(key)))
     skipped: dict[str, str] = {}
     if onnx and on_gpu:
-        skipped["onnx int8"] = f"its exact kernels run on the CPU only, and this race is on {device}"
+        where = device if device in GPU_DEVICES else "the GPU (device auto)"
+        skipped["onnx int8"] = f"its exact kernels run on the CPU only, and this race is on {where}"
     elif onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
         path, note = onnx_candidate(family, threads, say)
         if path is None:

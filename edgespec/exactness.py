@@ -232,12 +232,13 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
     import llama_cpp as lc
 
     lib = Path(lc.__file__).parent / "lib"
+    on_gpu = bool(getattr(model, "on_gpu", device in GPU_DEVICES))  # where it runs (device auto: a GPU build's)
     key.update(backend="llamacpp", llama_cpp=lc.__version__, library=_files(lib) if lib.is_dir() else None,
                system_info=lc.llama_print_system_info().decode("utf-8", "replace").strip(),
-               quant=model.description,  # type: ignore[attr-defined]
+               quant=model.description, gpu=on_gpu,  # type: ignore[attr-defined]
                # the settings loaded, not the flag: on a GPU both load llama.cpp's defaults (set_numerics), so
                # one verdict (and one probe) serves both
-               exact_numerics=exact_numerics and device not in GPU_DEVICES)
+               exact_numerics=exact_numerics and not on_gpu)
     return key
 
 
@@ -320,7 +321,7 @@ def _advice(result: Exactness) -> str:
     key = result.key
     if key.get("backend") == "onnx":
         return "build edgespec's kernels (`edgespec build-kernel`) and use an export made with them"
-    if key.get("device") in GPU_DEVICES:
+    if key.get("gpu") or key.get("device") in GPU_DEVICES:
         tried = ", ".join(map(str, PADDED_ROWS))
         return (f"passes padded to {tried} rows were not exact either on this device: run speculation on the CPU "
                 "(--device cpu)")

@@ -147,14 +147,24 @@ def test_a_race_on_a_gpu_leaves_out_what_cannot_run_there(tmp_path: Path, monkey
     assert "built for the CPU only" in message  # llama.cpp's own reason, once per GGUF variant
 
 
-def test_a_gpu_choice_never_imports_onnxruntime() -> None:
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_a_gpu_choice_never_imports_onnxruntime(device: str) -> None:
     """On the H200 image importing onnxruntime after llama.cpp's CUDA library killed the process (SIGSEGV) before
-    the race began: a GPU's choice key has no ONNX part and must not import onnxruntime to say so. A fresh
-    interpreter, since this one has imported it already."""
-    code = ("import sys, edgespec.default_race as r\n"
-            "key = r.choice_key(1, 'cuda')\n"
+    the race began: a GPU's choice key has no ONNX part and must not import onnxruntime to say so, whether the GPU
+    is named or ``auto`` finds a GPU build (made to, here: this build is CPU-only). A fresh interpreter, since this
+    one has imported onnxruntime already."""
+    code = ("import sys, edgespec._preload as p, edgespec.default_race as r\n"
+            "p.gpu_build = lambda: True\n"
+            f"key = r.choice_key(1, {device!r})\n"
             "assert key is None or key['onnx'] is None, key\n"
             "print('onnxruntime' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_auto_races_on_the_cpu_with_a_cpu_build() -> None:
+    """``auto`` with this CPU-only llama.cpp: the race is the CPU's, ONNX export included."""
+    assert not default_race.races_on_gpu("auto") and default_race.races_on_gpu("metal")
+    key = choice_key(1, "auto")
+    assert key is not None and key["onnx"] is not None

@@ -70,11 +70,14 @@ def test_the_key_names_the_build_device_and_quantization() -> None:
 
 def test_on_a_gpu_both_numerics_share_one_verdict() -> None:
     """Exact and fast numerics load the same settings on a GPU (llama_backend.set_numerics), so the key that files
-    the self-check's verdict is the same for both: one probe, not two. On the CPU they differ."""
+    the self-check's verdict is the same for both: one probe, not two. On the CPU they differ. Where the model runs
+    decides (``on_gpu``: device auto with a GPU build runs there too), made so here on this CPU-only build."""
     model = _shipped()
     try:
-        assert build_key(model, "cuda", True) == build_key(model, "cuda", False)
         assert build_key(model, "cpu", True) != build_key(model, "cpu", False)
+        model.on_gpu = True
+        assert build_key(model, "auto", True) == build_key(model, "auto", False)
+        assert build_key(model, "auto", True)["gpu"] is True
     finally:
         model.close()
 
@@ -141,9 +144,10 @@ def test_require_exact_refuses_and_otherwise_warns_once(home: Path) -> None:
         assert not result.exact and result.pass_rows == 0
         with pytest.raises(NotExactError, match=r"NOT exact.*--require-exact.*GGML_LLAMAFILE=OFF"):
             enforce(result, True, "perturbed")
-        on_gpu = replace(result, key={**result.key, "device": "cuda"})
-        with pytest.raises(NotExactError, match=r"padded to 4, 8, 16 rows were not exact.*--device cpu"):
-            enforce(on_gpu, True, "perturbed")
+        for where in ({"device": "cuda"}, {"device": "auto", "gpu": True}):  # auto that found a GPU build
+            on_gpu = replace(result, key={**result.key, **where})
+            with pytest.raises(NotExactError, match=r"padded to 4, 8, 16 rows were not exact.*--device cpu"):
+                enforce(on_gpu, True, "perturbed")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(2):
