@@ -105,10 +105,8 @@ class Probe:
 
     def hidden(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Each position's last hidden state (unit length) and the target's choice there."""
-        self.ref.truncate(0)
-        hidden = self.ref.hidden(ids)
-        choices = self.ref.head.run(None, {"hidden": hidden})[0][0].argmax(-1)
-        return hidden[0] / np.linalg.norm(hidden[0], axis=1, keepdims=True), choices
+        hidden, choices = self.sequence(ids)
+        return hidden / np.linalg.norm(hidden, axis=1, keepdims=True), choices
 
     def pairs(self, streams: list[Stream], generated_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Features [h_t, embedding(x_{t+1}), 1], targets h_{t+1}, and the target's choice at t+1, for the
