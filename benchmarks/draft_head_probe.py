@@ -1,12 +1,12 @@
 """How often a draft head guesses the target's next-but-one token, trained on the model's own answers.
 
     python benchmarks/draft_head_probe.py EXPORT TEST_STREAMS [--answers 160] [--mlp-epochs N] [--eagle-epochs N]
-                                          [--eagle-weights FILE] [--out DIR]
-    python benchmarks/draft_head_probe.py train-hf GGUF ANSWERS [--samples 8] [--eagle-epochs 10] [--out DIR]
+                                          [--eagle-weights HEAD.npz [--eagle-rows N]] [--out DIR]
 
 EXPORT: an edgespec ONNX directory (the default model's: `~/.cache/edgespec/onnx/...`). TEST_STREAMS: recorded
 target-only Spec-Bench outputs of the same model (`edgespec replay --record`). The training text is the model's
-own greedy answers to prompts written from the templates and topics below (nothing from Spec-Bench), recorded
+own greedy answers to prompts written from the templates and topics of ``export/head_training.py`` (nothing from
+Spec-Bench), recorded
 here into DIR/draft_head_probe-answers.jsonl (a second run reuses them).
 
 The head: at the last verified position t the engine has the target's last hidden state h_t and the token the
@@ -20,13 +20,13 @@ cost on the start-up calibration's curve, ~0.5 on the decode loop's).
 ``--mlp-epochs N`` (needs torch: the export-hf extra) also trains a nonlinear head on all the training text, with
 cross-entropy against the target's choices through the target's own output projection (its rows limited to the
 tokens the training answers choose, as a draft head's would be): [h_t, embedding(x_{t+1})] → a linear map to the
-hidden width, plus one residual MLP block (LayerNorm, SiLU, MLP_HIDDEN wide) → the direction of h_{t+1}.
+hidden width, plus one residual MLP block (LayerNorm, SiLU, as wide as the target's MLP) → the direction of h_{t+1}.
 
 ``--eagle-epochs N`` trains EAGLE's head (one decoder layer that attends over the earlier positions' features:
-`eagle_module`) on the same text here and scores it after every epoch, also where n-gram lookup has no match and
-beside lookup itself. ``train-hf`` makes more training text than 2 cores can (on a GPU: the model's own sampled
-answers, S per prompt of ANSWERS, through transformers) and trains the head there; ``--eagle-weights`` scores such
-a head here, on this export's features and the test streams (unseen prompts).
+`head_training.eagle_module`, the runtime's draft head) on the same text here and scores it after every epoch, also
+where n-gram lookup has no match and beside lookup itself; ``--eagle-weights`` scores a head trained elsewhere on
+more text than 2 cores make (`edgespec export head-weights` on a GPU: docs/draft-head.md) on this export's features
+and the test streams (unseen prompts), and replays it as a drafter (``chain_replay``).
 Prints a table, writes draft_head_probe.json and .png.
 """
 
@@ -36,11 +36,10 @@ import argparse
 import importlib.util
 import json
 import random
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from edgespec.export.head_training import MLP_HIDDEN, TEMPLATES, TOPICS, Answer, eagle_module, load_weights, train_eagle
 from edgespec.export.onnx_reference import OnnxReference
 
 from edgespec.bench.plots import line_chart
@@ -49,22 +48,8 @@ from edgespec.drafters.ngram import NgramDrafter
 from edgespec.sampling import SamplingParams
 from edgespec.tuning import cpu_identity
 
-TOPICS = ("the water cycle", "photosynthesis", "the French Revolution", "machine learning", "climate change",
-          "the stock market", "healthy sleep habits", "the history of the bicycle", "black holes", "the Roman Empire",
-          "electric cars", "volcanoes", "the human immune system", "coffee", "the internet", "renewable energy",
-          "the Great Wall of China", "honey bees", "chess openings", "the printing press", "vaccines", "earthquakes",
-          "jazz music", "the Moon landing", "recycling", "inflation", "the Olympic Games", "meditation", "DNA",
-          "rainforests", "public transportation", "the Renaissance", "social media", "ocean tides", "gardening",
-          "artificial satellites", "the piano", "democracy", "dinosaurs", "time management")
-TEMPLATES = ("Explain {t} in simple terms.", "Write a short essay about {t}.",
-             "What are three interesting facts about {t}?", "Give me a list of pros and cons of {t}.",
-             "Write a short poem about {t}.", "How would you teach a child about {t}?",
-             "Summarize the main ideas of {t} in one paragraph.", "Write a friendly email to a colleague about {t}.",
-             "What is the difference between {t} and {u}?", "Write a story for kids that involves {t}.",
-             "List five questions a student might ask about {t}, with answers.", "Why is {t} important?")
 SHARES = (0.125, 0.25, 0.5, 1.0)
 RIDGE = 1e-4  # × training positions, on the normal equations' diagonal
-MLP_HIDDEN = 1536  # the target's own MLP width
 HEAD_COSTS = (0.02, 0.05, 0.1)  # a head token's time in target passes, for the replay's predicted speed-ups
 CONFIDENCE = (0.1, 0.2, 0.4)  # the replay's gates on the head's own probability of a draft path
 
@@ -181,95 +166,6 @@ def lookup_guesses(ids: list[int], prompt: int) -> tuple[np.ndarray, np.ndarray]
             keys[j], guesses[j] = draft.key, draft.tokens[0]
         context.append(ids[j])
     return keys, guesses
-
-
-def eagle_module(width: int, heads: int, embed: np.ndarray, rows: np.ndarray, vocab: np.ndarray) -> object:
-    """EAGLE's draft head (Li et al. 2024), scaled to this model: at every position i, [f_i, embedding(x_{i+1})]
-    → a linear map to the width → one decoder layer (RMSNorm, causal attention over all earlier positions with
-    rotary positions, RMSNorm, SwiGLU MLP) → f̂_{i+1}, the target's next last hidden state (before its final norm, at
-    unit RMS); the target's own head (final norm + output projection: ``rows``, limited to the tokens ``vocab``, the
-    ones the training answers choose) turns f̂_{i+1} into a guess for x_{i+2}."""
-    import torch
-
-    dim = width // heads
-
-    class EagleHead(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("embed", torch.tensor(embed))
-            self.register_buffer("out_rows", torch.tensor(rows[:, vocab]) / width ** 0.5)  # (f/rms(f)) @ rows/√w
-            self.register_buffer("vocab", torch.tensor(vocab))
-            self.fuse = torch.nn.Linear(2 * width, width, bias=False)
-            self.norm1, self.norm2 = torch.nn.RMSNorm(width), torch.nn.RMSNorm(width)
-            self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
-            self.o = torch.nn.Linear(width, width, bias=False)
-            self.up = torch.nn.Linear(width, 2 * MLP_HIDDEN, bias=False)
-            self.down = torch.nn.Linear(MLP_HIDDEN, width, bias=False)
-
-        def forward(self, f: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-            """f [batch, n, width], tokens [batch, n] = x_{i+1}: f̂_{i+1} for every i, attending to positions ≤ i
-            (a batch's shorter sequences padded at the end)."""
-            b, n = tokens.shape
-            z = self.fuse(torch.cat([f, self.embed[tokens]], -1))
-            q, k, v = self.qkv(self.norm1(z)).view(b, n, 3, heads, dim).unbind(2)
-            angle = torch.arange(n, device=f.device)[:, None] * 10000.0 ** (
-                -torch.arange(0, dim, 2, device=f.device) / dim)
-            cos, sin = angle.cos()[:, None], angle.sin()[:, None]
-
-            def rotate(x: torch.Tensor) -> torch.Tensor:
-                a, c = x[..., ::2], x[..., 1::2]
-                return torch.stack([a * cos - c * sin, a * sin + c * cos], -1).flatten(-2)
-
-            att = torch.nn.functional.scaled_dot_product_attention(
-                rotate(q).transpose(1, 2), rotate(k).transpose(1, 2), v.transpose(1, 2), is_causal=True)
-            z = z + self.o(att.transpose(1, 2).reshape(b, n, width))
-            gate, up = self.up(self.norm2(z)).chunk(2, -1)
-            return z + self.down(torch.nn.functional.silu(gate) * up)
-
-        def logits(self, f: torch.Tensor) -> torch.Tensor:
-            return (f / f.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()) @ self.out_rows
-
-    return EagleHead()
-
-
-Answer = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # features (unit RMS), ids, the target's choices, prompt
-
-
-def train_eagle(head: object, train: list[Answer], epochs: int, batch: int, report: Callable[[int], None]) -> None:
-    """Teacher forcing on the target's own features (small noise added, as EAGLE does); loss = smooth-L1 on the
-    feature + cross-entropy on the token (EAGLE weighs the token 0.1 at 7B; here its top-1 is what is asked)."""
-    import torch
-
-    torch.manual_seed(0)
-    width, device = train[0][0].shape[1], head.embed.device
-    index = torch.full((len(head.embed),), -1, dtype=torch.long, device=device)
-    index[head.vocab] = torch.arange(len(head.vocab), device=device)
-    opt = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3,
-                                                   total_steps=epochs * ((len(train) + batch - 1) // batch))
-    for epoch in range(epochs):
-        order = np.random.default_rng(epoch).permutation(len(train))
-        for first in range(0, len(train), batch):
-            part = [train[j] for j in order[first:first + batch]]
-            n = max(len(ids) for _, ids, _, _ in part) - 1
-            f = torch.zeros(len(part), n + 1, width)
-            ids = torch.zeros(len(part), n + 1, dtype=torch.long)
-            labels = torch.full((len(part), n), -1, dtype=torch.long)
-            for r, (fs, tokens, choice, _) in enumerate(part):
-                f[r, :len(tokens)], ids[r, :len(tokens)] = torch.tensor(fs), torch.tensor(tokens)
-                labels[r, :len(tokens) - 1] = torch.tensor(choice[1:])  # at i: the target's choice at i + 1
-            f, ids, labels = f.to(device), ids.to(device), labels.to(device)
-            valid = labels >= 0
-            known = index[labels.clamp(min=0)] >= 0
-            known &= valid
-            pred = head(f[:, :n] + (torch.rand_like(f[:, :n]) - 0.5) * 0.2, ids[:, 1:])
-            loss = torch.nn.functional.smooth_l1_loss(pred[valid], f[:, 1:][valid]) + \
-                torch.nn.functional.cross_entropy(head.logits(pred[known]), index[labels[known]])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            schedule.step()
-        report(epoch)
 
 
 def score_eagle(head: object, test: list[Answer]) -> dict[str, float]:
@@ -402,22 +298,17 @@ def eagle_probe(probe: Probe, train: list[Stream], test: list[Stream], epochs: i
     torch.set_num_threads(2)
     width, heads = probe.rows.shape[0], probe.ref.manifest["num_attention_heads"]
     if weights is not None:
-        saved = torch.load(weights, weights_only=False)  # our own file: numpy arrays inside
-        vocab = saved["vocab"]
-        if rows and rows < len(vocab):  # the head's rows for the tokens the own answers use most
-            counts = np.bincount(np.concatenate([s.output for s in train]), minlength=probe.rows.shape[1])
-            vocab = np.sort(vocab[np.argsort(-counts[vocab], kind="stable")[:rows]])
+        state, vocab, scale, figures = load_weights(weights, rows)  # rows: the tokens its answers chose most
         head = eagle_module(width, heads, probe.token_embeddings(), probe.rows, vocab)
-        loaded = head.load_state_dict(saved["state"], strict=False)  # the parameters; the buffers: this export's
+        loaded = head.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
         if set(loaded.missing_keys) - {"embed", "out_rows", "vocab"} or loaded.unexpected_keys:
             raise SystemExit(f"{weights}: not a head of this shape ({loaded})")
-        test_seqs, _ = onnx_sequences(probe, test, saved["scale"])
+        test_seqs, _ = onnx_sequences(probe, test, scale)
         scores = score_eagle(head, test_seqs)
         print(f"  EAGLE head from {weights}: {scores}")
         replay = chain_replay(head, test_seqs)
         print(f"  replayed as a drafter (chains, greedy): {replay}")
-        return {**{k: v for k, v in saved.items() if k not in ("state", "vocab")}, "output_rows": len(vocab),
-                **scores, "replay": replay}
+        return {**figures, "output_rows": len(vocab), **scores, "replay": replay}
     train_seqs, scale = onnx_sequences(probe, train)
     test_seqs, _ = onnx_sequences(probe, test, scale)
     vocab = np.unique(np.concatenate([c for *_, c, _ in train_seqs]))
@@ -434,87 +325,6 @@ def eagle_probe(probe: Probe, train: list[Stream], test: list[Stream], epochs: i
             **history[-1], "history": history}
 
 
-def train_hf(argv: list[str]) -> None:
-    """``train-hf GGUF ANSWERS --samples S --eagle-epochs N --out DIR``, on a GPU: the model's own sampled answers
-    (transformers, weights dequantized from the GGUF) to the prompts of ANSWERS (the own-answers file of a run
-    here), S per prompt, their features, and the head trained on them; writes DIR/eagle_head.pt for
-    ``--eagle-weights`` here (scored on this machine's export and test streams)."""
-    import time
-
-    import torch
-
-    from edgespec.bench.peers.hf import load_dequantized
-
-    parser = argparse.ArgumentParser(prog="draft_head_probe.py train-hf")
-    parser.add_argument("gguf", type=Path)
-    parser.add_argument("answers")
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--eagle-epochs", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args(argv)
-    if args.samples < 1 or args.eagle_epochs < 1 or args.max_tokens < 1:
-        parser.error("--samples, --eagle-epochs and --max-tokens must be 1 or more")
-    if not args.gguf.is_file() or not Path(args.answers).is_file():
-        parser.error(f"{args.gguf} or {args.answers}: no such file")
-    t0 = time.time()
-    torch.manual_seed(0)  # the sampled answers (the 2026-11-26 run's were not seeded)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = load_dequantized(args.gguf).to(device)
-    eos = int(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, int)
-              else model.generation_config.eos_token_id[0])
-    prompts = [s.prompt for s in load_streams(args.answers)]
-    sequences: list[tuple[list[int], int]] = []
-    for _ in range(args.samples):
-        for first in range(0, len(prompts), 256):
-            part = prompts[first:first + 256]
-            width = max(map(len, part))
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in part], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in part], device=device)
-            with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.8,
-                                     top_p=0.95, max_new_tokens=args.max_tokens, pad_token_id=eos,
-                                     eos_token_id=eos)
-            for p, row in zip(part, out[:, width:].tolist(), strict=True):
-                sequences.append(([*p, *row[:row.index(eos) if eos in row else len(row)]], len(p)))
-        print(f"  {len(sequences)} answers sampled ({time.time() - t0:.0f} s)", flush=True)
-    captured: list[torch.Tensor] = []
-    model.model.norm.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
-    data: list[Answer] = []
-    for first in range(0, len(sequences), 32):
-        part = sequences[first:first + 32]
-        width = max(len(ids) for ids, _ in part)
-        ids = torch.tensor([ids + [eos] * (width - len(ids)) for ids, _ in part], device=device)
-        captured.clear()
-        with torch.no_grad():
-            choices = model(input_ids=ids).logits.argmax(-1).cpu().numpy()
-        features = captured[0].float().cpu().numpy()
-        data += [(features[r, :len(i)], np.asarray(i), choices[r, :len(i)], p) for r, (i, p) in enumerate(part)]
-    scale = float(np.sqrt(np.mean(np.concatenate([f[::7] for f, *_ in data]) ** 2)))
-    data = [(f / scale, ids, choice, p) for f, ids, choice, p in data]
-    held_out = data[::20]  # every 20th answer (its prompt is trained on in other samples): a check on the fit only
-    train = [d for j, d in enumerate(data) if j % 20]
-    positions = int(sum(len(ids) - 1 for _, ids, _, _ in train))
-    print(f"  features of {len(data)} answers, {positions} training positions ({time.time() - t0:.0f} s)", flush=True)
-    rows = model.lm_head.weight.detach().float().cpu().numpy().T * model.model.norm.weight.detach().float().cpu(
-        ).numpy()[:, None] * model.config.hidden_size ** 0.5  # as Probe.rows: √width · g_i · W[:, i]
-    vocab = np.unique(np.concatenate([c for *_, c, _ in train]))
-    head = eagle_module(model.config.hidden_size, model.config.num_attention_heads,
-                        model.model.embed_tokens.weight.detach().float().cpu().numpy(), rows, vocab).to(device)
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    def report(epoch: int) -> None:
-        scores = score_eagle(head, held_out[:40])
-        state = {k: v.half().cpu() for k, v in head.state_dict().items() if k not in ("embed", "out_rows", "vocab")}
-        torch.save({"state": state, "vocab": vocab, "scale": scale, "training_positions": positions,
-                    "answers": len(train), "samples": args.samples, "epochs": epoch + 1,
-                    "parameters": sum(p.numel() for p in head.parameters()), "output_rows": len(vocab),
-                    "held_out": scores}, args.out / "eagle_head.pt")
-        print(f"  epoch {epoch + 1}/{args.eagle_epochs} ({time.time() - t0:.0f} s): held-out {scores}", flush=True)
-
-    train_eagle(head, train, args.eagle_epochs, 32, report)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path)
@@ -523,9 +333,10 @@ def main() -> None:
     parser.add_argument("--mlp-epochs", type=int, default=0, help="also train an MLP head (needs torch)")
     parser.add_argument("--eagle-epochs", type=int, default=0,
                         help="also train an EAGLE-style head with one attention layer (needs torch)")
-    parser.add_argument("--eagle-weights", type=Path, help="score an EAGLE head trained elsewhere (train-hf)")
+    parser.add_argument("--eagle-weights", type=Path,
+                        help="score a head trained elsewhere (`edgespec export head-weights`, .npz)")
     parser.add_argument("--eagle-rows", type=int, default=0,
-                        help="with --eagle-weights: keep only the output rows of the N tokens the own answers use most")
+                        help="with --eagle-weights: keep only the output rows of the N tokens its answers chose most")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     if args.mlp_epochs < 0:
@@ -578,7 +389,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["train-hf"]:
-        train_hf(sys.argv[2:])
-    else:
-        main()
+    main()

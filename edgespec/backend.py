@@ -4,7 +4,7 @@ A backend (llama.cpp in ``llama_backend``, ONNX Runtime in ``onnx_backend``, the
 tests/fake_backend.py) is a class implementing ``Backend`` plus a module-level ``open_model`` and ``claims``
 registered in ``backends.py``. The engine and the arena import this module, never a concrete backend.
 Capabilities are asked, not ``isinstance``-checked: ``self_draft()`` returns None where a backend cannot run a
-subset of its layers.
+subset of its layers, ``draft_head()`` where it has no trained head.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .arena import OwnedCache, SharedCache
 from .errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from .drafters import Drafter
 
 GPU_DEVICES = ("cuda", "metal")
 DEVICES = ("auto", "cpu", *GPU_DEVICES)
@@ -101,6 +104,11 @@ class Backend(OwnedCache, Protocol):
 
     def self_draft(self) -> SelfDraft | None:
         """This model with some layers skipped, drafting over its own KV memory; None if it cannot skip layers."""
+        ...
+
+    def draft_head(self) -> Drafter | None:
+        """The trained draft head exported for this model (``edgespec export head``), drafting from this model's own
+        hidden states; None where there is none or the backend cannot hand over its hidden states."""
         ...
 
     def close(self) -> None: ...

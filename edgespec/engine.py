@@ -32,7 +32,7 @@ from .verify import verify_greedy, verify_sampled, verify_tree_greedy, verify_tr
 
 log = logging.getLogger("edgespec.engine")
 
-MODES = ("ngram", "draft", "layerskip", "hybrid", "tree", "none")
+MODES = ("ngram", "draft", "layerskip", "hybrid", "head", "tree", "none")
 SELF_DRAFT_MODES = ("layerskip", "hybrid")  # need a target that can run a subset of its layers
 # The layer-skip draft stops at a position whose own top-1 probability is below this (a round value, not tuned).
 LAYERSKIP_MIN_CONFIDENCE = 0.5
@@ -92,6 +92,12 @@ class Engine:
         self.modes.update((name, (drafter,)) for name, drafter in self.drafters.items())
         if "layerskip" in self.drafters:
             self.modes["hybrid"] = (self.drafters["ngram"], self.drafters["layerskip"])
+        # Head: lookup where the text repeats, else a trained head reading the target's own hidden states
+        # (drafters/head.py), exported beside the model; each gated by the controller as in hybrid.
+        head = target.draft_head()
+        if head is not None:
+            self.drafters["head"] = head
+            self.modes["head"] = (self.drafters["ngram"], head)
         # Tree: lookup's chain plus suffix-trie and recycled-logits branches, verified as one token tree where the
         # target's rows are exact for trees (else the best chain of it). Earlier outputs are
         # kept per engine (a server's process), bounded; the store's trie and the recycled table are built at their
@@ -230,12 +236,13 @@ class Engine:
         caches = ["target", *(d.cache for d in drafters if isinstance(d, DraftModelDrafter))]
         if not all(self.arena.prefill(name, cancel) for name in caches):
             return None
+        token = _pick(self.arena.extend("target", [], 1)[0], params, rng)
+        # After the whole prompt is in: a drafter reading the target's state (the draft head) finds all of it.
         for drafter in drafters:
             drafter.begin(self.arena.tokens)
         if controller is not None:
             controller.begin()
-        logits = self.arena.extend("target", [], 1)
-        return _pick(logits[0], params, rng)
+        return token
 
     def _accept(self, tokens: list[int], out: list[int], text: TextStream,
                 max_tokens: int) -> tuple[list[int], str, str | None]:
@@ -446,6 +453,9 @@ class Engine:
     def _check_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "head" and mode not in self.modes:
+            raise InvalidParameterError("mode 'head' needs a draft head trained for this model: an ONNX export "
+                                        "with one beside it (`edgespec export head EXPORT`, docs/draft-head.md)")
         if mode in SELF_DRAFT_MODES and mode not in self.modes:
             raise InvalidParameterError(f"mode {mode!r} needs a model that can run a subset of its layers: an ONNX "
                                         "export (`edgespec export onnx`); llama.cpp cannot skip layers")

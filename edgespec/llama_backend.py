@@ -458,6 +458,10 @@ class LlamaModel:
         """No layer-skip self-draft: llama.cpp offers no way to run a subset of a model's layers."""
         return None
 
+    def draft_head(self) -> None:
+        """No draft head: it reads the target's last hidden states, which edgespec's llama.cpp calls do not keep."""
+        return None
+
 
 def claims(model: str | os.PathLike[str]) -> bool:
     """GGUF files; llama.cpp is also the default backend, for model names (``smollm2-135m:q8_0``)."""

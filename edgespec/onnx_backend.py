@@ -34,6 +34,7 @@ from . import onnx_segments as segments
 from .arena import CacheState
 from .backend import GPU_DEVICES, ModelOptions, check_options, split_batches
 from .cpu import physical_cores
+from .drafters.head import HeadDrafter
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .extras import install_command, require
 from .hf_tokenizer import HFTokenizer
@@ -45,6 +46,12 @@ KV_DTYPES = ("float32", "float16")  # the manifest's kv_dtype: what the layer gr
 # Execution providers tried for each device, best first; the CPU provider always comes last.
 _PROVIDERS = {"cpu": (), "cuda": ("CUDAExecutionProvider",), "metal": ("CoreMLExecutionProvider",),
               "auto": ("CUDAExecutionProvider", "CoreMLExecutionProvider")}
+
+
+def head_folder(export: Path) -> Path:
+    """Where ``edgespec export head`` writes the draft head of an export: beside it (a re-export replaces the export's
+    directory, not the head, which took long to train)."""
+    return export.with_name(export.name + ".head")
 
 
 def open_model(model: str | os.PathLike[str], options: ModelOptions) -> OnnxModel:
@@ -238,7 +245,10 @@ class OnnxModel:
         self.n_ctx = min(self.options.n_ctx, context)
         self.n_batch = min(self.options.n_batch, self.n_ctx)
         self.n_threads = self.options.n_threads or physical_cores()
-        self.tokenizer = HFTokenizer(self.path)
+        # A draft head's export (``edgespec export head``) reads rows of features, not token ids: its "embed" graph
+        # maps [the target's hidden state, a token's embedding] to its width, and it has no vocabulary of its own.
+        self.reads_features = m.get("input") == "features"
+        self.tokenizer = None if self.reads_features else HFTokenizer(self.path)
         providers = _providers(self.options.device)
         self.device_type = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
         custom_ops.require_for(m, self.path, self.device_type)
@@ -288,6 +298,10 @@ class OnnxModel:
         self._embed_io = self._embed.io_binding()
         self._head_io = self._head.io_binding()
         self._end = 0
+        # Once ``keep_features`` is called: the last hidden state (before the final norm) of every cell, kept like
+        # the cell's KV (written by full passes, moved with a tree's path, saved and restored with the cache), so
+        # rows [0, cache_end()) are always those of the cached tokens. A draft head reads them.
+        self._features: np.ndarray | None = None
 
     def _open_stages(self) -> None:
         """One session per segment of layers (edgespec/onnx_segments.py), each bound to its slices of the KV;
@@ -416,10 +430,11 @@ class OnnxModel:
         check_same_vocab(self, other)  # type: ignore[arg-type]
 
     # -- the forward pass --------------------------------------------------------------------------------
-    def forward(self, layers: Sequence[int], tokens: Sequence[int], start: int, n_logits: int,
+    def forward(self, layers: Sequence[int], tokens: Sequence[int] | np.ndarray, start: int, n_logits: int,
                 clock: np.ndarray | None = None) -> np.ndarray:
         """Run ``tokens`` at positions start.. through embed → ``layers`` → head, writing the KV of those
-        positions for those layers in place; return the logits of the last ``n_logits`` positions.
+        positions for those layers in place; return the logits of the last ``n_logits`` positions. A draft head's
+        export (``reads_features``) takes rows of features [n, 2 × hidden] instead of token ids.
 
         ``clock`` (calibration, needs ``fuse_layers=False``): seconds spent in each layer's session are added
         to ``clock[layer]``.
@@ -433,20 +448,23 @@ class OnnxModel:
         if clock is not None and any(len(stage.layers) > 1 for stage in stages):
             raise EdgespecError("internal: per-layer clocks need a model loaded with fuse_layers=False")
         out, last = self._ping[0], 0
+        keep = self._features is not None and tuple(layers) == self._all_layers  # a layer-skip pass's rows are not
+        dtype = np.float32 if self.reads_features else np.int64
         try:
             for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
-                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=np.int64)[None, :], start + lo,
-                                      clock)
+                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=dtype)[None], start + lo, clock)
                 last = hi - lo
+                if keep and out.array is not None:
+                    self._features[start + lo:start + hi] = out.array[0, :last]  # type: ignore[index]
             return self._logits[:0] if n_logits == 0 else self._run_head(out, last, n_logits)
         except RuntimeError as e:  # a graph off its ops' contracts (a corrupt export, or one for another edgespec)
             raise ModelLoadError(f"onnxruntime cannot run {self.path}: {e}") from e
 
-    def _run_chunk(self, stages: list[_Stage], ids: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
-        n = ids.shape[1]
+    def _run_chunk(self, stages: list[_Stage], inputs: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
+        n = inputs.shape[1]
         dev, h = self.device_type, self._hidden
         io = self._embed_io
-        io.bind_cpu_input("input_ids", ids)
+        io.bind_cpu_input("features" if self.reads_features else "input_ids", inputs)
         src, dst = self._ping
         io.bind_output("hidden", dev, 0, np.float32, [1, n, h], src.ptr)
         self._embed.run_with_iobinding(io)
@@ -475,8 +493,26 @@ class OnnxModel:
         self._head.run_with_iobinding(io)
         return self._logits[:n_logits]
 
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """The input embedding of each token [n, hidden] (the embed graph alone)."""
+        return self._embed.run(None, {"input_ids": np.asarray(tokens, dtype=np.int64)[None]})[0][0]
+
+    def keep_features(self) -> None:
+        """Keep each cell's last hidden state from now on (``features``); the cells cached before are recomputed
+        by nobody, so the cache starts empty."""
+        if self._features is None:
+            self._features = np.zeros((self.n_ctx, self._hidden), dtype=np.float32)
+            self._end = 0
+
+    def features(self, lo: int, hi: int) -> np.ndarray:
+        """The last hidden states (before the final norm) of cached positions lo..hi−1 (a view, valid until the
+        next pass); ``keep_features`` must have been called."""
+        if self._features is None or not 0 <= lo <= hi <= self._end:
+            raise EdgespecError(f"internal: features {lo}..{hi} of a cache holding {self._end} positions")
+        return self._features[lo:hi]
+
     # -- the Cache protocol (the arena's view of the target) ---------------------------------------------
-    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+    def decode(self, tokens: Sequence[int] | np.ndarray, start: int, n_logits: int) -> np.ndarray:
         if start != self._end:
             raise EdgespecError(f"internal: decode at {start}, but the cache ends at {self._end}")
         logits = self.forward(self._all_layers, tokens, start, n_logits)
@@ -530,6 +566,8 @@ class OnnxModel:
         for depth, node in enumerate(nodes):  # node ≥ depth: each cell is read before anything overwrites it
             if node != depth:
                 kv[..., start + depth, :] = kv[..., start + node, :]
+                if self._features is not None:
+                    self._features[start + depth] = self._features[start + node]
         self._end = start + len(nodes)
 
     def cache_end(self) -> int:
@@ -552,13 +590,45 @@ class OnnxModel:
         if self.kv.array is None:
             return None
         data = self.kv.array[..., :self._end, :].copy()
-        return CacheState(self._end, data.nbytes, data)
+        features = None if self._features is None else self._features[:self._end].copy()
+        return CacheState(self._end, data.nbytes + (0 if features is None else features.nbytes), (data, features))
 
     def load_state(self, state: CacheState) -> None:
-        data = state.data
+        data, features = state.data  # type: ignore[misc]
         assert isinstance(data, np.ndarray) and self.kv.array is not None
         self.kv.array[..., :state.n_tokens, :] = data
         self._end = state.n_tokens
+        if self._features is not None:  # a state saved before the features were kept has none: nothing is cached
+            if features is None:
+                self._end = 0
+            else:
+                self._features[:state.n_tokens] = features
+
+    def draft_head(self) -> HeadDrafter | None:
+        """The draft head exported for this model (``edgespec export head`` writes it to ``<export>.head``), run on
+        the CPU beside it; None where there is none (or on a GPU, where the hidden states stay on the device)."""
+        folder = head_folder(self.path)
+        if self.device_type != "cpu" or not (folder / MANIFEST).is_file():
+            return None
+        head = OnnxModel(folder, OnnxOptions(n_ctx=self.n_ctx, n_threads=self.n_threads))
+        info = head.manifest.get("draft_head") or {}
+        try:
+            vocab = np.load(folder / str(info.get("vocab", "vocab.npy")))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{folder}: cannot read the head's vocabulary: {e}") from e
+        why = (("it is not a draft head (no features input)" if not head.reads_features else None) or
+               (f"its width is {head.manifest['hidden_size']}, the model's {self._hidden}"
+                if head.manifest["hidden_size"] != self._hidden else None) or
+               (f"it was trained for a vocabulary of {info.get('target_vocab_size')} tokens, the model has "
+                f"{self.n_vocab}" if info.get("target_vocab_size") != self.n_vocab else None) or
+               ("its vocabulary file does not match its output rows"
+                if vocab.shape != (head.n_vocab,) or not ((vocab >= 0) & (vocab < self.n_vocab)).all() else None) or
+               ("it has no feature scale" if not isinstance(info.get("scale"), (int, float)) else None))
+        if why:
+            head.close()
+            raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; re-export it with "
+                                 f"`edgespec export head {self.path}`")
+        return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]))
 
     def self_draft(self) -> LayerSkipView:
         """The layer-skip draft: this model without the layers in ``skip``, over the same sessions and KV."""

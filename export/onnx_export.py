@@ -18,6 +18,8 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -184,10 +186,6 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         weights = Weights(folder)
         source = {"hf_folder": str(folder)}
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     store = np.float16 if quant != "fp32" else np.float32  # quantized exports keep the embedding in fp16
     dense = np.float16 if quant == "fp16" else np.float32
     layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
@@ -195,7 +193,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     bits = {"int8": 8, "int4": 4, GGUF_QUANT: 8}.get(quant)
     four_bit = quant == "int4" or (quant == GGUF_QUANT and bool({"Q4_0", "Q4_1"} & set(source["gguf_types"])))
     pad_matmuls = pads_every_product(bits, four_bit, accuracy_level)
-    try:
+    with replacing(out) as tmp:
         if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
             chat_template = write_tokenizer(reader(path), tmp)["chat_template"]
         else:
@@ -245,6 +243,19 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
                                              is_symmetric=symmetric, accuracy_level=accuracy_level)
         manifest["source"].update(src=os.fspath(src), export_seconds=round(time.time() - started, 1))
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+@contextmanager
+def replacing(out: Path) -> Iterator[Path]:
+    """A scratch directory beside ``out`` to write into; once the block ends without error it replaces ``out``
+    whole (a reader never sees half an export), else it is removed. Disk errors become ``OnnxExportError``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         tmp.replace(out)
@@ -252,7 +263,6 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         raise OnnxExportError(f"could not write {out}: {e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return manifest
 
 
 def _chat_template(folder: Path) -> str | None:

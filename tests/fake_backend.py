@@ -235,6 +235,9 @@ class FakeModel:
     def self_draft(self) -> FakeSkipView | None:
         return self._draft
 
+    def draft_head(self) -> None:
+        return None
+
     def close(self) -> None:
         self.closed = True
 

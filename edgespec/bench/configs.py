@@ -93,6 +93,8 @@ CONFIGS = {c.name: c for c in [
            auto=True, description="edgespec ONNX backend, layer-skip self-draft, γ auto"),
     Config("onnx-hybrid", "edgespec", {"model": "@onnx_model", "mode": "hybrid"}, baseline="onnx-target",
            auto=True, description="edgespec ONNX backend, n-gram lookup else layer-skip self-draft, γ auto"),
+    Config("onnx-head", "edgespec", {"model": "@onnx_model", "mode": "head"}, baseline="onnx-target",
+           auto=True, description="edgespec ONNX backend, n-gram lookup else the trained draft head, γ auto"),
     Config("onnx-tree", "edgespec", {"model": "@onnx_model", "mode": "tree"}, baseline="onnx-target",
            auto=True, description="edgespec ONNX backend, mode tree, γ auto"),
 ]}

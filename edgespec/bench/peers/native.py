@@ -98,7 +98,7 @@ def _result(chunks: Iterator[StreamChunk]) -> Result:
                   drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist, mode=stats.mode,
                   position_trials=stats.position_trials, position_accepts=stats.position_accepts,
                   draft_s=stats.draft_s, verify_s=stats.verify_s,
-                  model_draft_s=stats.draft_s if stats.mode in ("draft", "layerskip", "hybrid") else 0.0)
+                  model_draft_s=stats.draft_s if stats.mode in ("draft", "layerskip", "hybrid", "head") else 0.0)
 
 
 def open_runner(options: dict[str, object], setup: Setup) -> NativeRunner:

@@ -1,0 +1,131 @@
+"""A trained draft head (EAGLE, Li et al. 2024): a one-layer model that reads the target's own last hidden states.
+
+At position i the target has computed f_i, its last hidden state (before the final norm), and chosen x_{i+1}. The
+head maps [f_i / scale, embedding(x_{i+1})] to its width, runs one decoder layer that attends over all earlier
+positions' pairs (its own KV cache), and predicts f_{i+1}; the target's final norm and output rows (those of the
+tokens the head was trained to say) turn that into a guess for x_{i+2}. A second guess feeds the head its own
+prediction and guess back. Written by ``edgespec export head`` (docs/draft-head.md), run by ONNX Runtime like the
+target (``OnnxModel`` with ``reads_features``).
+
+Where prompt lookup reads the text, the head reads the context: it is asked where lookup has nothing to offer
+(mode ``head`` = lookup, then the head). It proposes greedily (one-hot q), so sampled verification stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..arena import common_prefix
+from ..sampling import SamplingParams
+from .base import Draft
+
+# A draft path stops before a token that takes the head's own probability of the whole path below this: a further
+# guess costs a head pass and a verify row, and one the head itself doubts is rarely accepted (EAGLE-2's
+# confidence). The first guess comes out of the pass that feeds the committed tokens, which is paid either way.
+# Replayed on recorded outputs (docs/draft-head.md) 0.1-0.4 all paid; 0.4 kept the most per head token. A round
+# value, not tuned.
+MIN_PATH_PROBABILITY = 0.4
+MAX_GUESSES = 16  # room the head keeps in its context for a proposal's guesses (γ never exceeds it)
+EMBEDDINGS_KEPT = 8192  # token embeddings kept at hand (2.3 kB each for SmolLM2): the embed graph costs a session call
+
+
+class FeatureModel(Protocol):
+    """What the head needs of an ONNX model (``OnnxModel``): the target keeps its features and embeds tokens; the
+    head itself is one too, reading features."""
+
+    n_ctx: int
+
+    def keep_features(self) -> None: ...
+
+    def features(self, lo: int, hi: int) -> np.ndarray: ...
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray: ...
+
+    def decode(self, tokens: Sequence[int] | np.ndarray, start: int, n_logits: int) -> np.ndarray: ...
+
+    def truncate(self, keep: int) -> None: ...
+
+    def cache_end(self) -> int: ...
+
+
+class HeadDrafter:
+    """Drafts with a trained head over the target's features. Its cache holds the pairs (f_i, x_{i+1}) of the
+    committed sequence; a proposal feeds the pairs it lacks in one pass (the first guess comes out of its last
+    row), one pass per further token, then drops its guesses again."""
+
+    name = "head"
+    costs_per_token = True
+
+    def __init__(self, target: FeatureModel, head: FeatureModel, vocab: np.ndarray, scale: float,
+                 min_path_probability: float = MIN_PATH_PROBABILITY) -> None:
+        self.target, self.head = target, head
+        self.vocab = vocab  # the head's output row j is the target's token vocab[j]
+        self.scale = np.float32(scale)
+        self.min_path_probability = min_path_probability
+        target.keep_features()
+        head.keep_features()  # the head's own last hidden rows: its predicted f, fed back for a second guess
+        self._on: list[int] = []  # the tokens x_0..x_h its cache of h pairs was computed on
+        self._embeddings: dict[int, np.ndarray] = {}
+
+    def begin(self, context: Sequence[int]) -> None:
+        """Feed the prompt's pairs now: in the prefill's time, not charged to the first proposal (the γ controller
+        takes a proposal's time for what a draft token costs)."""
+        self._catch_up(context)
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        if max_tokens <= 0:
+            return Draft([])
+        logits = self._catch_up(context)
+        if logits is None:  # the target's features do not reach the last committed token (see _catch_up)
+            return Draft([])
+        known = self.head.cache_end()
+        tokens: list[int] = []
+        path, passes = 1.0, 1
+        while True:
+            best = int(logits.argmax())
+            path *= _top_probability(logits, best)
+            if tokens and path < self.min_path_probability:  # the first guess's pass is paid: it is always offered
+                break
+            tokens.append(int(self.vocab[best]))
+            if len(tokens) == max_tokens:
+                break
+            # The head's own prediction of the next feature and its guess, as the next pair.
+            f = self.head.features(self.head.cache_end() - 1, self.head.cache_end())
+            logits = self.head.decode(self._pairs(f * self.scale, tokens[-1:]), self.head.cache_end(), 1)[0]
+            passes += 1
+        self.head.truncate(known)  # its guesses go: the target decides what follows
+        return Draft(tokens, passes=passes if passes > len(tokens) else None)
+
+    def _catch_up(self, context: Sequence[int]) -> np.ndarray | None:
+        """Feed the head the pairs of ``context`` it lacks; the logits of its guess for the token after the target's
+        last cached one, or None when that is not the token after ``context`` (the target has not yet computed
+        the features of all but the last committed token) or there is nothing to feed."""
+        end = min(self.target.cache_end(), len(context) - 1)
+        if end <= 0 or end + MAX_GUESSES >= self.head.n_ctx:  # no pair yet, or the head's context is full
+            return None
+        # The pairs still right (pair i needs x_0..x_{i+1} unchanged); the last is fed again if need be, for its guess.
+        keep = max(min(common_prefix(self._on, context) - 1, end - 1), 0)
+        self.head.truncate(keep)
+        f = self.target.features(keep, end)
+        logits = self.head.decode(self._pairs(f, context[keep + 1:end + 1]), keep, 1)[0]
+        self._on = list(context[:end + 1])
+        return logits if end == len(context) - 1 else None
+
+    def _pairs(self, features: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """The head's input rows [f_i / scale, embedding(x_{i+1})]."""
+        kept = self._embeddings
+        new = [t for t in dict.fromkeys(tokens) if t not in kept]
+        if new:
+            if len(kept) + len(new) > EMBEDDINGS_KEPT:
+                kept.clear()
+            kept.update(zip(new, self.target.embed(new), strict=True))
+        return np.concatenate([features / self.scale, np.stack([kept[t] for t in tokens])], axis=1)
+
+
+def _top_probability(logits: np.ndarray, best: int) -> float:
+    """The softmax probability of the ``best`` row."""
+    return float(1.0 / np.exp(logits - logits[best]).sum())

@@ -1,0 +1,77 @@
+"""``edgespec export head-weights GGUF --out HEAD.npz`` trains a draft head on the model's own answers (torch);
+``edgespec export head EXPORT [--weights HEAD.npz]`` writes one as ONNX beside an ONNX export, training it first when
+no weights are given. Mode ``head`` then drafts with it (docs/draft-head.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from edgespec.errors import InvalidParameterError
+
+DEFAULT_ROWS = 4000  # output rows kept: the tokens the training answers chose most (docs/draft-head.md)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    w = commands.add_parser("head-weights", help="train a draft head on the model's own answers (needs torch)")
+    w.add_argument("gguf", type=Path, help="the model's GGUF file (the source of its ONNX export)")
+    w.add_argument("--out", required=True, type=Path, help="where to save the head (.npz)")
+    _training_args(w)
+    w.set_defaults(func=run_weights)
+    h = commands.add_parser("head", help="a draft head as ONNX beside an ONNX export (trained first unless "
+                                         "--weights names one)")
+    h.add_argument("export", type=Path, help="the ONNX export the head drafts for (`edgespec export onnx`)")
+    h.add_argument("--weights", type=Path, default=None, help="a head saved by `edgespec export head-weights`")
+    h.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+                   help=f"output rows: the tokens its training answers chose most (default {DEFAULT_ROWS}; 0: all)")
+    _training_args(h)
+    h.set_defaults(func=run_head)
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", type=int, default=1200, help="prompts to answer (default 1200)")
+    p.add_argument("--samples", type=int, default=8, help="sampled answers per prompt (default 8)")
+    p.add_argument("--epochs", type=int, default=8, help="training epochs (default 8)")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (default 256)")
+    p.add_argument("--device", default="auto", help="torch device: auto (a GPU if there is one), cpu, cuda")
+
+
+def _train(gguf: Path, out: Path, args: argparse.Namespace) -> dict:
+    from .head_training import train_head
+
+    if not gguf.is_file():
+        raise InvalidParameterError(f"{gguf}: no such GGUF file")
+    return train_head(gguf, out, args.prompts, args.samples, args.epochs, args.max_tokens, args.device)
+
+
+def run_weights(args: argparse.Namespace) -> int:
+    figures = _train(args.gguf, args.out, args)
+    print(f"wrote {args.out}: {json.dumps(figures)}")
+    return 0
+
+
+def run_head(args: argparse.Namespace) -> int:
+    from edgespec.onnx_backend import read_manifest
+
+    from .draft_head import write_head
+    from .head_training import load_weights
+
+    if args.rows < 0:
+        raise InvalidParameterError(f"--rows must be 0 (all) or more, got {args.rows}")
+    weights = args.weights
+    if weights is None:
+        gguf = read_manifest(args.export)["source"].get("gguf")
+        if not gguf:
+            raise InvalidParameterError(f"{args.export} was not exported from a GGUF file: train the head with "
+                                        "`edgespec export head-weights GGUF` and pass --weights")
+        weights = args.export.with_name(args.export.name + ".head.npz")
+        _train(Path(gguf), weights, args)
+    elif not weights.is_file():
+        raise InvalidParameterError(f"--weights {weights}: no such file")
+    state, vocab, scale, figures = load_weights(weights, args.rows)
+    out = write_head(args.export, state, vocab, scale, {"weights": str(weights), "output_rows": len(vocab),
+                                                        "training": figures})
+    print(f"wrote {out} ({len(vocab)} output rows); draft with it: edgespec generate --model {args.export} "
+          "--draft head")
+    return 0

@@ -1,0 +1,210 @@
+"""The trained draft head (mode head): exported as ONNX beside a real SmolLM2 export, run by the real runtime.
+
+The head used here is trained by the real training code (``head_training.train_eagle``) on the export's own
+features of its greedy answers to the test prompts, so it has learnt them by heart: its guesses are accepted
+often, in chains too, which exercises the head's cache through acceptances and rejections. Its output must still be
+the target's alone, token for token, and its samples the target's distribution; the exported graphs must compute
+what the trained module computes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from edgespec.export.draft_head import output_rows, write_head
+
+import edgespec
+from edgespec.engine import Engine
+from edgespec.errors import InvalidParameterError, ModelLoadError
+from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions, head_folder
+from tests.conftest import onnx_export_dir
+from tests.test_sampling_e2e import assert_sampling_matches_target
+
+torch = pytest.importorskip("torch")  # training the head (the export-hf extra; `make setup-dev` installs it)
+
+PROMPTS = ["Name a colour and a fruit.", "Write three sentences about the sea.", "How do plants grow?"]
+ANSWER_TOKENS = 64
+
+
+def _greedy(model: OnnxModel, prompt: list[int], n: int) -> list[int]:
+    model.truncate(0)
+    logits = model.decode(prompt, 0, 1)
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(logits[-1].argmax()))
+        logits = model.decode(ids[-1:], len(ids) - 1, 1)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def head_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An INT8 export (its files linked into a folder of its own) with a head trained on its answers beside it."""
+    from edgespec.export.head_training import eagle_module, train_eagle
+
+    source = onnx_export_dir(quant="int8")
+    export = tmp_path_factory.mktemp("draft-head") / source.name
+    export.mkdir()
+    for file in source.iterdir():
+        (export / file.name).symlink_to(file)
+    engine = edgespec.load(export, n_ctx=1024, n_threads=1)
+    model = engine.target
+    model.keep_features()  # type: ignore[attr-defined]
+    answers = []
+    for text in PROMPTS:
+        prompt = engine.chat_tokens([{"role": "user", "content": text}])
+        ids = _greedy(model, prompt, ANSWER_TOKENS)  # type: ignore[arg-type]
+        model.truncate(0)
+        choices = model.decode(ids, 0, len(ids)).argmax(1)  # type: ignore[attr-defined]
+        answers.append((model.features(0, len(ids)).copy(), np.asarray(ids), choices, len(prompt)))  # type: ignore[attr-defined]
+    scale = float(np.sqrt(np.mean(np.concatenate([f for f, *_ in answers]) ** 2)))
+    answers = [(f / scale, ids, choice, p) for f, ids, choice, p in answers]
+    rows = output_rows(export) * model.manifest["hidden_size"] ** 0.5  # type: ignore[attr-defined]
+    vocab = np.unique(np.concatenate([ids for _, ids, _, _ in answers]))
+    embed = np.zeros((model.n_vocab, rows.shape[0]), np.float32)
+    embed[vocab] = model.embed(vocab.tolist())  # type: ignore[attr-defined]
+    engine.close()
+    torch.set_num_threads(1)
+    head = eagle_module(rows.shape[0], model.manifest["num_attention_heads"], embed, rows, vocab)  # type: ignore[attr-defined]
+    train_eagle(head, answers, 60, len(answers), lambda _: None)
+    state = {k: v.detach().numpy() for k, v in head.state_dict().items() if k not in ("embed", "out_rows", "vocab")}
+    write_head(export, state, vocab, scale)
+    np.savez(export.with_name(export.name + ".state.npz"), **state)  # for the comparison with the module
+    return export
+
+
+@pytest.fixture(scope="module")
+def head_engine(head_export: Path) -> Iterator[Engine]:
+    e = edgespec.load(head_export, n_ctx=1024, n_threads=1)
+    yield e
+    e.close()
+
+
+def _prompt(engine: Engine, text: str) -> list[int]:
+    return engine.chat_tokens([{"role": "user", "content": text}])
+
+
+def test_exported_head_computes_what_the_trained_module_does(head_export: Path) -> None:
+    """The ONNX head (8-bit products, its q/k rows reordered for the rotation of halves) against the torch module it
+    was written from, on pairs of real features and tokens: the same guess at nearly every position."""
+    from edgespec.export.head_training import eagle_module
+
+    folder = head_folder(head_export)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    vocab = np.load(folder / "vocab.npy")
+    target = OnnxModel(head_export, OnnxOptions(n_ctx=256, n_threads=1))
+    head = OnnxModel(folder, OnnxOptions(n_ctx=256, n_threads=1))
+    head.keep_features()
+    rng = np.random.default_rng(0)
+    n, width = 40, target.manifest["hidden_size"]
+    features = rng.standard_normal((n, width)).astype(np.float32)
+    tokens = rng.choice(vocab, n)
+    onnx_logits = head.decode(np.concatenate([features, target.embed(tokens.tolist())], 1), 0, n).copy()
+    onnx_features = head.features(0, n).copy()
+    # The module, rebuilt from the same parameters: read them back from the graphs' source (the trained state).
+    state = _state_from_fixture(head_export)
+    embed = np.zeros((target.n_vocab, width), np.float32)
+    embed[tokens] = target.embed(tokens.tolist())
+    module = eagle_module(width, manifest["num_attention_heads"], embed, output_rows(head_export) * width ** 0.5, vocab)
+    module.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+    with torch.no_grad():
+        predicted = module(torch.tensor(features)[None], torch.tensor(tokens)[None])[0]
+        logits = module.logits(predicted).numpy()
+    assert np.abs(onnx_features - predicted.numpy()).max() < 0.05 * np.abs(predicted.numpy()).max()
+    assert np.mean(onnx_logits.argmax(1) == logits.argmax(1)) >= 0.9
+
+
+def _state_from_fixture(export: Path) -> dict[str, np.ndarray]:
+    """The parameters ``head_export`` trained, as ``write_head`` received them."""
+    with np.load(export.with_name(export.name + ".state.npz")) as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_greedy_head_drafting_equals_target_only(head_engine: Engine) -> None:
+    drafted_by_head = accepted_from_head = 0
+    head = head_engine.drafters["head"]
+    original = head.propose
+    proposals: list[list[int]] = []
+
+    def recording(context, max_tokens, params, rng):  # type: ignore[no-untyped-def]
+        draft = original(context, max_tokens, params, rng)
+        proposals.append([len(context), *draft.tokens])
+        return draft
+
+    head.propose = recording  # type: ignore[method-assign]
+    try:
+        for text in PROMPTS:
+            prompt = _prompt(head_engine, text)
+            reference = head_engine.generate(prompt, max_tokens=ANSWER_TOKENS, mode="none").tokens
+            for gamma in (2, "auto"):
+                proposals.clear()
+                out = head_engine.generate(prompt, max_tokens=ANSWER_TOKENS, mode="head", gamma=gamma)
+                assert out.tokens == reference
+                full = prompt + reference
+                for at, *tokens in proposals:
+                    drafted_by_head += len(tokens)
+                    accepted_from_head += len(tokens) if full[at:at + len(tokens)] == tokens else 0
+    finally:
+        del head.propose
+    # The head learnt these answers: its guesses were verified and kept, not just rejected.
+    assert drafted_by_head > 20 and accepted_from_head > drafted_by_head / 3
+
+
+def test_head_keeps_its_state_right_across_prompt_reuse_and_restored_conversations(head_engine: Engine) -> None:
+    """Chats that extend a cached prompt and alternate with another conversation (the prompt cache restores its
+    cache: the target's features come back with it) give the target-only output."""
+    first = [{"role": "user", "content": PROMPTS[1]}]
+    other = [{"role": "user", "content": PROMPTS[2]}]
+    for messages in (first, other, first):
+        reference = head_engine.generate(head_engine.chat_tokens(messages), max_tokens=32, mode="none",
+                                         cache_prompt=False)
+        out = head_engine.chat(messages, max_tokens=32, mode="head")
+        assert out.tokens == reference.tokens
+        follow = [*messages, {"role": "assistant", "content": out.text}, {"role": "user", "content": "Say more."}]
+        reference = head_engine.generate(head_engine.chat_tokens(follow), max_tokens=24, mode="none",
+                                         cache_prompt=False)
+        out = head_engine.chat(follow, max_tokens=24, mode="head")
+        assert out.stats.cached_tokens > 0 and out.tokens == reference.tokens
+
+
+def test_head_at_the_end_of_the_context_equals_target_only(head_export: Path) -> None:
+    engine = edgespec.load(head_export, n_ctx=128, n_threads=1)
+    try:
+        prompt = _prompt(engine, PROMPTS[0] + " " + "Please answer in detail. " * 12)
+        reference = engine.generate(prompt, max_tokens=200, mode="none")
+        out = engine.generate(prompt, max_tokens=200, mode="head", gamma=3)
+        assert out.finish_reason == reference.finish_reason == "length"
+        assert out.tokens == reference.tokens
+    finally:
+        engine.close()
+
+
+def test_sampled_head_drafting_follows_the_target_distribution(head_engine: Engine) -> None:
+    assert_sampling_matches_target(head_engine, "head")
+
+
+def test_a_head_for_another_model_is_refused_with_the_reason(head_export: Path, tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    for file in head_export.iterdir():
+        (export / file.name).symlink_to(file.resolve())
+    head = head_folder(export)
+    shutil.copytree(head_folder(head_export), head)
+    manifest = json.loads((head / MANIFEST).read_text())
+    manifest["draft_head"]["target_vocab_size"] = 32000
+    (head / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ModelLoadError, match=r"not a draft head for .*vocabulary of 32000"):
+        edgespec.load(export, n_ctx=256, n_threads=1)
+
+
+def test_mode_head_without_a_head_says_how_to_make_one() -> None:
+    engine = edgespec.load(onnx_export_dir(quant="int8"), n_ctx=256, n_threads=1)
+    try:
+        with pytest.raises(InvalidParameterError, match="edgespec export head"):
+            engine.generate("Hello", max_tokens=2, mode="head")
+    finally:
+        engine.close()
