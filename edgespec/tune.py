@@ -88,8 +88,9 @@ def tune(model: str, draft: str | None, threads: int | None, device: str, quick:
         for d in drafters:
             best_k = int(np.argmax(estimates[d][1:]) + 1)
             candidates += [(d, "auto"), (d, best_k)]
-        if "hybrid" in engine.modes:  # its drafters are the ones measured above, keyed by name
-            candidates.append(("hybrid", "auto"))
+        for mode in ("hybrid", "head"):  # lookup, then a second drafter (a self-draft, a trained head), γ auto
+            if mode in engine.modes:
+                candidates.append((mode, "auto"))
         measured = race([(engine, candidates, prompt_tokens)], max_tokens, rounds)[0]
         base = measured[("none", 0)]["decode_tok_s"]
         for m in measured.values():

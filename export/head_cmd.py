@@ -10,7 +10,7 @@ from pathlib import Path
 
 from edgespec.errors import InvalidParameterError
 
-DEFAULT_ROWS = 4000  # output rows kept: the tokens the training answers chose most (docs/draft-head.md)
+DEFAULT_ROWS = 2000  # output rows kept: the tokens the training answers chose most (docs/draft-head.md)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -30,9 +30,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _training_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=1200, help="prompts to answer (default 1200)")
-    p.add_argument("--samples", type=int, default=8, help="sampled answers per prompt (default 8)")
-    p.add_argument("--epochs", type=int, default=8, help="training epochs (default 8)")
+    p.add_argument("--prompts", type=int, default=2400, help="prompts to answer (default 2400)")
+    p.add_argument("--samples", type=int, default=4, help="sampled answers per prompt (default 4)")
+    p.add_argument("--epochs", type=int, default=10, help="training epochs (default 10)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (default 256)")
     p.add_argument("--device", default="auto", help="torch device: auto (a GPU if there is one), cpu, cuda")
 

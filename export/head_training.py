@@ -29,13 +29,24 @@ TOPICS = ("the water cycle", "photosynthesis", "the French Revolution", "machine
           "the Great Wall of China", "honey bees", "chess openings", "the printing press", "vaccines", "earthquakes",
           "jazz music", "the Moon landing", "recycling", "inflation", "the Olympic Games", "meditation", "DNA",
           "rainforests", "public transportation", "the Renaissance", "social media", "ocean tides", "gardening",
-          "artificial satellites", "the piano", "democracy", "dinosaurs", "time management")
+          "artificial satellites", "the piano", "democracy", "dinosaurs", "time management", "the human heart",
+          "ancient Egypt", "cloud computing", "bread baking", "the solar system", "World War I", "nutrition",
+          "smartphones", "the theory of evolution", "bird migration", "the Industrial Revolution", "cybersecurity",
+          "the Amazon river", "volunteering", "quantum computers", "the French language", "the water footprint of food",
+          "urban planning", "the history of money", "friendship", "the immune response to allergies", "glaciers",
+          "3D printing", "the Silk Road", "remote work", "mushrooms", "the speed of light", "public libraries",
+          "nuclear energy", "the human brain", "cats and dogs as pets", "the Mona Lisa", "wind turbines",
+          "learning a new language", "the ozone layer", "basketball")
 TEMPLATES = ("Explain {t} in simple terms.", "Write a short essay about {t}.",
              "What are three interesting facts about {t}?", "Give me a list of pros and cons of {t}.",
              "Write a short poem about {t}.", "How would you teach a child about {t}?",
              "Summarize the main ideas of {t} in one paragraph.", "Write a friendly email to a colleague about {t}.",
              "What is the difference between {t} and {u}?", "Write a story for kids that involves {t}.",
-             "List five questions a student might ask about {t}, with answers.", "Why is {t} important?")
+             "List five questions a student might ask about {t}, with answers.", "Why is {t} important?",
+             "What are common misconceptions about {t}?", "Write a blog post introduction about {t}.",
+             "Describe the history of {t} briefly.", "Compare {t} and {u} in a short table.",
+             "Give a one-sentence definition of {t}, then explain it.", "What would happen if {t} disappeared?",
+             "Write a dialogue between two friends discussing {t}.", "Create a short quiz about {t}.")
 # Other kinds of request, each with its own fillers: code, arithmetic, translation, role-play, advice.
 TASKS = (
     (("Write a Python function that {t}.", "How do I {t} in JavaScript? Show the code.",
@@ -197,7 +208,7 @@ def held_out_top1(head: object, data: list[Answer]) -> float:
     return right / max(total, 1)
 
 
-def train_head(gguf: Path, out: Path, count: int = 1200, samples: int = 8, epochs: int = 8, max_tokens: int = 256,
+def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epochs: int = 10, max_tokens: int = 256,
                device: str = "auto", log: Callable[[str], None] = print) -> dict:
     """Sample ``samples`` answers to each of ``count`` prompts from the GGUF's model, train the head on their
     features for ``epochs`` and save it to ``out`` (.npz: the parameters, the output rows' tokens by how often the
