@@ -56,8 +56,13 @@ def head_folder(export: Path) -> Path:
 
 def open_model(model: str | os.PathLike[str], options: ModelOptions) -> OnnxModel:
     # Exact numerics are built into the exported graphs (docs/onnx-format.md): nothing to switch here.
-    return OnnxModel(model, OnnxOptions(n_ctx=options.n_ctx, n_threads=options.n_threads, device=options.device,
-                                        layer_skip=options.layer_skip))
+    loaded = OnnxModel(model, OnnxOptions(n_ctx=options.n_ctx, n_threads=options.n_threads, device=options.device,
+                                          layer_skip=options.layer_skip))
+    if loaded.reads_features:
+        loaded.close()
+        raise ModelLoadError(f"{loaded.path} is a draft head, not a model: load the export it drafts for "
+                             f"({loaded.manifest.get('draft_head', {}).get('target', 'the folder beside it')})")
+    return loaded
 
 
 def is_onnx_model(path: str | os.PathLike[str]) -> bool:

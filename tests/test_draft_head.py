@@ -208,3 +208,8 @@ def test_mode_head_without_a_head_says_how_to_make_one() -> None:
             engine.generate("Hello", max_tokens=2, mode="head")
     finally:
         engine.close()
+
+
+def test_a_head_loaded_as_a_model_is_refused_with_the_reason(head_export: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"is a draft head, not a model: load the export it drafts for"):
+        edgespec.load(head_folder(head_export), n_ctx=256, n_threads=1)

@@ -93,7 +93,8 @@ class HeadDrafter:
             tokens.append(int(self.vocab[best]))
             if len(tokens) == max_tokens:
                 break
-            # The head's own prediction of the next feature and its guess, as the next pair.
+            # The head's own prediction of the next feature (in the scaled units it reads) and its guess, as the
+            # next pair.
             f = self.head.features(self.head.cache_end() - 1, self.head.cache_end())
             logits = self.head.decode(self._pairs(f * self.scale, tokens[-1:]), self.head.cache_end(), 1)[0]
             passes += 1
