@@ -453,7 +453,8 @@ class OnnxModel:
         if clock is not None and any(len(stage.layers) > 1 for stage in stages):
             raise EdgespecError("internal: per-layer clocks need a model loaded with fuse_layers=False")
         out, last = self._ping[0], 0
-        keep = self._features is not None and tuple(layers) == self._all_layers  # a layer-skip pass's rows are not
+        # Only a pass through every layer ends in the last hidden state (a layer-skip draft's rows are not it).
+        keep = self._features is not None and tuple(layers) == self._all_layers
         dtype = np.float32 if self.reads_features else np.int64
         try:
             for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
@@ -503,8 +504,8 @@ class OnnxModel:
         return self._embed.run(None, {"input_ids": np.asarray(tokens, dtype=np.int64)[None]})[0][0]
 
     def keep_features(self) -> None:
-        """Keep each cell's last hidden state from now on (``features``); the cells cached before are recomputed
-        by nobody, so the cache starts empty."""
+        """Keep each cell's last hidden state from now on (``features``). The cache is emptied: the cells it held
+        have none."""
         if self._features is None:
             self._features = np.zeros((self.n_ctx, self._hidden), dtype=np.float32)
             self._end = 0
