@@ -264,12 +264,14 @@ def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epoch
     positions = int(sum(len(s) - 1 for _, s, _, _ in train))
     log(f"  features of {len(data)} answers, {positions} training positions ({time.time() - started:.0f} s)")
     config = model.config
-    rows = (model.lm_head.weight.detach().float().cpu().numpy().T * config.hidden_size ** 0.5
-            * model.model.norm.weight.detach().float().cpu().numpy()[:, None])
+    width = config.hidden_size
+    with torch.no_grad():  # as the runtime sees them: the model's own modules, whatever their scaling (Gemma's)
+        # The final norm and output projection on scaled one-hot rows: √width · g_i · W[:, i] (draft_head.output_rows)
+        rows = model.lm_head(model.model.norm(torch.eye(width, device=device) * 1000.0)).float().cpu().numpy()
+        embed = model.get_input_embeddings()(torch.arange(rows.shape[1], device=device)).float().cpu().numpy()
     counts = np.bincount(np.concatenate([c for *_, c, _ in train]), minlength=rows.shape[1])
     vocab = np.flatnonzero(counts)
-    head = eagle_module(config.hidden_size, config.num_attention_heads,
-                        model.model.embed_tokens.weight.detach().float().cpu().numpy(), rows, vocab).to(device)
+    head = eagle_module(width, config.num_attention_heads, embed, rows, vocab).to(device)
     figures: dict = {"prompts": count, "samples": samples, "answers": len(train), "training_positions": positions,
                      "epochs": epochs, "device": device, "gguf": gguf.name}
 
