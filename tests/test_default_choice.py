@@ -58,6 +58,34 @@ def test_a_model_runs_lookup_unless_plain_decoding_won_by_the_margin() -> None:
     assert (default_race.pick(rows)["target"], default_race.pick(rows)["mode"]) == ("a", "ngram")
 
 
+def test_a_trained_draft_head_takes_lookups_place_unless_lookup_won_by_the_margin() -> None:
+    """Mode head is lookup plus a drafter the controller consults only while it pays: a tie keeps the head, lookup
+    must answer more than ``MARGIN`` quicker to be chosen over it, a head run that changed the output never is, and
+    plain decoding still beats both only by the margin."""
+    def rows(head: float, identical: str = "4/4") -> list[dict]:
+        return [_row("a", "none", 4.0), _row("a", "ngram", 3.5), _row("a", "head", head, identical)]
+
+    assert default_race.pick(rows(3.55))["mode"] == "head"
+    assert default_race.pick(rows(3.5 * 1.06))["mode"] == "ngram"
+    assert default_race.pick(rows(3.0, "3/4"))["mode"] == "ngram"
+    assert default_race.pick([_row("a", "none", 3.0), _row("a", "ngram", 3.5), _row("a", "head", 3.3)])["mode"] \
+        == "none"
+
+
+def test_a_head_trained_for_the_default_export_makes_the_choice_stale(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """The race's key names the draft head beside the default's export: training one races again, with it."""
+    export = tmp_path / "smollm2-int8"
+    monkeypatch.setattr(default_race, "onnx_export_path", lambda family: export)
+    before = default_race.choice_key(2, "cpu")
+    assert before is not None and before["onnx"] is not None  # the weights and onnxruntime are installed
+    head = export.with_name(export.name + ".head")
+    head.mkdir()
+    (head / "edgespec-onnx.json").write_text("{}")
+    after = default_race.choice_key(2, "cpu")
+    assert after is not None and after != before and "draft head" in str(after["onnx"])
+
+
 def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))  # variants, verdicts and the choice land here
     monkeypatch.setenv("EDGESPEC_TUNING", "on")
