@@ -29,7 +29,8 @@ def default_choice(threads: int, device: str) -> DefaultChoice:
     except TuningError:
         found = None  # an unreadable or older file: measure again and overwrite it
     # A stored ONNX choice holds while its export does: one deleted, or rewritten since (another op, an older
-    # graph writer), is measured again rather than run as if it were what was raced.
-    if found is not None and (found.backend != "onnx" or default_race.current_export(Path(found.target))):
+    # graph writer), is measured again rather than run as if it were what was raced; so does its draft head.
+    if found is not None and (found.backend != "onnx" or (default_race.current_export(Path(found.target)) and (
+            found.mode != "head" or default_race.has_head(Path(found.target))))):
         return found
     return default_race.choose_default(families()[DEFAULT_MODEL], key, threads, device)

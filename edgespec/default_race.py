@@ -121,13 +121,63 @@ def choice_key(threads: int, device: str) -> dict[str, object] | None:
     # No ONNX candidate on a GPU (its exact kernels are CPU code), and onnxruntime is not even imported there: on
     # the H200 image importing it after llama.cpp's CUDA library crashed the process.
     onnx = None if races_on_gpu(device) else onnx_identity()
-    if onnx is not None:  # a draft head trained for the export since the last race: race again, with it
-        from .onnx_backend import MANIFEST, head_folder
-
-        head = head_folder(onnx_export_path(family)) / MANIFEST
-        if head.is_file():
-            onnx += f", draft head of {file_identity(head)['mtime_ns']}"
+    if onnx is not None:
+        onnx += head_identity(family)
     return default_choice_key(source, family.default_candidates(), onnx, threads, device)
+
+
+def head_identity(family: ModelFamily) -> str:
+    """The draft head the ONNX candidate races with, for the choice's key: the family's shipped one (written
+    beside the export by the race), else one the user trained for the export (training one races again)."""
+    shipped = family.draft_head_path()
+    if shipped is not None:
+        return f", shipped draft head of {file_identity(shipped)['size']} bytes"
+    from .onnx_backend import MANIFEST, head_folder
+
+    head = head_folder(onnx_export_path(family)) / MANIFEST
+    return f", draft head of {file_identity(head)['mtime_ns']}" if head.is_file() else ""
+
+
+def has_head(export: Path) -> bool:
+    """Whether a draft head lies beside an ONNX export (a stored choice of mode head needs it)."""
+    from .onnx_backend import MANIFEST, head_folder
+
+    return (head_folder(export) / MANIFEST).is_file()
+
+
+def write_shipped_head(family: ModelFamily, export: Path, say: Callable[[str], None]) -> None:
+    """Write the family's shipped draft head beside its export as ONNX (seconds, no torch), unless a head is there:
+    the user's own, or this one already. A failure leaves the candidate to race without it."""
+    weights = family.draft_head_path()
+    if weights is None or (has_head(export) and not _stale_shipped_head(export, weights)):
+        return
+    from edgespec.export.draft_head import write_head
+    from edgespec.export.head_cmd import DEFAULT_ROWS
+    from edgespec.export.head_training import load_weights
+
+    say(f"  writing the shipped draft head ({weights.name}) beside the export")
+    try:
+        state, vocab, scale, figures = load_weights(weights, DEFAULT_ROWS)
+        write_head(export, state, vocab, scale, {"weights": weights.name, "shipped": True,
+                                                 "weights_bytes": weights.stat().st_size, "output_rows": len(vocab),
+                                                 "training": figures})
+    except (EdgespecError, OSError) as e:
+        say(f"    not written ({e}): the export races without a draft head")
+
+
+def _stale_shipped_head(export: Path, weights: Path) -> bool:
+    """Whether the head beside ``export`` was written from shipped weights other than ``weights`` or by another
+    graph writer (a head the user trained is never replaced)."""
+    from .export.onnx_graphs import GRAPHS_REVISION
+    from .onnx_backend import head_folder, read_manifest
+
+    try:
+        manifest = read_manifest(head_folder(export))
+    except EdgespecError:
+        return True  # unreadable: nobody's work is lost by writing it again
+    info = manifest.get("draft_head") or {}
+    return bool(info.get("shipped")) and (info.get("weights_bytes") != weights.stat().st_size
+                                           or manifest["source"].get("graphs") != GRAPHS_REVISION)
 
 
 @dataclass(frozen=True)
@@ -165,6 +215,7 @@ def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]
             export_onnx(source, out, quant="int8", progress=True)
         except (EdgespecError, OSError) as e:  # a missing extra (torch today), disk, an unsupported model
             return None, f"the ONNX export could not be built: {e}"
+    write_shipped_head(family, out, say)
     from .onnx_backend import OnnxModel, OnnxOptions  # only when an export is measured
 
     say("  ONNX INT8 quality against the shipped weights")

@@ -83,6 +83,7 @@ class ModelFamily:
     pair_draft: str
     pairings: tuple[Pairing, ...] = ()
     quality: dict[str, tuple[float, float]] = field(default_factory=dict)  # quant → measured (top-1, KL)
+    draft_head: str | None = None  # a trained draft head's weights, a file beside the manifest (docs/draft-head.md)
 
     @classmethod
     def from_toml(cls, path: Path) -> ModelFamily:
@@ -92,7 +93,8 @@ class ModelFamily:
                          d["source"]["package"], d["source"]["file"], d["source"]["quant"],
                          d["pair"]["target"], d["pair"]["draft"],
                          tuple(Pairing.from_dict(p) for p in d.get("pairings", [])),
-                         {q: (float(v["top1"]), float(v["kl"])) for q, v in d.get("quality", {}).items()})
+                         {q: (float(v["top1"]), float(v["kl"])) for q, v in d.get("quality", {}).items()},
+                         d.get("draft_head"))
         except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as e:
             raise EdgespecError(f"invalid model manifest {path}: {e!r}") from e
         for quant in (family.default_quant, family.source_quant, family.pair_target, family.pair_draft,
@@ -109,6 +111,13 @@ class ModelFamily:
         """The shipped quantization and those whose measured quality passes the bar for a default."""
         passing = [q for q, (top1, kl) in self.quality.items() if top1 >= DEFAULT_MIN_TOP1 and kl <= DEFAULT_MAX_KL]
         return [self.source_quant, *(q for q in passing if q != self.source_quant)]
+
+    def draft_head_path(self) -> Path | None:
+        """The draft head trained for this family's shipped weights, if it ships one."""
+        if self.draft_head is None:
+            return None
+        path = _manifest_dir() / self.draft_head
+        return path if path.is_file() else None
 
     def installed(self) -> bool:
         try:

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from edgespec.errors import InvalidParameterError
 
-DEFAULT_ROWS = 2000  # output rows kept: the tokens the training answers chose most (docs/draft-head.md)
+# Output rows kept: the tokens its training answers chose most. 2 000 rows: 45.7% of its guesses accepted on
+# Spec-Bench, a pass 0.22 ms; 4 000: 46.5%, 0.29 ms (2-core AMD EPYC, docs/draft-head.md).
+DEFAULT_ROWS = 2000
+
 
 
 def register(commands: argparse._SubParsersAction) -> None:

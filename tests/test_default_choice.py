@@ -14,9 +14,10 @@ import edgespec
 from edgespec import custom_ops, default_race
 from edgespec.default_model import FIXED, default_choice
 from edgespec.default_race import Budget, choice_key, choose_default, table
-from edgespec.models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, families
+from edgespec.models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, ModelFamily, families
 from edgespec.onnx_backend import FORMAT, MANIFEST
 from edgespec.tuning import DefaultChoice, default_choice_path
+from tests.conftest import onnx_export_dir
 
 
 def test_with_tuning_off_the_default_is_the_shipped_weights_with_ngram_auto() -> None:
@@ -72,18 +73,56 @@ def test_a_trained_draft_head_takes_lookups_place_unless_lookup_won_by_the_margi
         == "none"
 
 
-def test_a_head_trained_for_the_default_export_makes_the_choice_stale(monkeypatch: pytest.MonkeyPatch,
-                                                                     tmp_path: Path) -> None:
-    """The race's key names the draft head beside the default's export: training one races again, with it."""
+def test_the_key_names_the_shipped_draft_head_else_one_the_user_trained(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """The race's key names the draft head the ONNX candidate races with: the family's shipped one, or, where the
+    family ships none, one trained for the default's export (training one races again)."""
     export = tmp_path / "smollm2-int8"
     monkeypatch.setattr(default_race, "onnx_export_path", lambda family: export)
-    before = default_race.choice_key(2, "cpu")
-    assert before is not None and before["onnx"] is not None  # the weights and onnxruntime are installed
+    shipped = choice_key(2, "cpu")
+    assert shipped is not None and "shipped draft head of" in str(shipped["onnx"])
+    monkeypatch.setattr(ModelFamily, "draft_head_path", lambda self: None)
+    before = choice_key(2, "cpu")
+    assert before is not None and before["onnx"] is not None and "draft head" not in str(before["onnx"])
     head = export.with_name(export.name + ".head")
     head.mkdir()
-    (head / "edgespec-onnx.json").write_text("{}")
-    after = default_race.choice_key(2, "cpu")
-    assert after is not None and after != before and "draft head" in str(after["onnx"])
+    (head / MANIFEST).write_text("{}")
+    after = choice_key(2, "cpu")
+    assert after is not None and after != before and "draft head of" in str(after["onnx"])
+
+
+def test_the_race_writes_the_shipped_head_beside_the_export_and_keeps_a_users_own(tmp_path: Path) -> None:
+    family = families()["smollm2-135m"]
+    assert family.draft_head_path() is not None
+    source = onnx_export_dir(quant="int8")
+    export = tmp_path / source.name
+    export.mkdir()
+    for file in source.iterdir():
+        (export / file.name).symlink_to(file)
+    said: list[str] = []
+    default_race.write_shipped_head(family, export, said.append)
+    head = export.with_name(export.name + ".head")
+    info = json.loads((head / MANIFEST).read_text())["draft_head"]
+    assert info["shipped"] and info["output_rows"] == 2000 and "writing the shipped draft head" in said[0]
+    engine = edgespec.load(export, n_ctx=256, n_threads=1)
+    try:
+        prompt = engine.chat_tokens([{"role": "user", "content": "Why is the sky blue?"}])
+        reference = engine.generate(prompt, max_tokens=32, mode="none").tokens
+        out = engine.generate(prompt, max_tokens=32, mode="head")
+        assert out.tokens == reference and out.stats.mode == "head"
+    finally:
+        engine.close()
+    # A head the user trained for the export (not marked shipped) is never replaced; a stale shipped one is.
+    manifest = json.loads((head / MANIFEST).read_text())
+    manifest["draft_head"]["shipped"] = False
+    (head / MANIFEST).write_text(json.dumps(manifest))
+    said.clear()
+    default_race.write_shipped_head(family, export, said.append)
+    assert not said
+    manifest["draft_head"].update(shipped=True, weights_bytes=1)
+    (head / MANIFEST).write_text(json.dumps(manifest))
+    default_race.write_shipped_head(family, export, said.append)
+    assert said and json.loads((head / MANIFEST).read_text())["draft_head"]["weights_bytes"] > 1
 
 
 def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
