@@ -72,14 +72,19 @@ class HeadDrafter:
 
     def begin(self, context: Sequence[int]) -> None:
         """Feed the prompt's pairs now: in the prefill's time, not charged to the first proposal (the γ controller
-        takes a proposal's time for what a draft token costs)."""
-        self._catch_up(context)
+        takes a proposal's time for what a draft token costs). The pairs kept from an earlier request are those of
+        the prefix it shares with this one."""
+        self._catch_up(context, common_prefix(self._on, context))
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         if max_tokens <= 0:
             return Draft([])
-        logits = self._catch_up(context)
+        # Within a request the context only grows: the last token the head read, still in place, vouches for the
+        # rest (one comparison a step, not one per token of context).
+        n = len(self._on)
+        logits = self._catch_up(context, n if n and n <= len(context) and self._on[-1] == context[n - 1]
+                                else common_prefix(self._on, context))
         if logits is None:  # the target's features do not reach the last committed token (see _catch_up)
             return Draft([])
         known = self.head.cache_end()
@@ -96,35 +101,37 @@ class HeadDrafter:
             # The head's own prediction of the next feature (in the scaled units it reads) and its guess, as the
             # next pair.
             f = self.head.features(self.head.cache_end() - 1, self.head.cache_end())
-            logits = self.head.decode(self._pairs(f * self.scale, tokens[-1:]), self.head.cache_end(), 1)[0]
+            logits = self.head.decode(self._pairs(f, tokens[-1:]), self.head.cache_end(), 1)[0]
             passes += 1
         self.head.truncate(known)  # its guesses go: the target decides what follows
         return Draft(tokens, passes=passes if passes > len(tokens) else None)
 
-    def _catch_up(self, context: Sequence[int]) -> np.ndarray | None:
-        """Feed the head the pairs of ``context`` it lacks; the logits of its guess for the token after the target's
-        last cached one, or None when that is not the token after ``context`` (the target has not yet computed
-        the features of all but the last committed token) or there is nothing to feed."""
+    def _catch_up(self, context: Sequence[int], shared: int) -> np.ndarray | None:
+        """Feed the head the pairs of ``context`` it lacks (``shared``: how many of its first tokens the head's pairs
+        were computed on); the logits of its guess for the token after the target's last cached one, or None when
+        that is not the token after ``context`` (the target has not yet computed the features of all but the last
+        committed token) or there is nothing to feed."""
         end = min(self.target.cache_end(), len(context) - 1)
         if end <= 0 or end + MAX_GUESSES >= self.head.n_ctx:  # no pair yet, or the head's context is full
             return None
         # The pairs still right (pair i needs x_0..x_{i+1} unchanged); the last is fed again if need be, for its guess.
-        keep = max(min(common_prefix(self._on, context) - 1, end - 1), 0)
+        keep = max(min(shared - 1, end - 1), 0)
         self.head.truncate(keep)
-        f = self.target.features(keep, end)
-        logits = self.head.decode(self._pairs(f, context[keep + 1:end + 1]), keep, 1)[0]
-        self._on = list(context[:end + 1])
+        features = self.target.features(keep, end) / self.scale
+        logits = self.head.decode(self._pairs(features, context[keep + 1:end + 1]), keep, 1)[0]
+        del self._on[min(keep + 1, shared):]  # only tokens the context shares
+        self._on.extend(context[len(self._on):end + 1])
         return logits if end == len(context) - 1 else None
 
     def _pairs(self, features: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
-        """The head's input rows [f_i / scale, embedding(x_{i+1})]."""
+        """The head's input rows [f_i / scale (``features``, scaled), embedding(x_{i+1})]."""
         kept = self._embeddings
         new = [t for t in dict.fromkeys(tokens) if t not in kept]
         if new:
             if len(kept) + len(new) > EMBEDDINGS_KEPT:
                 kept.clear()
             kept.update(zip(new, self.target.embed(new), strict=True))
-        return np.concatenate([features / self.scale, np.stack([kept[t] for t in tokens])], axis=1)
+        return np.concatenate([features, np.stack([kept[t] for t in tokens])], axis=1)
 
 
 def _top_probability(logits: np.ndarray, best: int) -> float:
