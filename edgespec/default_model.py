@@ -2,13 +2,12 @@
 
 The candidates are the default family's variants that pass the quality bar (``ModelFamily.default_candidates``)
 and, with onnxruntime installed, an ONNX export of its shipped GGUF; ``default_race`` races them (with and without
-n-gram drafting) and stores the fastest lossless one. With ``EDGESPEC_TUNING=off`` (the tests)
-nothing is measured: the default is the family's default quantization with n-gram lookup, γ auto.
+n-gram drafting, and the export with its shipped draft head too) and stores the fastest lossless one. With
+``EDGESPEC_TUNING=off`` (the tests) nothing is measured: the default is the family's default quantization with
+n-gram lookup, γ auto.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from . import default_race
 from .models import DEFAULT_MODEL, families
@@ -28,9 +27,6 @@ def default_choice(threads: int, device: str) -> DefaultChoice:
         found = find_default_choice(key)
     except TuningError:
         found = None  # an unreadable or older file: measure again and overwrite it
-    # A stored ONNX choice holds while its export does: one deleted, or rewritten since (another op, an older
-    # graph writer), is measured again rather than run as if it were what was raced; so does its draft head.
-    if found is not None and (found.backend != "onnx" or (default_race.current_export(Path(found.target)) and (
-            found.mode != "head" or default_race.has_head(Path(found.target))))):
+    if found is not None and default_race.choice_holds(found):  # else measured again, not run as if raced
         return found
     return default_race.choose_default(families()[DEFAULT_MODEL], key, threads, device)

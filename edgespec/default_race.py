@@ -76,7 +76,7 @@ DOCUMENT = (
 RACE_PROMPTS = (DOCUMENT, CALIBRATION_PROMPTS[4], CALIBRATION_PROMPTS[3], CALIBRATION_PROMPTS[1])
 PLAIN, LOOKUP = ("none", 0), ("ngram", "auto")  # (mode, γ)
 RACED_MODES: list[tuple[str, int | str]] = [PLAIN, LOOKUP]  # plain first: the identity reference
-HEAD = ("head", "auto")  # raced too where the user trained a draft head for the ONNX export (docs/draft-head.md)
+HEAD = ("head", "auto")  # raced too where the ONNX export has a draft head beside it (docs/draft-head.md)
 
 
 def onnx_identity() -> str | None:
@@ -134,15 +134,25 @@ def head_identity(family: ModelFamily) -> str:
         return f", shipped draft head of {file_identity(shipped)['size']} bytes"
     from .onnx_backend import MANIFEST, head_folder
 
-    head = head_folder(onnx_export_path(family)) / MANIFEST
-    return f", draft head of {file_identity(head)['mtime_ns']}" if head.is_file() else ""
+    export = onnx_export_path(family)
+    return f", draft head of {file_identity(head_folder(export) / MANIFEST)['mtime_ns']}" if has_head(export) else ""
 
 
 def has_head(export: Path) -> bool:
-    """Whether a draft head lies beside an ONNX export (a stored choice of mode head needs it)."""
+    """Whether a draft head lies beside an ONNX export."""
     from .onnx_backend import MANIFEST, head_folder
 
     return (head_folder(export) / MANIFEST).is_file()
+
+
+def choice_holds(choice: DefaultChoice) -> bool:
+    """Whether a stored choice can run as it was raced: an ONNX choice needs its export as today's writer makes it
+    (one deleted, or rewritten since with another op or an older graph writer, is measured again), and a choice of
+    mode head its draft head."""
+    if choice.backend != "onnx":
+        return True
+    export = Path(choice.target)
+    return current_export(export) and (choice.mode != HEAD[0] or has_head(export))
 
 
 def write_shipped_head(family: ModelFamily, export: Path, say: Callable[[str], None]) -> None:
@@ -333,7 +343,7 @@ def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, 
 def pick(rows: list[dict]) -> dict:
     """The race's row to run by default: per model, n-gram lookup with γ auto unless plain decoding answered more
     than ``MARGIN`` quicker, then the model whose row answers quickest; only rows whose output equals their own
-    plain decoding (the first mode raced, the identity reference) count. Where the user trained a draft head, mode
+    plain decoding (the first mode raced, the identity reference) count. Where the export has a draft head, mode
     head takes lookup's place unless lookup alone answered more than ``MARGIN`` quicker: it is lookup plus a drafter
     the γ controller consults only while it pays (on 84 Spec-Bench generations +4% over lookup; docs/draft-head.md).
 
@@ -348,10 +358,10 @@ def pick(rows: list[dict]) -> dict:
             by_model.setdefault(str(r["target"]), {})[str(r["mode"])] = r
     picks = []
     for modes in by_model.values():
-        plain, lookup, head = modes[PLAIN[0]], modes.get(LOOKUP[0]), modes.get(HEAD[0])
-        if lookup is not None and head is not None and head["reply_s"] < lookup["reply_s"] * MARGIN:
-            lookup = head  # lookup plus a trained head, unless lookup alone answered more than MARGIN quicker
-        picks.append(plain if lookup is None or plain["reply_s"] * MARGIN < lookup["reply_s"] else lookup)
+        plain, drafting, head = modes[PLAIN[0]], modes.get(LOOKUP[0]), modes.get(HEAD[0])
+        if drafting is not None and head is not None and head["reply_s"] < drafting["reply_s"] * MARGIN:
+            drafting = head  # lookup plus a trained head, unless lookup alone answered more than MARGIN quicker
+        picks.append(plain if drafting is None or plain["reply_s"] * MARGIN < drafting["reply_s"] else drafting)
     return min(picks, key=lambda r: r["reply_s"])
 
 

@@ -453,8 +453,9 @@ class OnnxModel:
         if clock is not None and any(len(stage.layers) > 1 for stage in stages):
             raise EdgespecError("internal: per-layer clocks need a model loaded with fuse_layers=False")
         out, last = self._ping[0], 0
-        # Only a pass through every layer ends in the last hidden state (a layer-skip draft's rows are not it).
-        keep = self._features is not None and tuple(layers) == self._all_layers
+        # Only a pass through every layer ends in the last hidden state (a layer-skip draft's rows are not it);
+        # ``_plan`` ran exactly ``layers``, distinct, so all of them is a matter of their count.
+        keep = self._features is not None and len(layers) == self.n_layer
         dtype = np.float32 if self.reads_features else np.int64
         try:
             for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
@@ -622,19 +623,27 @@ class OnnxModel:
             vocab = np.load(folder / str(info.get("vocab", "vocab.npy")))
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"{folder}: cannot read the head's vocabulary: {e}") from e
-        why = (("it is not a draft head (no features input)" if not head.reads_features else None) or
-               (f"its width is {head.manifest['hidden_size']}, the model's {self._hidden}"
-                if head.manifest["hidden_size"] != self._hidden else None) or
-               (f"it was trained for a vocabulary of {info.get('target_vocab_size')} tokens, the model has "
-                f"{self.n_vocab}" if info.get("target_vocab_size") != self.n_vocab else None) or
-               ("its vocabulary file does not match its output rows"
-                if vocab.shape != (head.n_vocab,) or not ((vocab >= 0) & (vocab < self.n_vocab)).all() else None) or
-               ("it has no feature scale" if not isinstance(info.get("scale"), (int, float)) else None))
+        why = self._head_mismatch(head, info, vocab)
         if why:
             head.close()
-            raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; re-export it with "
-                                 f"`edgespec export head {self.path}`")
+            raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; write one for it with "
+                                 f"`edgespec export head {self.path} --weights HEAD.npz` (docs/draft-head.md)")
         return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]))
+
+    def _head_mismatch(self, head: OnnxModel, info: dict, vocab: np.ndarray) -> str | None:
+        """Why a head export cannot draft for this model, or None."""
+        if not head.reads_features:
+            return "it is not a draft head (no features input)"
+        if head.manifest["hidden_size"] != self._hidden:
+            return f"its width is {head.manifest['hidden_size']}, the model's {self._hidden}"
+        if info.get("target_vocab_size") != self.n_vocab:
+            return (f"it was trained for a vocabulary of {info.get('target_vocab_size')} tokens, the model has "
+                    f"{self.n_vocab}")
+        if vocab.shape != (head.n_vocab,) or not ((vocab >= 0) & (vocab < self.n_vocab)).all():
+            return "its vocabulary file does not match its output rows"
+        if not isinstance(info.get("scale"), (int, float)):
+            return "it has no feature scale"
+        return None
 
     def self_draft(self) -> LayerSkipView:
         """The layer-skip draft: this model without the layers in ``skip``, over the same sessions and KV."""

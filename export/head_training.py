@@ -11,7 +11,7 @@ writes as ONNX without them.
 
 from __future__ import annotations
 
-import itertools
+import json
 import random
 import time
 from collections.abc import Callable
@@ -89,17 +89,15 @@ def prompts(count: int, seed: int = 7) -> list[str]:
     general = [(t, topic) for t in TEMPLATES for topic in TOPICS]
     rnd.shuffle(general)
     out: list[str] = []
-    for i in itertools.count():
-        if len(out) == count:
-            return out
+    for i in range(count):
         if i % 2 == 0:
             template, topic = general[(i // 2) % len(general)]
             out.append(template.format(t=topic, u=rnd.choice([t for t in TOPICS if t != topic])))
-            continue
-        templates, fillers = rnd.choice(TASKS)
-        filler = rnd.choice(fillers) if fillers else _arithmetic(rnd)
-        out.append(rnd.choice(templates).format(t=filler, lang=rnd.choice(LANGUAGES)))
-    raise AssertionError("unreachable")
+        else:
+            templates, fillers = rnd.choice(TASKS)
+            filler = rnd.choice(fillers) if fillers else _arithmetic(rnd)
+            out.append(rnd.choice(templates).format(t=filler, lang=rnd.choice(LANGUAGES)))
+    return out
 
 
 def eagle_module(width: int, heads: int, embed: np.ndarray, rows: np.ndarray, vocab: np.ndarray) -> object:
@@ -289,8 +287,6 @@ def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epoch
 
 def save_weights(path: Path, state: dict[str, np.ndarray], vocab: np.ndarray, counts: np.ndarray, scale: float,
                  figures: dict) -> None:
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:  # np.savez would append .npz to a name without it
         np.savez(f, vocab=vocab, counts=counts, scale=np.float64(scale), figures=np.array(json.dumps(figures)),
@@ -300,8 +296,6 @@ def save_weights(path: Path, state: dict[str, np.ndarray], vocab: np.ndarray, co
 def load_weights(path: Path, rows: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray, float, dict]:
     """A head saved by ``train_head``: its parameters (float32), its output rows' tokens (the ``rows`` the answers
     chose most when given; fewer rows, a cheaper head), the feature scale and the run's figures."""
-    import json
-
     try:
         with np.load(path) as z:
             state = {k[len("state."):]: z[k].astype(np.float32) for k in z.files if k.startswith("state.")}
