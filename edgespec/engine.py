@@ -384,7 +384,16 @@ class Engine:
         context = self.arena.tokens
         if drafter.costs_per_token:  # each draft token costs a forward pass: choose γ before drafting
             k = gamma if controller is None else controller.choose(drafter.name, 0, room, draft_cost_sunk=False)
-            return drafter.propose(context, min(int(k), room), params, rng)
+            draft = drafter.propose(context, min(int(k), room), params, rng)
+            if controller is None or not draft.key or not draft.tokens:
+                return draft
+            # A drafter that says how sure it is this step (the draft head's key): the draft, paid for now, is cut to
+            # what that key's acceptance makes worth verifying. Only verified positions are learned from (a cut
+            # draft claims no extra passes, which would count as rejected positions).
+            cut = controller.choose(drafter.name, draft.key, len(draft), draft_cost_sunk=True)
+            if cut == len(draft):
+                return draft
+            return Draft(draft.tokens[:cut], key=draft.key) if cut else Draft([])
         draft = drafter.propose(context, room, params, rng)  # free to draft: choose γ by cutting it
         k = gamma if controller is None else controller.choose(drafter.name, draft.key, len(draft), True,
                                                                draft.tokens)
@@ -428,12 +437,24 @@ class Engine:
                 controller.start_from(learned)  # warm from the first step: what earlier processes learned
             except ValueError as e:
                 log.warning("ignoring %s: %s", self.stored_curve.learned_path, e)  # type: ignore[union-attr]
+            else:
+                kept = learned.get("identities")
+                for name, identity in self._identities().items():
+                    if not isinstance(kept, dict) or kept.get(name) != identity:
+                        controller.forget(name)  # learned of another head (one exported since)
         return controller
+
+    def _identities(self) -> dict[str, str]:
+        """Which drafter each name stands for, where it can be another one from process to process (an
+        ``identity``): the draft head, whose name stays when it is exported again, while what its predecessor's
+        keys were worth says nothing of it."""
+        return {name: identity for name, drafter in self.drafters.items()
+                if (identity := getattr(drafter, "identity", ""))}
 
     def _keep_learned(self, controller: GammaController | None) -> None:
         """After a request, what the untuned controller has learned, for the next process (``StoredCurve``)."""
         if controller is not None and self.tuning is None and self.stored_curve is not None:
-            self.stored_curve.write_learned(controller.learned())
+            self.stored_curve.write_learned({**controller.learned(), "identities": self._identities()})
 
     def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
                   context: Sequence[int] | None = None) -> CostCurve:

@@ -321,6 +321,14 @@ class GammaController:
         self._keyed.update(keyed)
         self._draft_ratio.update({n: r for n, r in ratios.items() if np.isfinite(r) and r >= 0})
 
+    def forget(self, drafter: str) -> None:
+        """Drop what was learned of ``drafter`` (``start_from`` took it for another drafter of that name: a draft
+        head trained since)."""
+        self._pooled.pop(drafter, None)
+        self._draft_ratio.pop(drafter, None)
+        for key in [key for key in self._keyed if key[0] == drafter]:
+            del self._keyed[key]
+
     def begin(self) -> None:
         """A new sequence starts: no drafter has a previous draft in it, so none is on a streak (a streak carried
         over from the end of the last request made the first lookup draft of each new one look as good as a

@@ -18,6 +18,7 @@ n-gram default) runs fewer, bigger sessions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -628,7 +629,8 @@ class OnnxModel:
             head.close()
             raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; write one for it with "
                                  f"`edgespec export head {self.path} --weights HEAD.npz` (docs/draft-head.md)")
-        return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]))
+        identity = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+        return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]), identity=identity)
 
     def _head_mismatch(self, head: OnnxModel, info: dict, vocab: np.ndarray) -> str | None:
         """Why a head export cannot draft for this model, or None."""

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from edgespec.drafters import Draft
 from edgespec.engine import Completion, Engine
 from edgespec.errors import ContextOverflowError
 from edgespec.gamma import MAX_GAMMA, GammaController
@@ -267,3 +268,77 @@ def test_what_the_controller_learned_is_kept_for_the_next_process(clock: FakeClo
     with caplog.at_level("WARNING", logger="edgespec.engine"):
         assert third.generate(PROMPT, max_tokens=60).tokens == out.tokens
     assert "ignoring" in caplog.text and stored.read_learned() != {"pooled": {"ngram": [[1.0], [2.0]]}}
+
+
+class _SureOrNot:
+    """A model drafter (a pass per token) that says how sure it is, as the draft head does with its key: at every
+    third position it is unsure (key 1) and wrong, at the others sure (key 2) and right."""
+
+    name = "head"
+    costs_per_token = True
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.proposed: Counter[int] = Counter()
+
+    def begin(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        if max_tokens <= 0 or len(context) >= len(SEQUENCE):
+            return Draft([])
+        self.clock.now += 0.001  # one draft pass
+        key = 1 if len(context) % 3 == 0 else 2
+        right = SEQUENCE[len(context)]
+        self.proposed[key] += 1
+        return Draft([right if key == 2 else (right + 1) % 40], key=key)
+
+
+def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> None:
+    """A model drafter's draft is cut after drafting to what the acceptance learned for its key (the draft head's
+    confidence range) makes worth a verify row: unsure drafts that are never right stop being verified (bar the
+    controller's exploration), sure ones keep being verified; the output is the target's alone."""
+    target = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01 * (1 + 0.3 * (n - 1)))
+    engine = Engine(target, mode="ngram")
+    drafter = _SureOrNot(clock)
+    engine.modes["head"] = (drafter,)
+    verified: Counter[int] = Counter()
+    verify = engine._verify_chain
+
+    def counting(draft: Draft, params: SamplingParams, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
+        if draft.tokens:
+            verified[draft.key] += 1
+        return verify(draft, params, rng)
+
+    engine._verify_chain = counting  # type: ignore[method-assign]
+    out = engine.generate(PROMPT, max_tokens=500, mode="head")
+    assert out.tokens == target_only(target, PROMPT, max_tokens=500).tokens
+    assert drafter.proposed[1] > 20 and drafter.proposed[2] > 20
+    assert verified[1] <= 0.25 * drafter.proposed[1]
+    assert verified[2] >= 0.75 * drafter.proposed[2]
+
+
+def test_what_was_learned_of_a_drafter_is_dropped_when_another_takes_its_name(clock: FakeClock, tmp_path: Path
+                                                                               ) -> None:
+    """The learned state is kept per model; a drafter that can be another one under the same name (a draft head
+    exported again) is kept with its identity, and the next process forgets what it learned of a different one."""
+    stored = StoredCurve(tmp_path / "curve.json")
+
+    def engine_with(identity: str) -> Engine:
+        engine = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
+        drafter = _SureOrNot(clock)
+        drafter.identity = identity  # type: ignore[attr-defined]
+        engine.drafters["head"] = drafter
+        engine.modes["head"] = (drafter,)
+        return engine
+
+    first = engine_with("one")
+    first.generate(PROMPT, max_tokens=60, mode="ngram")
+    first.generate(PROMPT, max_tokens=60, mode="head")
+    learned = first._get_controller().learned()
+    assert "head" in learned["pooled"] and stored.read_learned()["identities"] == {"head": "one"}  # type: ignore[index]
+    assert engine_with("one")._get_controller().learned() == learned
+    other = engine_with("two")._get_controller().learned()
+    assert "head" not in other["pooled"] and not any(name == "head" for name, *_ in other["keyed"])  # type: ignore
+    assert other["pooled"]["ngram"] == learned["pooled"]["ngram"]  # type: ignore[index]

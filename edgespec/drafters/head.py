@@ -13,6 +13,7 @@ Where prompt lookup reads the text, the head reads the context: it is asked wher
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,6 +29,12 @@ from .base import Draft
 # Replayed on recorded outputs (docs/draft-head.md) 0.1-0.4 all paid; 0.4 kept the most per head token. A round
 # value, not tuned.
 MIN_PATH_PROBABILITY = 0.4
+# A proposal's key is the range its first guess's probability (by the head's own softmax) falls in. The γ controller
+# keeps acceptance per key, as it does per lookup match length, and cuts a draft to what its key's acceptance makes
+# worth a verify row: the head's softmax is far too sure of itself and by a factor that varies (24 Spec-Bench
+# questions, ad hoc: first guesses it put at ~0.97 were accepted 76% of the time, ~0.8 41%, ~0.4 17%, ~0.15 8%),
+# so what a range is worth is learned, not read off the number. Keys 1..6.
+CONFIDENCE_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9)
 MAX_GUESSES = 16  # room the head keeps in its context for a proposal's guesses (γ never exceeds it)
 EMBEDDINGS_KEPT = 8192  # token embeddings kept at hand (2.3 kB each for SmolLM2): the embed graph costs a session call
 
@@ -60,11 +67,12 @@ class HeadDrafter:
     costs_per_token = True
 
     def __init__(self, target: FeatureModel, head: FeatureModel, vocab: np.ndarray, scale: float,
-                 min_path_probability: float = MIN_PATH_PROBABILITY) -> None:
+                 min_path_probability: float = MIN_PATH_PROBABILITY, identity: str = "") -> None:
         self.target, self.head = target, head
         self.vocab = vocab  # the head's output row j is the target's token vocab[j]
         self.scale = np.float32(scale)
         self.min_path_probability = min_path_probability
+        self.identity = identity  # which head this is (a digest of its export's description): learned state is its own
         target.keep_features()
         head.keep_features()  # the head's own last hidden rows: its predicted f, fed back for a second guess
         self._on: list[int] = []  # the tokens x_0..x_h its cache of h pairs was computed on
@@ -93,6 +101,8 @@ class HeadDrafter:
         while True:
             best = int(logits.argmax())
             path *= _top_probability(logits, best)
+            if not tokens:
+                key = 1 + bisect.bisect(CONFIDENCE_EDGES, path)  # the first guess's confidence
             if tokens and path < self.min_path_probability:  # the first guess's pass is paid: it is always offered
                 break
             tokens.append(int(self.vocab[best]))
@@ -104,7 +114,7 @@ class HeadDrafter:
             logits = self.head.decode(self._pairs(f, tokens[-1:]), self.head.cache_end(), 1)[0]
             passes += 1
         self.head.truncate(known)  # its guesses go: the target decides what follows
-        return Draft(tokens, passes=passes if passes > len(tokens) else None)
+        return Draft(tokens, passes=passes if passes > len(tokens) else None, key=key)
 
     def _catch_up(self, context: Sequence[int], shared: int) -> np.ndarray | None:
         """Feed the head the pairs of ``context`` it lacks (``shared``: how many of its first tokens the head's pairs
