@@ -97,12 +97,12 @@ class HeadDrafter:
             return Draft([])
         known = self.head.cache_end()
         tokens: list[int] = []
-        path, passes = 1.0, 1
+        path, passes, key = 1.0, 1, 0
         while True:
             best = int(logits.argmax())
             path *= _top_probability(logits, best)
-            if not tokens:
-                key = 1 + bisect.bisect(CONFIDENCE_EDGES, path)  # the first guess's confidence
+            if not tokens:  # the first guess's confidence keys the proposal
+                key = 1 + bisect.bisect(CONFIDENCE_EDGES, path)
             if tokens and path < self.min_path_probability:  # the first guess's pass is paid: it is always offered
                 break
             tokens.append(int(self.vocab[best]))
