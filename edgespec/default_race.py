@@ -38,6 +38,7 @@ from .tuning import (
     StoredCurve,
     default_choice_key,
     default_choice_path,
+    file_digest,
     file_identity,
     find_default_choice,
 )
@@ -131,18 +132,22 @@ def head_identity(family: ModelFamily) -> str:
     beside the export by the race), else one the user trained for the export (training one races again)."""
     shipped = family.draft_head_path()
     if shipped is not None:
-        return f", shipped draft head of {file_identity(shipped)['size']} bytes"
-    from .onnx_backend import MANIFEST, head_folder
-
-    export = onnx_export_path(family)
-    return f", draft head of {file_identity(head_folder(export) / MANIFEST)['mtime_ns']}" if has_head(export) else ""
+        return f", shipped draft head of {file_identity(shipped)['size']} bytes, {file_digest(shipped)}"
+    manifest = _head_manifest(onnx_export_path(family))
+    return f", draft head of {file_identity(manifest)['mtime_ns']}" if manifest.is_file() else ""
 
 
 def has_head(export: Path) -> bool:
     """Whether a draft head lies beside an ONNX export."""
+    return _head_manifest(export).is_file()
+
+
+def _head_manifest(export: Path) -> Path:
+    """The manifest of the draft head beside an ONNX export, there or not (the ONNX backend is imported only when
+    asked)."""
     from .onnx_backend import MANIFEST, head_folder
 
-    return (head_folder(export) / MANIFEST).is_file()
+    return head_folder(export) / MANIFEST
 
 
 def choice_holds(choice: DefaultChoice) -> bool:
@@ -169,15 +174,17 @@ def write_shipped_head(family: ModelFamily, export: Path, say: Callable[[str], N
     try:
         state, vocab, scale, figures = load_weights(weights, DEFAULT_ROWS)
         write_head(export, state, vocab, scale, {"weights": weights.name, "shipped": True,
-                                                 "weights_bytes": weights.stat().st_size, "output_rows": len(vocab),
+                                                 "weights_bytes": weights.stat().st_size,
+                                                 "weights_sha256": file_digest(weights), "output_rows": len(vocab),
                                                  "training": figures})
     except (EdgespecError, OSError) as e:
         say(f"    not written ({e}): the export races without a draft head")
 
 
 def _stale_shipped_head(export: Path, weights: Path) -> bool:
-    """Whether the head beside ``export`` was written from shipped weights other than ``weights`` or by another
-    graph writer (a head the user trained is never replaced)."""
+    """Whether the head beside ``export`` was written from shipped weights other than ``weights`` (by their bytes:
+    a head retrained with the same shapes can have the same size) or by another graph writer (a head the user
+    trained is never replaced)."""
     from .export.onnx_graphs import GRAPHS_REVISION
     from .onnx_backend import head_folder, read_manifest
 
@@ -187,6 +194,7 @@ def _stale_shipped_head(export: Path, weights: Path) -> bool:
         return True  # unreadable: nobody's work is lost by writing it again
     info = manifest.get("draft_head") or {}
     return bool(info.get("shipped")) and (info.get("weights_bytes") != weights.stat().st_size
+                                           or info.get("weights_sha256") != file_digest(weights)
                                            or manifest["source"].get("graphs") != GRAPHS_REVISION)
 
 

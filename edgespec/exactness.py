@@ -19,7 +19,6 @@ flags and CPU) when the export uses it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -36,7 +35,7 @@ from .backend import GPU_DEVICES
 from .errors import EdgespecError
 from .gamma import MAX_GAMMA
 from .models import cache_dir
-from .tuning import cpu_identity
+from .tuning import cpu_identity, key_digest
 
 FORMAT = 4  # 2: verdicts name the padded pass size they chose; 3: and whether trees are exact at it; 4: and reuse
 BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and their remainder are both used
@@ -243,8 +242,7 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
 
 
 def _path(key: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir().parent / "exactness" / f"{key['backend']}-{digest}.json"
+    return cache_dir().parent / "exactness" / f"{key['backend']}-{key_digest(key)}.json"
 
 
 def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:

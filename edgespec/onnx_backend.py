@@ -18,7 +18,6 @@ n-gram default) runs fewer, bigger sessions.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -39,6 +38,7 @@ from .drafters.head import HeadDrafter
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .extras import install_command, require
 from .hf_tokenizer import HFTokenizer
+from .tuning import key_digest
 from .vocab import check_same_vocab
 
 MANIFEST = "edgespec-onnx.json"
@@ -623,14 +623,14 @@ class OnnxModel:
         try:
             vocab = np.load(folder / str(info.get("vocab", "vocab.npy")))
         except (OSError, ValueError) as e:
+            head.close()
             raise ModelLoadError(f"{folder}: cannot read the head's vocabulary: {e}") from e
         why = self._head_mismatch(head, info, vocab)
         if why:
             head.close()
             raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; write one for it with "
                                  f"`edgespec export head {self.path} --weights HEAD.npz` (docs/draft-head.md)")
-        identity = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
-        return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]), identity=identity)
+        return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]), identity=key_digest(info))
 
     def _head_mismatch(self, head: OnnxModel, info: dict, vocab: np.ndarray) -> str | None:
         """Why a head export cannot draft for this model, or None."""

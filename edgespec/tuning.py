@@ -37,6 +37,16 @@ class TuningError(EdgespecError):
     """A tuning file is unreadable or was written for another model, thread count or device."""
 
 
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """A file's content in 16 hex digits (SHA-256): a file rewritten with other bytes of the same size and time
+    differs."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 def file_identity(path: str | os.PathLike[str]) -> dict[str, object]:
     """Path, size and modification time; for a model directory (ONNX export) the sum of its files' sizes and
     the latest of their times, so rewriting any graph or the manifest makes the tuning stale."""
@@ -59,14 +69,14 @@ def tuning_dir() -> Path:
     return cache_dir().parent / "tuning"
 
 
-def _digest(key: dict[str, object]) -> str:
-    """A file name's share of a key: equal keys, equal names."""
+def key_digest(key: dict[str, object]) -> str:
+    """A key in 16 hex digits (a file name's share of it): equal keys, equal digests."""
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def tuning_path(key: dict[str, object]) -> Path:
     name = Path(str(key["target"]["path"])).stem  # type: ignore[index]
-    return tuning_dir() / f"{name}-{_digest(key)}.json"
+    return tuning_dir() / f"{name}-{key_digest(key)}.json"
 
 
 @dataclass
@@ -221,7 +231,7 @@ def default_choice_key(source: str | os.PathLike[str], candidates: list[str], on
 
 
 def default_choice_path(key: dict[str, object]) -> Path:
-    return tuning_dir() / f"default-{_digest(key)}.json"
+    return tuning_dir() / f"default-{key_digest(key)}.json"
 
 
 def find_default_choice(key: dict[str, object]) -> DefaultChoice | None:

@@ -15,7 +15,6 @@ from edgespec.errors import InvalidParameterError
 DEFAULT_ROWS = 2000
 
 
-
 def register(commands: argparse._SubParsersAction) -> None:
     w = commands.add_parser("head-weights", help="train a draft head on the model's own answers (needs torch)")
     w.add_argument("gguf", type=Path, help="the model's GGUF file (the source of its ONNX export)")

@@ -16,7 +16,7 @@ from edgespec.default_model import FIXED, default_choice
 from edgespec.default_race import Budget, choice_key, choose_default, table
 from edgespec.models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, ModelFamily, families
 from edgespec.onnx_backend import FORMAT, MANIFEST
-from edgespec.tuning import DefaultChoice, default_choice_path
+from edgespec.tuning import DefaultChoice, default_choice_path, file_digest
 from tests.conftest import onnx_export_dir
 
 
@@ -123,6 +123,14 @@ def test_the_race_writes_the_shipped_head_beside_the_export_and_keeps_a_users_ow
     (head / MANIFEST).write_text(json.dumps(manifest))
     default_race.write_shipped_head(family, export, said.append)
     assert said and json.loads((head / MANIFEST).read_text())["draft_head"]["weights_bytes"] > 1
+    # Shipped weights of the same size but other bytes (a head retrained with the same shapes): stale too.
+    manifest = json.loads((head / MANIFEST).read_text())
+    manifest["draft_head"]["weights_sha256"] = "0" * 16
+    (head / MANIFEST).write_text(json.dumps(manifest))
+    said.clear()
+    default_race.write_shipped_head(family, export, said.append)
+    assert said and json.loads((head / MANIFEST).read_text())["draft_head"]["weights_sha256"] == \
+        file_digest(family.draft_head_path())
 
 
 def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
