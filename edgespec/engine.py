@@ -24,6 +24,7 @@ from .drafters.tree import TreeDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .prompt_cache import PromptCache
+from .proposal import propose
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
@@ -368,36 +369,8 @@ class Engine:
 
     def _propose(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
                  room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """The draft to verify this step, already cut to the chosen γ (empty: decode plainly): the mode's
-        drafters are asked in order, and the first that proposes something is verified."""
-        if room <= 0:
-            return Draft([])
-        for drafter in drafters:
-            draft = self._propose_one(drafter, gamma, controller, room, params, rng)
-            if draft.tokens or draft.passes:  # a draft that spent passes is charged even when it came back empty
-                draft.source = drafter.name
-                return draft
-        return Draft([])
-
-    def _propose_one(self, drafter: Drafter, gamma: int | str, controller: GammaController | None,
-                     room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        context = self.arena.tokens
-        if drafter.costs_per_token:  # each draft token costs a forward pass: choose γ before drafting
-            k = gamma if controller is None else controller.choose(drafter.name, 0, room, draft_cost_sunk=False)
-            draft = drafter.propose(context, min(int(k), room), params, rng)
-            if controller is None or not draft.key or not draft.tokens:
-                return draft
-            # A drafter that says how sure it is this step (the draft head's key): the draft, paid for now, is cut to
-            # what that key's acceptance makes worth verifying. Only verified positions are learned from (a cut
-            # draft claims no extra passes, which would count as rejected positions).
-            cut = controller.choose(drafter.name, draft.key, len(draft), draft_cost_sunk=True)
-            if cut == len(draft):
-                return draft
-            return Draft(draft.tokens[:cut], key=draft.key) if cut else Draft([])
-        draft = drafter.propose(context, room, params, rng)  # free to draft: choose γ by cutting it
-        k = gamma if controller is None else controller.choose(drafter.name, draft.key, len(draft), True,
-                                                               draft.tokens)
-        return draft.truncated(int(k))
+        """This step's draft after the committed tokens (``proposal.propose``: the rule replay plays too)."""
+        return propose(drafters, self.arena.tokens, gamma, controller, room, params, rng)
 
     # -- setup ----------------------------------------------------------------------------------------
     @property

@@ -154,6 +154,52 @@ def test_greedy_head_drafting_equals_target_only(head_engine: Engine) -> None:
     assert drafted_by_head > 20 and accepted_from_head > drafted_by_head / 3
 
 
+def test_replay_plays_the_head_the_engine_runs(head_engine: Engine, head_export: Path, tmp_path: Path) -> None:
+    """`edgespec replay --annotate-head` records, at every position of a target-only output, the proposal the live
+    head makes there: each proposal of a real mode-head run is the start of the recorded one at its position. Mode
+    head replayed on it then drafts with the head where lookup has nothing (this head knows these answers)."""
+    from edgespec.bench.replay import CURVES, Stream, annotate_head, curve_shape, load_streams, simulate
+
+    head = head_engine.drafters["head"]
+    original = head.propose
+    live: list[tuple[int, int, list[int]]] = []  # (context length, γ allowed, tokens)
+
+    def recording(context, max_tokens, params, rng):  # type: ignore[no-untyped-def]
+        draft = original(context, max_tokens, params, rng)
+        live.append((len(context), max_tokens, draft.tokens))
+        return draft
+
+    runs = []  # (prompt, output, the live proposals made generating it)
+    head.propose = recording  # type: ignore[method-assign]
+    try:
+        for text in PROMPTS:
+            prompt = _prompt(head_engine, text)
+            output = head_engine.generate(prompt, max_tokens=ANSWER_TOKENS, mode="none").tokens
+            first = len(live)
+            assert head_engine.generate(prompt, max_tokens=ANSWER_TOKENS, mode="head").tokens == output
+            runs.append((prompt, output, live[first:]))
+    finally:
+        del head.propose
+    path = tmp_path / "streams.jsonl"
+    path.write_text("".join(json.dumps(Stream(i, "chat", 0, prompt, output).__dict__) + "\n"
+                            for i, (prompt, output, _) in enumerate(runs)))
+    annotate_head(str(head_export), path, threads=1, log=lambda _: None)
+    recorded = load_streams(path)
+    compared = 0
+    for stream, (prompt, output, proposals) in zip(recorded, runs, strict=True):
+        assert stream.head_tokens is not None and stream.head_keys is not None and stream.head_doubted is not None
+        assert len(stream.head_tokens) == len(stream.head_keys) == len(output)
+        assert all(1 <= key <= 6 for key in stream.head_keys)
+        for length, allowed, tokens in proposals:
+            at = length - len(prompt) - 1
+            assert tokens == stream.head_tokens[at][:allowed], (at, tokens, stream.head_tokens[at])
+            compared += 1
+    assert compared > 10
+    curve = curve_shape(CURVES["avx512-prefetch-loop"])
+    lookup, with_head = simulate(recorded, curve)["overall"], simulate(recorded, curve, head_cost=0.12)["overall"]
+    assert with_head["tau"] > lookup["tau"] and with_head["speedup"] > 1.0
+
+
 def test_head_keeps_its_state_right_across_prompt_reuse_and_restored_conversations(head_engine: Engine) -> None:
     """Chats that extend a cached prompt and alternate with another conversation (the prompt cache restores its
     cache: the target's features come back with it) give the target-only output."""

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from edgespec.bench.questions import BenchError
 from edgespec.bench.replay import (
     CURVES,
     LookupCutWhereWrong,
     LookupThenGuess,
+    RecordedHead,
     Stream,
     accepted_path,
     curve_shape,
@@ -22,6 +25,7 @@ from edgespec.cli import main
 from edgespec.drafters import Draft
 from edgespec.drafters.base import ROOT
 from edgespec.drafters.tree import TreeDrafter
+from edgespec.sampling import SamplingParams
 
 
 def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
@@ -91,6 +95,53 @@ def test_the_replayed_drafter_can_be_another_one() -> None:
     assert alone["speedup"] < 1.1 < 1.5 < helped["speedup"] and helped["tau"] > 3 * alone["tau"]
     misled = simulate(streams, amd, drafter=lambda: LookupThenGuess(streams, 0.0))["overall"]
     assert misled["speedup"] >= 0.99 * alone["speedup"]  # free drafts are judged before any is verified
+
+
+def _with_head(streams: list[Stream], right: bool, chain: int = 4) -> list[Stream]:
+    """The streams with a recorded head that guesses the next ``chain`` tokens after every position, right or (token
+    −1) wrong, sure of itself (key 6) and stopping on doubt after them."""
+    out = []
+    for s in streams:
+        ahead = [s.output[j + 1:j + 1 + chain] for j in range(len(s.output))]
+        tokens = [row if right else [-1] * len(row) for row in ahead]
+        out.append(replace(s, head_tokens=tokens, head_keys=[6] * len(tokens), head_doubted=[True] * len(tokens)))
+    return out
+
+
+def test_a_recorded_head_stops_where_the_live_one_would_and_counts_its_passes() -> None:
+    """HeadDrafter.propose: a pass per guess, and one more when its chain ended on doubt before the γ it was given;
+    a draft cut by γ claims no extra pass."""
+    stream = Stream(0, "x", 0, [1, 2], [3, 4, 5], head_tokens=[[4, 5], [5], []], head_keys=[3, 2, 1],
+                    head_doubted=[True, False, False])
+    head = RecordedHead([stream])
+    head.begin([1, 2])
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    draft = head.propose([1, 2, 3], 16, params, rng)
+    assert (draft.tokens, draft.passes, draft.key, head.take_passes()) == ([4, 5], 3, 3, 3)
+    draft = head.propose([1, 2, 3], 1, params, rng)  # γ 1 stops the chain first: no doubt paid
+    assert (draft.tokens, draft.passes, head.take_passes()) == ([4], None, 1)
+    draft = head.propose([1, 2, 3, 4], 16, params, rng)
+    assert (draft.tokens, draft.passes, head.take_passes()) == ([5], None, 1)
+    assert head.propose([1, 2, 3, 4, 5], 16, params, rng).tokens == [] and head.take_passes() == 0
+    with pytest.raises(BenchError, match="no head guesses recorded"):
+        RecordedHead([Stream(1, "x", 0, [9], [8])]).begin([9])
+
+
+def test_mode_head_replays_lookup_then_the_recorded_head_at_its_cost() -> None:
+    """Where lookup has nothing (fresh text), a head that is right pays and one that is always wrong is soon left
+    alone; a dear head is asked less."""
+    streams = _scripted_streams()
+    curve = curve_shape(CURVES["avx512-prefetch-loop"])
+    lookup = simulate(streams, curve)
+    right = simulate(_with_head(streams, True), curve, head_cost=0.12)
+    wrong = simulate(_with_head(streams, False), curve, head_cost=0.12)
+    assert right["fresh"]["tau"] > 2 * lookup["fresh"]["tau"] and right["fresh"]["speedup"] > 1.5
+    assert right["overall"]["speedup"] > lookup["overall"]["speedup"]
+    assert wrong["overall"]["speedup"] > 0.95 * lookup["overall"]["speedup"]
+    dear = simulate(_with_head(streams, True), curve, head_cost=0.6)
+    assert dear["fresh"]["speedup"] < right["fresh"]["speedup"]
+    with pytest.raises(BenchError, match="no head guesses recorded"):
+        simulate(streams, curve, head_cost=0.12)
 
 
 def test_lookup_cut_where_wrong_is_the_controllers_ceiling() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..extras import needed, require
 from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
 from .questions import DEFAULT_QUESTIONS, BenchError
-from .replay import CURVES, TREE_DRAFTERS
+from .replay import CURVES, HEAD_COST, TREE_DRAFTERS
 
 
 def _positive(text: str) -> int:
@@ -92,7 +92,7 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-plots", action="store_true")
     r.set_defaults(func=_row_cost)
 
-    replay_help = ("the γ controller and n-gram lookup replayed over recorded target-only greedy outputs (--record), "
+    replay_help = ("the γ controller and its drafters replayed over recorded target-only greedy outputs (--record), "
                    "timed by fixed verify-cost curves: the simulated speed-up per category, deterministic")
     p = sub.add_parser("replay", help=replay_help, description=replay_help[0].upper() + replay_help[1:] + ".")
     p.add_argument("streams", help="JSON lines of recorded generations (written by --record)")
@@ -121,9 +121,16 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--annotate", action="store_true",
                    help="first add the target's top-4 successors after every output token to the streams (with "
                         "--model, the model that recorded them): the recycled table's rows, for --drafter tree")
-    p.add_argument("--drafter", default="ngram", choices=sorted(TREE_DRAFTERS),
-                   help="ngram: lookup chains (mode ngram); tree: mode tree's token trees (lookup, suffix tries; the "
-                        "recycled table needs logits, which recordings lack); tree-chain: the same as chains")
+    p.add_argument("--annotate-head", action="store_true",
+                   help="first add the draft head's proposal after every output token to the streams (--model: an "
+                        "ONNX export with its head beside it, the one that recorded them): for --drafter head")
+    p.add_argument("--drafter", default="ngram", choices=sorted([*TREE_DRAFTERS, "head"]),
+                   help="ngram: lookup chains (mode ngram); head: lookup, else the draft head (mode head, the "
+                        "default's; needs --annotate-head once); tree: mode tree's token trees (lookup, suffix tries; "
+                        "the recycled table needs --annotate); tree-chain: the same as chains")
+    p.add_argument("--head-cost", type=float, default=HEAD_COST,
+                   help="(--drafter head) a head pass as the engine pays it, in single-token target passes "
+                        "(default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=_replay)
 
@@ -195,7 +202,7 @@ def _plots(result: dict, stem: Path, chat: bool = False) -> list[str]:
 
 def _replay(args: argparse.Namespace) -> int:
     from .questions import load_questions
-    from .replay import annotate, curve_shape, load_streams, measured_curves, record, simulate, table
+    from .replay import annotate, annotate_head, curve_shape, load_streams, measured_curves, record, simulate, table
 
     measured: dict[str, dict[int, float]] = {}
     for path in args.curve_file:
@@ -205,20 +212,22 @@ def _replay(args: argparse.Namespace) -> int:
     unknown = [c for c in curves + ([args.calibration] if args.calibration else []) if c not in known]
     if unknown or not curves:
         raise BenchError(f"unknown curves {', '.join(unknown)}; choose from {', '.join(known)}")
-    if min(args.overhead, args.draft_overhead, args.noise) < 0:
-        raise BenchError(f"--overhead, --draft-overhead and --noise must be >= 0, got {args.overhead}, "
-                         f"{args.draft_overhead} and {args.noise}")
+    if min(args.overhead, args.draft_overhead, args.noise, args.head_cost) < 0:
+        raise BenchError(f"--overhead, --draft-overhead, --noise and --head-cost must be >= 0, got {args.overhead}, "
+                         f"{args.draft_overhead}, {args.noise} and {args.head_cost}")
     if args.record:
         questions = load_questions(args.questions, args.categories.split(",") if args.categories else None,
                                    args.per_category)
         record(args.model, questions, args.max_tokens, args.streams, args.threads)
     if args.annotate:
         annotate(args.model, args.streams, threads=args.threads)
+    if args.annotate_head:
+        annotate_head(args.model, args.streams, threads=args.threads)
     streams = load_streams(args.streams)
     calibration = curve_shape(known[args.calibration]) if args.calibration else None
     results = {c: simulate(streams, curve_shape(known[c]), args.overhead, args.noise,
-                           tree_leaves=TREE_DRAFTERS[args.drafter], draft_overhead=args.draft_overhead,
-                           calibration=calibration)
+                           tree_leaves=TREE_DRAFTERS.get(args.drafter, 0), draft_overhead=args.draft_overhead,
+                           calibration=calibration, head_cost=args.head_cost if args.drafter == "head" else None)
                for c in curves}
     print(json.dumps(results, indent=1) if args.json else table(results))
     return 0

@@ -15,16 +15,18 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ..arena import common_prefix
-from ..drafters import OutputStore, RecycledDrafter, SuffixDrafter
+from ..drafters import Drafter, OutputStore, RecycledDrafter, SuffixDrafter
 from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
 from ..drafters.ngram import NgramDrafter
 from ..drafters.recycled import top_successors
 from ..drafters.tree import TreeDrafter
 from ..gamma import MAX_GAMMA, CostCurve, GammaController
+from ..proposal import propose
 from ..sampling import SamplingParams
 from ..verify import accepted_tree_path
 from .questions import BenchError
@@ -95,6 +97,12 @@ class Stream:
     # Row j: the target's top-k tokens after output[j], and their probabilities (``annotate``); None: not recorded.
     successors: list[list[int]] | None = None
     successor_probs: list[list[float]] | None = None
+    # Row j: the draft head's proposal after output[j] (``annotate_head``): its guesses (as many as it makes when
+    # allowed MAX_GAMMA), the proposal's key, and whether its chain ended on doubt (one more pass paid, its guess
+    # dropped) rather than at MAX_GAMMA. None: not recorded.
+    head_tokens: list[list[int]] | None = None
+    head_keys: list[int] | None = None
+    head_doubted: list[bool] | None = None
 
 
 def load_streams(path: str | Path) -> list[Stream]:
@@ -169,6 +177,83 @@ def annotate(model: str, path: str | Path, k: int = 4, threads: int | None = Non
     Path(path).write_text("".join(json.dumps(asdict(s)) + "\n" for s in annotated))
 
 
+def annotate_head(model: str, path: str | Path, threads: int | None = None,
+                  log: Callable[[str], None] = print) -> None:
+    """Add to recorded streams what the draft head would propose after every output token: the model's head (an
+    ONNX export with one beside it) run as mode head runs it, over the target's features of the recorded text
+    (with exact numerics, those of one-token decoding), so a replay can play mode head without timing it. Rewrites
+    ``path``; the recorded output must be the model's own greedy one."""
+    import edgespec
+
+    streams = load_streams(path)
+    engine = edgespec.load(model, mode="head", n_threads=threads, tuning=False)
+    annotated = []
+    agree = total = 0
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    try:
+        head = engine.drafters["head"]
+        for i, stream in enumerate(streams):
+            engine.arena.reset([*stream.prompt, *stream.output], reuse=False)
+            rows = engine.arena.extend("target", [], len(stream.output))  # every position's features, kept
+            agree += int((rows[:-1].argmax(axis=1) == stream.output[1:]).sum())
+            total += len(stream.output) - 1
+            head.begin(stream.prompt)
+            drafts = [head.propose([*stream.prompt, *stream.output[:j + 1]], MAX_GAMMA, params, rng)
+                      for j in range(len(stream.output))]
+            annotated.append(replace(stream, head_tokens=[d.tokens for d in drafts], head_keys=[d.key for d in drafts],
+                                     head_doubted=[d.passes is not None for d in drafts]))
+            log(f"  head guesses {i + 1}/{len(streams)}")
+    except KeyError:
+        raise BenchError(f"{model} has no draft head (mode head needs an ONNX export with one beside it: "
+                         "docs/draft-head.md)") from None
+    finally:
+        engine.close()
+    if agree < 0.95 * total:  # as ``annotate``
+        raise BenchError(f"{path}: {model}'s argmax equals the recorded next token at {agree} of {total} positions: "
+                         "not this model's greedy output")
+    Path(path).write_text("".join(json.dumps(asdict(s)) + "\n" for s in annotated))
+
+
+class RecordedHead:
+    """The draft head as ``annotate_head`` recorded it: at each position the proposal the live head makes, cut where
+    the live one would stop for the γ it is given. Counts the head passes it stands for (``take_passes``): the
+    engine pays them whether the draft is then verified, cut or dropped."""
+
+    name = "head"
+    costs_per_token = True
+
+    def __init__(self, streams: Iterable[Stream]) -> None:
+        self.streams = {tuple(s.prompt): s for s in streams}
+        self.stream: Stream | None = None
+        self.passes = 0
+
+    def begin(self, context: Sequence[int]) -> None:
+        stream = self.streams[tuple(context)]
+        if stream.head_tokens is None or stream.head_keys is None or stream.head_doubted is None:
+            raise BenchError(f"question {stream.question_id}: no head guesses recorded (replay --annotate-head)")
+        self.stream = stream
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        stream = self.stream
+        assert stream is not None and stream.head_tokens is not None and stream.head_keys is not None
+        assert stream.head_doubted is not None
+        at = len(context) - len(stream.prompt) - 1
+        guesses = stream.head_tokens[at]
+        if max_tokens <= 0 or not guesses:
+            return Draft([])
+        # HeadDrafter.propose: a pass per guess; a chain that ended on doubt before max_tokens paid one more.
+        doubted = stream.head_doubted[at] and len(guesses) < max_tokens
+        tokens = guesses[:max_tokens]
+        self.passes += len(tokens) + doubted
+        return Draft(tokens, passes=len(tokens) + 1 if doubted else None, key=stream.head_keys[at])
+
+    def take_passes(self) -> int:
+        """Head passes spent since the last call."""
+        passes, self.passes = self.passes, 0
+        return passes
+
+
 @dataclass
 class Tally:
     """What a replay of some streams cost, in single-token target passes."""
@@ -193,9 +278,21 @@ class Tally:
                 "generations": 0}
 
 
-# One replayed step: (committed context, room, the recorded tokens ahead) → (rows drafted, accepted, and the name and
-# key the controller learns the draft under: None when nothing to learn or already judged).
-Step = Callable[[list[int], int, Sequence[int]], tuple[int, int, str | None, int]]
+class Played(NamedTuple):
+    """One replayed step: draft rows verified, how many accepted, the name and key the controller learns the draft
+    under (None: nothing to learn, or judged already), its extra passes (``Draft.passes``), and what drafting cost
+    beyond ``draft_overhead``, in single-token target passes."""
+
+    drafted: int
+    accepted: int
+    name: str | None = None
+    key: int = 0
+    passes: int | None = None
+    cost: float = 0.0
+
+
+# One replayed step: (committed context, room, the recorded tokens ahead) → what it played.
+Step = Callable[[list[int], int, Sequence[int]], Played]
 
 
 def _replay_stream(stream: Stream, begin: Callable[[Stream], None], step: Step, controller: GammaController,
@@ -212,30 +309,34 @@ def _replay_stream(stream: Stream, begin: Callable[[Stream], None], step: Step, 
     pos = 1
     while pos < len(out):
         room = min(len(out) - pos - 1, MAX_GAMMA)
-        k, accepted, name, key = step(context, room, out[pos:pos + room])
+        played = step(context, room, out[pos:pos + room])
+        k, accepted = played.drafted, played.accepted
         committed = out[pos:pos + accepted + 1]
         seconds = float(shape[k + 1]) * _SCALE * noise()  # what the controller sees; the tally counts the curve
+        drafting = draft_overhead + played.cost
         controller.observe_overhead(overhead * _SCALE)
-        controller.observe(name, key, k, accepted, draft_overhead * _SCALE, seconds, committed=committed)
+        controller.observe(played.name, played.key, k, accepted, drafting * _SCALE, seconds, played.passes,
+                           committed=committed)
         tally.steps += 1
         tally.drafted += k
         tally.accepted += accepted
-        tally.passes += shape[k + 1] + overhead + draft_overhead
+        tally.passes += shape[k + 1] + overhead + drafting
         context.extend(committed)
         pos += len(committed)
     return tally
 
 
-def lookup_step(drafter: NgramDrafter, controller: GammaController) -> Step:
-    """Engine._speculate's step for a free drafter: the controller cuts the draft, its prefix that matches is kept."""
+def chain_step(drafters: Sequence[Drafter], controller: GammaController, head: RecordedHead | None = None,
+               head_cost: float = 0.0) -> Step:
+    """Engine._speculate's step: the engine's own rule (``proposal.propose``) picks and cuts the draft, its prefix
+    that matches the recorded output is kept; the recorded head's passes cost ``head_cost`` each."""
     params, rng = SamplingParams(), np.random.default_rng(0)
 
-    def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
-        draft = drafter.propose(context, room, params, rng) if room > 0 else None
-        if draft is None:
-            return 0, 0, None, 0
-        k = controller.choose(drafter.name, draft.key, len(draft), True, draft.tokens)
-        return k, common_prefix(draft.tokens[:k], truth), drafter.name if k else None, draft.key
+    def step(context: list[int], room: int, truth: Sequence[int]) -> Played:
+        draft = propose(drafters, context, "auto", controller, room, params, rng)
+        cost = head.take_passes() * head_cost if head is not None else 0.0
+        return Played(len(draft), common_prefix(draft.tokens, truth), draft.source or None, draft.key, draft.passes,
+                      cost)
 
     return step
 
@@ -252,7 +353,7 @@ def tree_replay(drafter: TreeDrafter, controller: GammaController,
         current[:] = [stream]
         drafter.begin(stream.prompt)
 
-    def step(context: list[int], room: int, truth: Sequence[int]) -> tuple[int, int, str | None, int]:
+    def step(context: list[int], room: int, truth: Sequence[int]) -> Played:
         tree, origins = drafter.propose_tree(context, room, controller, max_leaves, params, rng)
         path = accepted_path(tree, truth)
         drafter.learn(tree, origins, path)
@@ -261,7 +362,7 @@ def tree_replay(drafter: TreeDrafter, controller: GammaController,
             rows = slice(len(context) - len(stream.prompt) - 1, len(context) - len(stream.prompt) + len(path))
             drafter.recycled.learn(stream.output[rows], np.array(stream.successors[rows]),
                                    np.array(stream.successor_probs[rows]))
-        return len(tree), len(path), None, 0  # the lookup spine is judged on the committed tokens
+        return Played(len(tree), len(path))  # the lookup spine is judged on the committed tokens
 
     return begin, step
 
@@ -325,13 +426,18 @@ class LookupCutWhereWrong(_KnowsTheOutput):
 
 
 TREE_DRAFTERS = {"ngram": 0, "tree": MAX_TREE_LEAVES, "tree-chain": 1}  # --drafter: max leaves (0: lookup alone)
+# A head pass, in single-token target passes, as the engine pays it (catching up, its pass, its softmax, the
+# embeddings): the γ controller's own measure on the AVX-512 EPYC, 0.11-0.17 (docs/draft-head.md); the pass alone
+# is 0.064.
+HEAD_COST = 0.12
 
 
 def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0, noise: float = 0.0,
              controller: Callable[[CostCurve], GammaController] = GammaController,
              drafter: Callable[[], NgramDrafter] = NgramDrafter,
              tree_leaves: int = 0, draft_overhead: float = 0.0,
-             calibration: np.ndarray | None = None) -> dict[str, dict[str, float | None]]:
+             calibration: np.ndarray | None = None,
+             head_cost: float | None = None) -> dict[str, dict[str, float | None]]:
     """Per category and overall: speed-up over target-only, τ, mean γ, α, mean accepted depth, and for trees
     (``tree_leaves``) the mean tree size, nodes per pass (None for lookup chains). One controller and one drafter
     play every stream in order, as one engine serves a bench run's requests; ``overhead`` is per step, in
@@ -342,7 +448,8 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     drafter proposing as n-gram lookup does (``LookupThenGuess``).
     ``tree_leaves`` > 0: mode tree instead, trees of up to that many leaves (1: chains). ``calibration``: the
     curve the controller starts from (default: ``shape``, the one the passes cost), as the engine starts from its
-    start-up calibration and learns what the loop pays."""
+    start-up calibration and learns what the loop pays. ``head_cost``: mode head instead (lookup, else the draft
+    head ``annotate_head`` recorded), each head pass costing that many single-token passes."""
     rng = np.random.default_rng(0)
     ctl = controller(CostCurve((shape if calibration is None else calibration).copy(), _SCALE))
     proposer = drafter()
@@ -358,8 +465,15 @@ def simulate(streams: Iterable[Stream], shape: np.ndarray, overhead: float = 0.0
     def seen() -> float:  # the factor on a pass's time that the controller sees
         return float(np.exp(noise * rng.standard_normal()))
 
+    head = RecordedHead(streams) if head_cost is not None else None
+    chain: tuple[Drafter, ...] = (proposer,) if head is None else (proposer, head)
+
+    def begin_chain(stream: Stream) -> None:
+        for drafter in chain:
+            drafter.begin(stream.prompt)
+
     begin, step = (tree_replay(tree, ctl, tree_leaves) if tree_leaves else
-                   (lambda stream: proposer.begin(stream.prompt), lookup_step(proposer, ctl)))
+                   (begin_chain, chain_step(chain, ctl, head, head_cost or 0.0)))
     for stream in streams:
         tally = _replay_stream(stream, begin, step, ctl, shape, overhead, draft_overhead, seen)
         for name in (stream.category, "overall"):
