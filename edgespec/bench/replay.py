@@ -55,6 +55,10 @@ CURVES: dict[str, dict[int, float]] = {
     # form the γ controller once fitted one factor to: docs/controller.md); replay it with --calibration,
     # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-controller-belief.json
     "avx512-prefetch-calibration": {1: 1.0, 2: 1.0, 3: 1.05, 4: 1.15, 5: 1.21, 6: 1.24, 7: 1.28},
+    # The same machine in its faster state (a one-token pass 3.3-3.6 ms instead of 4.6-4.7: docs/controller.md),
+    # where rows cost most: the start-up calibration of the default's README run at 40b2e8f (~100 tokens of context),
+    # benchmarks/reference/spec_bench-2026-11-26-epyc-avx512-2core-default-head-key-readme.json
+    "avx512-fast-state": {1: 1.0, 2: 1.17, 3: 1.28, 4: 1.28, 5: 1.37, 6: 1.47, 7: 1.54, 8: 1.76, 9: 1.89},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
 GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
