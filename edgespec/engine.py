@@ -278,7 +278,7 @@ class Engine:
         pass, let the controller learn. Returns the draft tokens the target accepted, how many were drafted, and the
         target's own next token."""
         step_start = time.perf_counter()
-        draft = self._propose(drafters, gamma, controller, room, params, rng)
+        draft = propose(drafters, self.arena.tokens, gamma, controller, room, params, rng)  # as replay plays it
         drafted_at = time.perf_counter()
         _, n_accepted, next_token = self._verify_chain(draft, params, rng)
         verified_at = time.perf_counter()
@@ -366,11 +366,6 @@ class Engine:
             if saved is not None:
                 arena.restore(saved)
         return arena.reset(prompt, cache_prompt)
-
-    def _propose(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
-                 room: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """This step's draft after the committed tokens (``proposal.propose``: the rule replay plays too)."""
-        return propose(drafters, self.arena.tokens, gamma, controller, room, params, rng)
 
     # -- setup ----------------------------------------------------------------------------------------
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -181,7 +182,7 @@ def test_replay_plays_the_head_the_engine_runs(head_engine: Engine, head_export:
     finally:
         del head.propose
     path = tmp_path / "streams.jsonl"
-    path.write_text("".join(json.dumps(Stream(i, "chat", 0, prompt, output).__dict__) + "\n"
+    path.write_text("".join(json.dumps(asdict(Stream(i, "chat", 0, prompt, output))) + "\n"
                             for i, (prompt, output, _) in enumerate(runs)))
     annotate_head(str(head_export), path, threads=1, log=lambda _: None)
     recorded = load_streams(path)

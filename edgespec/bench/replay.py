@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from ..proposal import propose
 from ..sampling import SamplingParams
 from ..verify import accepted_tree_path
 from .questions import BenchError
+
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 # Verify cost of k tokens in one pass relative to one token, as measured (k: relative cost); linear in between
 # and past the last point. ``flat`` stands for a GPU, where a few more rows are nearly free.
@@ -149,72 +152,64 @@ def record(model: str, questions: list[dict], max_tokens: int, path: str | Path,
         engine.close()
 
 
-def annotate(model: str, path: str | Path, k: int = 4, threads: int | None = None,
-             log: Callable[[str], None] = print) -> None:
-    """Add to recorded streams what the target's verify passes would show the recycled table: its top-k tokens
-    after every output token, from one pass over prompt + output per stream (with exact numerics, the rows that
-    one-token decoding gives). Rewrites ``path``; the recorded output must be the model's own greedy one."""
-    import edgespec
-
-    streams = load_streams(path)
-    engine = edgespec.load(model, mode="none", gamma=0, n_threads=threads, tuning=False)
-    annotated = []
+def _recorded_text(engine: Engine, streams: list[Stream], model: str, path: str | Path, what: str,
+                   log: Callable[[str], None]) -> Iterator[tuple[Stream, np.ndarray]]:
+    """Each stream's prompt + output in one target pass (with exact numerics, the rows and features one-token
+    decoding gives): the stream and its output's rows, valid until the next. After the last, a recording that is not
+    this model's greedy output is an error: another model (Q4_0 against Q4_1 agree on ~84% of top-1 tokens) would
+    describe other rows than the recording saw; an older build of the same model differs on near-ties only (a
+    2026-11-23 recording: 97.5%)."""
     agree = total = 0
-    try:
-        for i, stream in enumerate(streams):
-            engine.arena.reset([*stream.prompt, *stream.output], reuse=False)
-            rows = engine.arena.extend("target", [], len(stream.output))
-            agree += int((rows[:-1].argmax(axis=1) == stream.output[1:]).sum())
-            total += len(stream.output) - 1
-            top, probs = top_successors(rows, k)
-            annotated.append(replace(stream, successors=top.tolist(),
-                                     successor_probs=np.round(probs, 5).tolist()))
-            log(f"  annotated {i + 1}/{len(streams)}")
-    finally:
-        engine.close()
-    # Another model (Q4_0 against Q4_1 agree on ~84% of top-1 tokens) would describe other rows than the recording
-    # saw; an older build of the same model differs on near-ties only (a 2026-11-23 recording: 97.5%).
+    for i, stream in enumerate(streams):
+        engine.arena.reset([*stream.prompt, *stream.output], reuse=False)
+        rows = engine.arena.extend("target", [], len(stream.output))
+        agree += int((rows[:-1].argmax(axis=1) == stream.output[1:]).sum())
+        total += len(stream.output) - 1
+        yield stream, rows
+        log(f"  {what} {i + 1}/{len(streams)}")
     if agree < 0.95 * total:
         raise BenchError(f"{path}: {model}'s argmax equals the recorded next token at {agree} of {total} positions: "
                          "not this model's greedy output")
     log(f"  {model}'s argmax equals the recorded next token at {agree} of {total} positions")
+
+
+def annotate(model: str, path: str | Path, k: int = 4, threads: int | None = None,
+             log: Callable[[str], None] = print) -> None:
+    """Add to recorded streams what the target's verify passes would show the recycled table: its top-k tokens
+    after every output token. Rewrites ``path``; the recorded output must be the model's own greedy one."""
+    import edgespec
+
+    engine = edgespec.load(model, mode="none", gamma=0, n_threads=threads, tuning=False)
+    annotated = []
+    try:
+        for stream, rows in _recorded_text(engine, load_streams(path), model, path, "annotated", log):
+            top, probs = top_successors(rows, k)
+            annotated.append(replace(stream, successors=top.tolist(), successor_probs=np.round(probs, 5).tolist()))
+    finally:
+        engine.close()
     Path(path).write_text("".join(json.dumps(asdict(s)) + "\n" for s in annotated))
 
 
 def annotate_head(model: str, path: str | Path, threads: int | None = None,
                   log: Callable[[str], None] = print) -> None:
     """Add to recorded streams what the draft head would propose after every output token: the model's head (an
-    ONNX export with one beside it) run as mode head runs it, over the target's features of the recorded text
-    (with exact numerics, those of one-token decoding), so a replay can play mode head without timing it. Rewrites
-    ``path``; the recorded output must be the model's own greedy one."""
+    ONNX export with one beside it) run as mode head runs it, over the target's features of the recorded text, so a
+    replay can play mode head without timing it. Rewrites ``path``; the recorded output must be the model's own
+    greedy one."""
     import edgespec
 
-    streams = load_streams(path)
-    engine = edgespec.load(model, mode="head", n_threads=threads, tuning=False)
-    annotated = []
-    agree = total = 0
+    engine = edgespec.load(model, mode="head", n_threads=threads, tuning=False)  # a clear error without a head
+    head, annotated = engine.drafters["head"], []
     params, rng = SamplingParams(), np.random.default_rng(0)
     try:
-        head = engine.drafters["head"]
-        for i, stream in enumerate(streams):
-            engine.arena.reset([*stream.prompt, *stream.output], reuse=False)
-            rows = engine.arena.extend("target", [], len(stream.output))  # every position's features, kept
-            agree += int((rows[:-1].argmax(axis=1) == stream.output[1:]).sum())
-            total += len(stream.output) - 1
-            head.begin(stream.prompt)
+        for stream, _ in _recorded_text(engine, load_streams(path), model, path, "head guesses", log):
+            head.begin(stream.prompt)  # the pass kept every position's features: the head reads them as it goes
             drafts = [head.propose([*stream.prompt, *stream.output[:j + 1]], MAX_GAMMA, params, rng)
                       for j in range(len(stream.output))]
             annotated.append(replace(stream, head_tokens=[d.tokens for d in drafts], head_keys=[d.key for d in drafts],
                                      head_doubted=[d.passes is not None for d in drafts]))
-            log(f"  head guesses {i + 1}/{len(streams)}")
-    except KeyError:
-        raise BenchError(f"{model} has no draft head (mode head needs an ONNX export with one beside it: "
-                         "docs/draft-head.md)") from None
     finally:
         engine.close()
-    if agree < 0.95 * total:  # as ``annotate``
-        raise BenchError(f"{path}: {model}'s argmax equals the recorded next token at {agree} of {total} positions: "
-                         "not this model's greedy output")
     Path(path).write_text("".join(json.dumps(asdict(s)) + "\n" for s in annotated))
 
 
@@ -228,29 +223,30 @@ class RecordedHead:
 
     def __init__(self, streams: Iterable[Stream]) -> None:
         self.streams = {tuple(s.prompt): s for s in streams}
-        self.stream: Stream | None = None
+        self.prompt_length = 0
+        self.guesses: list[list[int]] = []
+        self.keys: list[int] = []
+        self.doubted: list[bool] = []
         self.passes = 0
 
     def begin(self, context: Sequence[int]) -> None:
         stream = self.streams[tuple(context)]
         if stream.head_tokens is None or stream.head_keys is None or stream.head_doubted is None:
             raise BenchError(f"question {stream.question_id}: no head guesses recorded (replay --annotate-head)")
-        self.stream = stream
+        self.prompt_length = len(stream.prompt)
+        self.guesses, self.keys, self.doubted = stream.head_tokens, stream.head_keys, stream.head_doubted
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        stream = self.stream
-        assert stream is not None and stream.head_tokens is not None and stream.head_keys is not None
-        assert stream.head_doubted is not None
-        at = len(context) - len(stream.prompt) - 1
-        guesses = stream.head_tokens[at]
+        at = len(context) - self.prompt_length - 1
+        guesses = self.guesses[at]
         if max_tokens <= 0 or not guesses:
             return Draft([])
         # HeadDrafter.propose: a pass per guess; a chain that ended on doubt before max_tokens paid one more.
-        doubted = stream.head_doubted[at] and len(guesses) < max_tokens
+        doubted = self.doubted[at] and len(guesses) < max_tokens
         tokens = guesses[:max_tokens]
         self.passes += len(tokens) + doubted
-        return Draft(tokens, passes=len(tokens) + 1 if doubted else None, key=stream.head_keys[at])
+        return Draft(tokens, passes=len(tokens) + 1 if doubted else None, key=self.keys[at])
 
     def take_passes(self) -> int:
         """Head passes spent since the last call."""
