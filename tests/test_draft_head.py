@@ -20,6 +20,7 @@ import pytest
 from edgespec.export.draft_head import output_rows, write_head
 
 import edgespec
+from edgespec.drafters import head as head_module
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError, ModelLoadError
 from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions, head_folder
@@ -288,3 +289,15 @@ def test_the_export_commands_train_a_head_and_write_it_beside_an_export(head_exp
         assert engine.generate(prompt, max_tokens=24, mode="head", gamma=2).tokens == reference
     finally:
         engine.close()
+
+
+def test_head_drafting_goes_on_when_its_kept_embeddings_overflow(head_engine: Engine,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embeddings kept at hand are bounded: where a step's tokens overflow the bound, those already kept must
+    come back with the new ones (a 30-minute run of generations once failed there with a KeyError)."""
+    monkeypatch.setattr(head_module, "EMBEDDINGS_KEPT", 4)
+    head_engine.drafters["head"]._embeddings.clear()  # type: ignore[attr-defined]
+    prompt = _prompt(head_engine, PROMPTS[0])
+    reference = head_engine.generate(prompt, max_tokens=96, mode="none").tokens
+    assert head_engine.generate(prompt, max_tokens=96, mode="head", gamma=3).tokens == reference
+    assert len(head_engine.drafters["head"]._embeddings) <= 4 + len(prompt)  # type: ignore[attr-defined]

@@ -137,9 +137,10 @@ class HeadDrafter:
         """The head's input rows [f_i / scale (``features``, scaled), embedding(x_{i+1})]."""
         kept = self._embeddings
         new = [t for t in dict.fromkeys(tokens) if t not in kept]
+        if new and len(kept) + len(new) > EMBEDDINGS_KEPT:  # start afresh with this call's tokens, all of them
+            kept.clear()
+            new = list(dict.fromkeys(tokens))
         if new:
-            if len(kept) + len(new) > EMBEDDINGS_KEPT:
-                kept.clear()
             kept.update(zip(new, self.target.embed(new), strict=True))
         return np.concatenate([features, np.stack([kept[t] for t in tokens])], axis=1)
 
