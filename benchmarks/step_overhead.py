@@ -30,7 +30,7 @@ from edgespec import engine as engine_module
 from edgespec import gamma
 from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
 from edgespec.bench.run import machine
-from edgespec.drafters import ngram, recycled, suffix, tree
+from edgespec.drafters import head, ngram, recycled, suffix, tree
 
 # (owner, attribute): what is timed. They nest (propose holds the controller's choose and the drafter).
 TIMED: list[tuple[object, str]] = [
@@ -39,6 +39,7 @@ TIMED: list[tuple[object, str]] = [
     (gamma.CostCurve, "observe"), (gamma, "expected_step"), (gamma.GammaController, "_judge_shadows"),
     (ngram.NgramDrafter, "propose"), (tree.TreeDrafter, "propose_tree"), (tree.TreeDrafter, "observe"),
     (suffix.SuffixDrafter, "update"), (suffix.SuffixDrafter, "propose"), (recycled, "top_successors"),
+    (head.HeadDrafter, "propose"), (head.HeadDrafter, "_catch_up"), (head.HeadDrafter, "_pairs"),
 ]
 
 
@@ -62,7 +63,8 @@ def timed(owner: object, name: str, seconds: dict[str, float], calls: dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default=edgespec.DEFAULT_MODEL)
-    parser.add_argument("--mode", default="ngram", choices=("ngram", "tree"))
+    parser.add_argument("--mode", default="ngram", choices=("ngram", "tree", "head"),
+                        help="head: the default's mode (lookup, else the draft head; an ONNX export with a head)")
     parser.add_argument("--fast-numerics", action="store_true")
     parser.add_argument("--device", choices=("cpu", "cuda", "metal"), default="cpu")
     parser.add_argument("--threads", type=int, default=None)
