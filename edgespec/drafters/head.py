@@ -135,11 +135,11 @@ class HeadDrafter:
 
     def _pairs(self, features: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
         """The head's input rows [f_i / scale (``features``, scaled), embedding(x_{i+1})]."""
-        kept = self._embeddings
-        new = [t for t in dict.fromkeys(tokens) if t not in kept]
+        kept, distinct = self._embeddings, dict.fromkeys(tokens)
+        new = [t for t in distinct if t not in kept]
         if new and len(kept) + len(new) > EMBEDDINGS_KEPT:  # start afresh with this call's tokens, all of them
             kept.clear()
-            new = list(dict.fromkeys(tokens))
+            new = list(distinct)
         if new:
             kept.update(zip(new, self.target.embed(new), strict=True))
         return np.concatenate([features, np.stack([kept[t] for t in tokens])], axis=1)
