@@ -1,8 +1,11 @@
 """What a speculative step costs outside the target's pass, and where it goes: the drafter, the γ controller, the
 engine's own bookkeeping.
 
-    PYTHONPATH=. python benchmarks/step_overhead.py [MODEL] [--mode ngram] [--fast-numerics] [--device cpu]
-        [--threads N] [--per-category 1] [--max-tokens 128] [--out benchmarks/results]
+    PYTHONPATH=. python benchmarks/step_overhead.py [MODEL] [--mode ngram|tree|head] [--fast-numerics]
+        [--device cpu] [--threads N] [--per-category 1] [--max-tokens 128] [--out benchmarks/results]
+
+MODEL defaults to what `edgespec generate` loads on this machine (its race's choice: the ONNX export, with the draft
+head beside it), or with ``--fast-numerics`` to the shipped GGUF (llama.cpp's fast numerics).
 
 One engine (tuning off) answers the first turn of Spec-Bench's questions. The engine's own step statistics give the
 time a step spends drafting, verifying (the target's pass and the acceptance check) and elsewhere; the functions below
@@ -30,6 +33,8 @@ from edgespec import engine as engine_module
 from edgespec import gamma
 from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
 from edgespec.bench.run import machine
+from edgespec.cpu import physical_cores
+from edgespec.default_model import default_choice
 from edgespec.drafters import head, ngram, recycled, suffix, tree
 
 # (owner, attribute): what is timed. They nest (propose holds the controller's choose and the drafter).
@@ -62,7 +67,7 @@ def timed(owner: object, name: str, seconds: dict[str, float], calls: dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", default=edgespec.DEFAULT_MODEL)
+    parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--mode", default="ngram", choices=("ngram", "tree", "head"),
                         help="head: the default's mode (lookup, else the draft head; an ONNX export with a head)")
     parser.add_argument("--fast-numerics", action="store_true")
@@ -73,7 +78,9 @@ def main() -> None:
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
-    engine = edgespec.load(args.model, mode=args.mode, device=args.device, n_threads=args.threads, tuning=False,
+    model = args.model or (edgespec.DEFAULT_MODEL if args.fast_numerics else
+                           default_choice(args.threads or physical_cores(), args.device).target)
+    engine = edgespec.load(model, mode=args.mode, device=args.device, n_threads=args.threads, tuning=False,
                            exact_numerics=not args.fast_numerics)
     prompts = [engine.chat_tokens([{"role": "user", "content": q["turns"][0]}])
                for q in load_questions(args.questions, per_category=args.per_category)]
