@@ -145,7 +145,11 @@ def eagle_module(width: int, heads: int, embed: np.ndarray, rows: np.ndarray, vo
         def logits(self, f: torch.Tensor) -> torch.Tensor:
             return (f / f.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()) @ self.out_rows
 
-    return EagleHead()
+    # Its initial weights are its own (seed 0), not whatever earlier work left in torch's global generator: a head
+    # trained on a few answers learns them well or less well by its start.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return EagleHead()
 
 
 Answer = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # features (unit RMS), ids, the target's choices, prompt

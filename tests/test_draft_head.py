@@ -127,7 +127,7 @@ def _state_from_fixture(export: Path) -> dict[str, np.ndarray]:
 
 
 def test_greedy_head_drafting_equals_target_only(head_engine: Engine) -> None:
-    drafted_by_head = accepted_from_head = 0
+    drafted_by_head = kept_from_head = 0
     head = head_engine.drafters["head"]
     original = head.propose
     proposals: list[list[int]] = []
@@ -149,11 +149,13 @@ def test_greedy_head_drafting_equals_target_only(head_engine: Engine) -> None:
                 full = prompt + reference
                 for at, *tokens in proposals:
                     drafted_by_head += len(tokens)
-                    accepted_from_head += len(tokens) if full[at:at + len(tokens)] == tokens else 0
+                    agreed = [a == b for a, b in zip(tokens, full[at:], strict=False)] + [False]
+                    kept_from_head += agreed.index(False)
     finally:
         del head.propose
-    # The head learnt these answers: its guesses were verified and kept, not just rejected.
-    assert drafted_by_head > 20 and accepted_from_head > drafted_by_head / 3
+    # The head learnt these answers: most of its guesses were verified and kept (the target's own answer agreed with
+    # the draft's first tokens), not just rejected. Six initial seeds kept 63-74% here.
+    assert drafted_by_head > 20 and kept_from_head > drafted_by_head / 2
 
 
 def test_replay_plays_the_head_the_engine_runs(head_engine: Engine, head_export: Path, tmp_path: Path) -> None:
