@@ -168,11 +168,20 @@ class CostCurve:
         self._refit()
 
     def _refit(self) -> None:
-        """The shape from the per-k estimates, each weighed against the prior as one verify's worth."""
+        """The shape from the per-k estimates, each weighed against the prior as one verify's worth.
+
+        The steepness counts the calibration's own form (steepness 1) as one verify at its least steep k: as what
+        the verifies taught fades, the k not verified lately return to the calibration's form and get tried again.
+        Without it the fit's weights faded alike and kept their ratio, so one stalled verify of a k believed for
+        good: on the AVX-512 EPYC (a calibration flat at two rows, whose verifies cannot move the steepness) a
+        steepness of 13.7 learned from a three-row verify long gone priced 3-6 rows at 2-4× a pass, and lookup's
+        drafts of 0.6-0.9 acceptance were cut to one token for whole sessions, carried from process to process.
+        """
         rows = list(zip(self._seen, self._cost, self._excess, strict=True))
-        fit = sum(seen * excess * excess for seen, _, excess in rows)
+        anchor = min((excess * excess for excess in self._excess if excess > 0), default=0.0)
+        fit = sum(seen * excess * excess for seen, _, excess in rows) + anchor
         if fit > 0:
-            self.steepness = max(0.0, sum(seen * excess * (cost - 1) for seen, cost, excess in rows) / fit)
+            self.steepness = max(0.0, (sum(seen * excess * (cost - 1) for seen, cost, excess in rows) + anchor) / fit)
         blended = []
         for seen, cost, excess in rows:
             prior = 1 + self.steepness * excess

@@ -236,6 +236,25 @@ def test_each_verified_k_is_believed_at_what_it_costs_though_the_calibration_has
     assert np.all(np.diff(curve.shape[1:]) >= 0) and np.all(curve.shape[1:] <= np.arange(1, len(curve.shape)))
 
 
+def test_a_stalled_verify_of_a_k_no_longer_used_is_forgotten() -> None:
+    """A calibration flat at two rows (its verifies cannot tell the steepness), one three-row verify stalled at 3× a
+    pass, then only one- and two-row steps, as when every draft is cut to one token: the k not verified since
+    return to the calibration's form (they were priced at 2-4× a pass for good, carried from process to process,
+    and lookup's long drafts, right 80% of the time, were cut to one token), and such a draft is verified long
+    again."""
+    calibrated = np.concatenate(([np.nan, 1.0, 1.0, 1.07, 1.15, 1.18, 1.24, 1.31], 1.34 + 0.05 * np.arange(10)))
+    controller = GammaController(CostCurve(calibrated, SCALE))
+    controller.curve.observe(3, SCALE * 3.0)
+    assert controller.curve.shape[5] > 2.0  # believed for now: the one verify of a dear k there is
+    for _ in range(150):
+        controller.curve.observe(1, SCALE)
+        controller.curve.observe(2, SCALE * 1.03)
+    assert controller.curve.shape[5] < 1.4 and controller.curve.steepness < 2.0
+    for _ in range(30):  # lookup's drafts (free: judged whether verified or not) right whole 4 times in 5
+        _step(controller, 0 if _ % 5 == 4 else 4)
+    assert controller.choose("ngram", 3, 4, True, (11, 12, 13, 14)) >= 3
+
+
 def test_what_the_curve_learned_carries_to_a_new_controller_and_a_damaged_record_is_refused() -> None:
     first = GammaController(_curve(0.05))
     for _ in range(20):
