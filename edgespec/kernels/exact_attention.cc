@@ -177,6 +177,35 @@ inline void dot_keys(const float* q, const KV* keys, int64_t dim, int64_t n, flo
   for (; j < n; ++j) scores[j] = fold(products(q, keys + j * dim, dim)) * scale;
 }
 
+// dot_keys for V query vectors over the same keys at once: each key's chunk is widened from half once for all V
+// (the widening, not the products, bounded the loop), every vector's sums exactly as dot_keys takes them.
+// V·8 accumulators: V ≤ 3 stays in AVX-512's 32 vector registers.
+template <int V, typename KV>
+inline void dot_keys_shared(const float* const* q, const KV* keys, int64_t dim, int64_t n, float scale,
+                            float* const* scores) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const KV* k = keys + j * dim;
+    Vec acc[V][kLanes];
+    Vec qd[V];
+    for (int v = 0; v < V; ++v) qd[v] = load(q[v]);
+    for (int64_t s = 0; s < kLanes; ++s) {
+      const Vec ks = load(k + s * dim);
+      for (int v = 0; v < V; ++v) acc[v][s] = qd[v] * ks;
+    }
+    for (int64_t d = kLanes; d < dim; d += kLanes) {
+      for (int v = 0; v < V; ++v) qd[v] = load(q[v] + d);
+      for (int64_t s = 0; s < kLanes; ++s) {
+        const Vec ks = load(k + s * dim + d);
+        for (int v = 0; v < V; ++v) acc[v][s] = fmadd(qd[v], ks, acc[v][s]);
+      }
+    }
+    for (int v = 0; v < V; ++v) store(scores[v] + j, fold8(acc[v]) * scale);
+  }
+  for (; j < n; ++j)
+    for (int v = 0; v < V; ++v) scores[v][j] = fold(products(q[v], keys + j * dim, dim)) * scale;
+}
+
 // e^x for x ≤ 0 (scores minus their maximum; −∞ gives 0): x = n·ln 2 + r, |r| ≤ ln 2 / 2, e^r by a degree-6
 // polynomial (relative error ~2e-7, as libm's expf), 2^n through the exponent bits. Own code rather than libm:
 // a vectorized and a scalar expf may round differently, and which one a key got would depend on the call.
@@ -230,6 +259,7 @@ struct Call {
 constexpr int64_t kMinBlock = 4, kMaxBlock = 32, kTasksPerHead = 4;
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
+constexpr int64_t kShared = 3;  // vectors that share each key's widening (their sums in registers)
 
 // acc[0 … 8W) += Σ_{k < n} w[k] · values[k·dim + …], keys in ascending order; W independent sums in registers (a
 // compile-time width: a runtime one leaves them in memory).
@@ -251,6 +281,31 @@ inline void add_weighted_keys(const float* w, const KV* values, int64_t dim, int
   for (; d + 8 * kLanes <= dim; d += 8 * kLanes) add_weighted<8>(w, values + d, dim, n, acc + d);
   for (; d + 4 * kLanes <= dim; d += 4 * kLanes) add_weighted<4>(w, values + d, dim, n, acc + d);
   for (; d < dim; d += 2 * kLanes) add_weighted<2>(w, values + d, dim, n, acc + d);
+}
+
+// add_weighted_keys for V vectors over the same values, each value chunk widened once for all V: 32 dimensions at
+// a time (V · 4 accumulators, 4 values), every dimension's sum in key order as add_weighted_keys takes it.
+template <int V, typename KV>
+inline void add_weighted_shared(const float* const* w, const KV* values, int64_t dim, int64_t n, float* const* acc) {
+  constexpr int W = 4;
+  int64_t d = 0;
+  for (; d + W * kLanes <= dim; d += W * kLanes) {
+    Vec a[V][W];
+    for (int v = 0; v < V; ++v)
+      for (int s = 0; s < W; ++s) a[v][s] = load(acc[v] + d + s * kLanes);
+    for (int64_t k = 0; k < n; ++k) {
+      Vec x[W];
+      for (int s = 0; s < W; ++s) x[s] = load(values + k * dim + d + s * kLanes);
+      for (int v = 0; v < V; ++v) {
+        const Vec wk = splat(w[v][k]);
+        for (int s = 0; s < W; ++s) a[v][s] = fmadd(wk, x[s], a[v][s]);
+      }
+    }
+    for (int v = 0; v < V; ++v)
+      for (int s = 0; s < W; ++s) store(acc[v] + d + s * kLanes, a[v][s]);
+  }
+  for (; d < dim; d += 2 * kLanes)  // D is a multiple of 16
+    for (int v = 0; v < V; ++v) add_weighted<2>(w[v], values + d, dim, n, acc[v] + d);
 }
 
 // Query vectors v0 … v0 + count − 1 of one KV head. Each (row at position p, head) attends to the keys of positions
@@ -278,13 +333,29 @@ void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* sco
   // The cell of a tree row's key at position p ≥ first (an ancestor's, or its own).
   const auto tree_cell = [&c, &rows](int64_t i, int64_t p) { return c.first + c.path[rows[i] * c.rows + p - c.first]; };
   const int64_t first_key = *std::min_element(lo, lo + count), last_key = *std::max_element(shared, shared + count);
+  // Runs of up to kShared consecutive vectors that read the same keys of tile t (a row's query heads of this KV
+  // head): ``run(i, m, j0, j1)`` for vectors i … i + m − 1 and keys j0 … j1.
+  const auto runs = [&](int64_t t, const auto& run) {
+    for (int64_t i = 0; i < count;) {
+      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, shared[i]);
+      int64_t m = 1;
+      while (m < kShared && i + m < count && std::max(t, lo[i + m]) == j0 &&
+             std::min(t + kTile - 1, shared[i + m]) == j1)
+        ++m;
+      if (j0 <= j1) run(i, m, j0, j1);
+      i += m;
+    }
+  };
   // Scores, a tile of keys at a time for every vector (scores[i·span + j − lo_i]).
   for (int64_t t = first_key; t <= last_key; t += kTile) {
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, shared[i]);
-      if (j0 <= j1)
-        dot_keys(queries[i], keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, scores + i * span + j0 - lo[i]);
-    }
+    runs(t, [&](int64_t i, int64_t m, int64_t j0, int64_t j1) {
+      float* out[kShared];
+      for (int64_t r = 0; r < m; ++r) out[r] = scores + (i + r) * span + j0 - lo[i + r];
+      const KV* k = keys + j0 * c.dim;
+      if (m == 3) dot_keys_shared<3>(queries + i, k, c.dim, j1 + 1 - j0, c.scale, out);
+      else if (m == 2) dot_keys_shared<2>(queries + i, k, c.dim, j1 + 1 - j0, c.scale, out);
+      else dot_keys(queries[i], k, c.dim, j1 + 1 - j0, c.scale, out[0]);
+    });
   }
   for (int64_t i = 0; i < count; ++i)  // a tree row's path, key by key (one key's sum: as in any group of keys)
     for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p)
@@ -311,11 +382,15 @@ void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* sco
   alignas(64) float acc[kMaxBlock][kMaxDim];  // only the task's vectors' dimensions are zeroed (not all 32 KB)
   for (int64_t i = 0; i < count; ++i) std::fill(acc[i], acc[i] + c.dim, 0.0f);
   for (int64_t t = first_key; t <= last_key; t += kTile) {
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t j0 = std::max(t, lo[i]), j1 = std::min(t + kTile - 1, shared[i]);
-      if (j0 <= j1)
-        add_weighted_keys(scores + i * span + j0 - lo[i], values + j0 * c.dim, c.dim, j1 + 1 - j0, acc[i]);
-    }
+    runs(t, [&](int64_t i, int64_t m, int64_t j0, int64_t j1) {
+      const float* w[kShared];
+      float* sums[kShared];
+      for (int64_t r = 0; r < m; ++r) w[r] = scores + (i + r) * span + j0 - lo[i + r], sums[r] = acc[i + r];
+      const KV* v = values + j0 * c.dim;
+      if (m == 3) add_weighted_shared<3>(w, v, c.dim, j1 + 1 - j0, sums);
+      else if (m == 2) add_weighted_shared<2>(w, v, c.dim, j1 + 1 - j0, sums);
+      else add_weighted_keys(w[0], v, c.dim, j1 + 1 - j0, sums[0]);
+    });
   }
   for (int64_t i = 0; i < count; ++i)  // a tree row's path after the cached keys, in the order of positions
     for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p)
