@@ -250,8 +250,8 @@ def test_a_stalled_verify_of_a_k_no_longer_used_is_forgotten() -> None:
         controller.curve.observe(1, SCALE)
         controller.curve.observe(2, SCALE * 1.03)
     assert controller.curve.shape[5] < 1.4 and controller.curve.steepness < 2.0
-    for _ in range(30):  # lookup's drafts (free: judged whether verified or not) right whole 4 times in 5
-        _step(controller, 0 if _ % 5 == 4 else 4)
+    for i in range(30):  # lookup's drafts (free: judged whether verified or not) right whole 4 times in 5
+        _step(controller, 0 if i % 5 == 4 else 4)
     assert controller.choose("ngram", 3, 4, True, (11, 12, 13, 14)) >= 3
 
 

@@ -260,6 +260,7 @@ constexpr int64_t kMinBlock = 4, kMaxBlock = 32, kTasksPerHead = 4;
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
 constexpr int64_t kShared = 3;  // vectors that share each key's widening (their sums in registers)
+static_assert(kShared == 3, "attend dispatches runs of one to three vectors");
 
 // acc[0 … 8W) += Σ_{k < n} w[k] · values[k·dim + …], keys in ascending order; W independent sums in registers (a
 // compile-time width: a runtime one leaves them in memory).
