@@ -98,12 +98,19 @@ class CostCurve:
     _excess: list[float] = field(init=False, repr=False)  # the calibration's excess over one row
     _cost: list[float] = field(init=False, repr=False)  # running estimate of cost(k) / cost(1)
     _seen: list[float] = field(init=False, repr=False)  # decayed count of verifies behind that estimate
+    _anchor: float = field(init=False, repr=False)  # the calibration's weight in the steepness (``_refit``)
 
     def __post_init__(self) -> None:
         self.shape[1:] = _physical(self.shape[1:].tolist(), [1.0] * (len(self.shape) - 1))
         self._cost = self.shape[1:].tolist()
-        self._excess = [cost - 1 for cost in self._cost]
+        self._set_excess([cost - 1 for cost in self._cost])
         self._seen = [0.0] * len(self._cost)
+
+    def _set_excess(self, excess: list[float]) -> None:
+        """The calibration's excess per k, and the weight its form gets in the steepness: one verify at its least
+        steep k (``_refit``)."""
+        self._excess = excess
+        self._anchor = min((e * e for e in excess if e > 0), default=0.0)
 
     @classmethod
     def measure(cls, run: Callable[[int], None], rounds: int = 3,
@@ -131,7 +138,7 @@ class CostCurve:
         self.flat_rows = max(1, rows)
         flat = min(self.flat_rows, len(self._cost))
         self._cost[:flat] = [1.0] * flat
-        self._excess[:flat] = [0.0] * flat
+        self._set_excess([0.0] * flat + self._excess[flat:])
         self._seen[:flat] = [0.0] * flat
         self._refit()
 
@@ -178,10 +185,10 @@ class CostCurve:
         drafts of 0.6-0.9 acceptance were cut to one token for whole sessions, carried from process to process.
         """
         rows = list(zip(self._seen, self._cost, self._excess, strict=True))
-        anchor = min((excess * excess for excess in self._excess if excess > 0), default=0.0)
-        fit = sum(seen * excess * excess for seen, _, excess in rows) + anchor
+        fit = sum(seen * excess * excess for seen, _, excess in rows) + self._anchor
         if fit > 0:
-            self.steepness = max(0.0, (sum(seen * excess * (cost - 1) for seen, cost, excess in rows) + anchor) / fit)
+            self.steepness = max(0.0, (sum(seen * excess * (cost - 1) for seen, cost, excess in rows)
+                                       + self._anchor) / fit)
         blended = []
         for seen, cost, excess in rows:
             prior = 1 + self.steepness * excess
