@@ -20,6 +20,7 @@ import pytest
 from edgespec.export.draft_head import output_rows, write_head
 
 import edgespec
+from edgespec.arena import common_prefix
 from edgespec.drafters import head as head_module
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError, ModelLoadError
@@ -149,8 +150,7 @@ def test_greedy_head_drafting_equals_target_only(head_engine: Engine) -> None:
                 full = prompt + reference
                 for at, *tokens in proposals:
                     drafted_by_head += len(tokens)
-                    agreed = [a == b for a, b in zip(tokens, full[at:], strict=False)] + [False]
-                    kept_from_head += agreed.index(False)
+                    kept_from_head += common_prefix(tokens, full[at:])
     finally:
         del head.propose
     # The head learnt these answers: most of its guesses were verified and kept (the target's own answer agreed with
