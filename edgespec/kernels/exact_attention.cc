@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -158,31 +159,13 @@ inline Vec products(const float* q, const KV* k, int64_t dim) {
   return acc;
 }
 
-// scores[j] = q·keys[j] for j < n; eight keys at a time, their sums interleaved (independent chains) and
-// folded together, each key's sum still in the order ``products`` takes.
-template <typename KV>
-inline void dot_keys(const float* q, const KV* keys, int64_t dim, int64_t n, float scale, float* scores) {
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const KV* k = keys + j * dim;
-    Vec acc[kLanes];
-    const Vec q0 = load(q);
-    for (int64_t s = 0; s < kLanes; ++s) acc[s] = q0 * load(k + s * dim);
-    for (int64_t d = kLanes; d < dim; d += kLanes) {
-      const Vec qd = load(q + d);
-      for (int64_t s = 0; s < kLanes; ++s) acc[s] = fmadd(qd, load(k + s * dim + d), acc[s]);
-    }
-    store(scores + j, fold8(acc) * scale);
-  }
-  for (; j < n; ++j) scores[j] = fold(products(q, keys + j * dim, dim)) * scale;
-}
-
-// dot_keys for V query vectors over the same keys at once: each key's chunk is widened from half once for all V
-// (the widening, not the products, bounded the loop), every vector's sums exactly as dot_keys takes them.
-// V·8 accumulators: V ≤ 3 stays in AVX-512's 32 vector registers.
+// scores[v][j] = q[v]·keys[j] for j < n and V query vectors that read the same keys: eight keys at a time, their
+// sums interleaved (independent chains) and folded together, each key's sum still in the order ``products`` takes.
+// Each key's chunk is widened from half once for all V (the widening, not the products, bounded the loop); V·8
+// accumulators: V ≤ 3 stays within AVX-512's 32 vector registers.
 template <int V, typename KV>
-inline void dot_keys_shared(const float* const* q, const KV* keys, int64_t dim, int64_t n, float scale,
-                            float* const* scores) {
+inline void dot_keys(const float* const* q, const KV* keys, int64_t dim, int64_t n, float scale,
+                     float* const* scores) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     const KV* k = keys + j * dim;
@@ -260,53 +243,47 @@ constexpr int64_t kMinBlock = 4, kMaxBlock = 32, kTasksPerHead = 4;
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
 constexpr int64_t kShared = 3;  // vectors that share each key's widening (their sums in registers)
-static_assert(kShared == 3, "attend dispatches runs of one to three vectors");
+static_assert(kShared == 3, "with_run_length dispatches runs of one to three vectors");
 
-// acc[0 … 8W) += Σ_{k < n} w[k] · values[k·dim + …], keys in ascending order; W independent sums in registers (a
-// compile-time width: a runtime one leaves them in memory).
-template <int W, typename KV>
-inline void add_weighted(const float* w, const KV* values, int64_t dim, int64_t n, float* acc) {
-  Vec a[W];
-  for (int s = 0; s < W; ++s) a[s] = load(acc + s * kLanes);
+// acc[v][d … d + 8W) += Σ_{k < n} w[v][k] · values[k·dim + d …] for V vectors, keys in ascending order; each value
+// chunk widened once for all V; V·W independent sums in registers (compile-time widths: runtime ones leave them in
+// memory).
+template <int V, int W, typename KV>
+inline void add_weighted(const float* const* w, const KV* values, int64_t dim, int64_t n, float* const* acc,
+                         int64_t d) {
+  Vec a[V][W];
+  for (int v = 0; v < V; ++v)
+    for (int s = 0; s < W; ++s) a[v][s] = load(acc[v] + d + s * kLanes);
   for (int64_t k = 0; k < n; ++k) {
-    const Vec wk = splat(w[k]);
-    for (int s = 0; s < W; ++s) a[s] = fmadd(wk, load(values + k * dim + s * kLanes), a[s]);
-  }
-  for (int s = 0; s < W; ++s) store(acc + s * kLanes, a[s]);
-}
-
-// acc[0 … dim) += Σ_{k < n} w[k] · values[k·dim …]: every dimension's sum in key order, however wide its chunk.
-template <typename KV>
-inline void add_weighted_keys(const float* w, const KV* values, int64_t dim, int64_t n, float* acc) {
-  int64_t d = 0;
-  for (; d + 8 * kLanes <= dim; d += 8 * kLanes) add_weighted<8>(w, values + d, dim, n, acc + d);
-  for (; d + 4 * kLanes <= dim; d += 4 * kLanes) add_weighted<4>(w, values + d, dim, n, acc + d);
-  for (; d < dim; d += 2 * kLanes) add_weighted<2>(w, values + d, dim, n, acc + d);
-}
-
-// add_weighted_keys for V vectors over the same values, each value chunk widened once for all V: 32 dimensions at
-// a time (V · 4 accumulators, 4 values), every dimension's sum in key order as add_weighted_keys takes it.
-template <int V, typename KV>
-inline void add_weighted_shared(const float* const* w, const KV* values, int64_t dim, int64_t n, float* const* acc) {
-  constexpr int W = 4;
-  int64_t d = 0;
-  for (; d + W * kLanes <= dim; d += W * kLanes) {
-    Vec a[V][W];
-    for (int v = 0; v < V; ++v)
-      for (int s = 0; s < W; ++s) a[v][s] = load(acc[v] + d + s * kLanes);
-    for (int64_t k = 0; k < n; ++k) {
-      Vec x[W];
-      for (int s = 0; s < W; ++s) x[s] = load(values + k * dim + d + s * kLanes);
-      for (int v = 0; v < V; ++v) {
-        const Vec wk = splat(w[v][k]);
-        for (int s = 0; s < W; ++s) a[v][s] = fmadd(wk, x[s], a[v][s]);
-      }
+    Vec x[W];
+    for (int s = 0; s < W; ++s) x[s] = load(values + k * dim + d + s * kLanes);
+    for (int v = 0; v < V; ++v) {
+      const Vec wk = splat(w[v][k]);
+      for (int s = 0; s < W; ++s) a[v][s] = fmadd(wk, x[s], a[v][s]);
     }
-    for (int v = 0; v < V; ++v)
-      for (int s = 0; s < W; ++s) store(acc[v] + d + s * kLanes, a[v][s]);
   }
-  for (; d < dim; d += 2 * kLanes)  // D is a multiple of 16
-    for (int v = 0; v < V; ++v) add_weighted<2>(w[v], values + d, dim, n, acc[v] + d);
+  for (int v = 0; v < V; ++v)
+    for (int s = 0; s < W; ++s) store(acc[v] + d + s * kLanes, a[v][s]);
+}
+
+// acc[v][0 … dim) += Σ_{k < n} w[v][k] · values[k·dim …]: every dimension's sum in key order, however wide its
+// chunk. One vector takes 64 dimensions at a time (8 sums, 8 values); several take 32 (V·4 sums, 4 values), within
+// the registers. D is a multiple of 16.
+template <int V, typename KV>
+inline void add_weighted_keys(const float* const* w, const KV* values, int64_t dim, int64_t n, float* const* acc) {
+  int64_t d = 0;
+  if constexpr (V == 1)
+    for (; d + 8 * kLanes <= dim; d += 8 * kLanes) add_weighted<1, 8>(w, values, dim, n, acc, d);
+  for (; d + 4 * kLanes <= dim; d += 4 * kLanes) add_weighted<V, 4>(w, values, dim, n, acc, d);
+  for (; d < dim; d += 2 * kLanes) add_weighted<V, 2>(w, values, dim, n, acc, d);
+}
+
+// f(std::integral_constant<int, m>{}) for a run of m = 1 … kShared vectors: the kernels take V at compile time.
+template <typename F>
+inline void with_run_length(int64_t m, const F& f) {
+  if (m == 3) f(std::integral_constant<int, 3>{});
+  else if (m == 2) f(std::integral_constant<int, 2>{});
+  else f(std::integral_constant<int, 1>{});
 }
 
 // Query vectors v0 … v0 + count − 1 of one KV head. Each (row at position p, head) attends to the keys of positions
@@ -352,15 +329,16 @@ void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* sco
     runs(t, [&](int64_t i, int64_t m, int64_t j0, int64_t j1) {
       float* out[kShared];
       for (int64_t r = 0; r < m; ++r) out[r] = scores + (i + r) * span + j0 - lo[i + r];
-      const KV* k = keys + j0 * c.dim;
-      if (m == 3) dot_keys_shared<3>(queries + i, k, c.dim, j1 + 1 - j0, c.scale, out);
-      else if (m == 2) dot_keys_shared<2>(queries + i, k, c.dim, j1 + 1 - j0, c.scale, out);
-      else dot_keys(queries[i], k, c.dim, j1 + 1 - j0, c.scale, out[0]);
+      with_run_length(m, [&](auto v) {
+        dot_keys<decltype(v)::value>(queries + i, keys + j0 * c.dim, c.dim, j1 + 1 - j0, c.scale, out);
+      });
     });
   }
   for (int64_t i = 0; i < count; ++i)  // a tree row's path, key by key (one key's sum: as in any group of keys)
-    for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p)
-      dot_keys(queries[i], keys + tree_cell(i, p) * c.dim, c.dim, 1, c.scale, scores + i * span + p - lo[i]);
+    for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p) {
+      float* out = scores + i * span + p - lo[i];
+      dot_keys<1>(queries + i, keys + tree_cell(i, p) * c.dim, c.dim, 1, c.scale, &out);
+    }
   float inverse[kMaxBlock];
   for (int64_t i = 0; i < count; ++i) {
     float* row = scores + i * span;
@@ -387,15 +365,17 @@ void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* sco
       const float* w[kShared];
       float* sums[kShared];
       for (int64_t r = 0; r < m; ++r) w[r] = scores + (i + r) * span + j0 - lo[i + r], sums[r] = acc[i + r];
-      const KV* v = values + j0 * c.dim;
-      if (m == 3) add_weighted_shared<3>(w, v, c.dim, j1 + 1 - j0, sums);
-      else if (m == 2) add_weighted_shared<2>(w, v, c.dim, j1 + 1 - j0, sums);
-      else add_weighted_keys(w[0], v, c.dim, j1 + 1 - j0, sums[0]);
+      with_run_length(m, [&](auto v) {
+        add_weighted_keys<decltype(v)::value>(w, values + j0 * c.dim, c.dim, j1 + 1 - j0, sums);
+      });
     });
   }
   for (int64_t i = 0; i < count; ++i)  // a tree row's path after the cached keys, in the order of positions
-    for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p)
-      add_weighted_keys(scores + i * span + p - lo[i], values + tree_cell(i, p) * c.dim, c.dim, 1, acc[i]);
+    for (int64_t p = std::max(lo[i], shared[i] + 1); p <= hi[i]; ++p) {
+      const float* w = scores + i * span + p - lo[i];
+      float* sums = acc[i];
+      add_weighted_keys<1>(&w, values + tree_cell(i, p) * c.dim, c.dim, 1, &sums);
+    }
   for (int64_t i = 0; i < count; ++i)
     for (int64_t d = 0; d < c.dim; d += kLanes) store(outs[i] + d, load(acc[i] + d) * inverse[i]);
 }
