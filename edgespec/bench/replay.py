@@ -62,6 +62,11 @@ CURVES: dict[str, dict[int, float]] = {
     # where rows cost most: the start-up calibration of the default's README run at 40b2e8f (~100 tokens of context),
     # benchmarks/reference/spec_bench-2026-11-26-epyc-avx512-2core-default-head-key-readme.json
     "avx512-fast-state": {1: 1.0, 2: 1.17, 3: 1.28, 4: 1.28, 5: 1.37, 6: 1.47, 7: 1.54, 8: 1.76, 9: 1.89},
+    # Another instance of that CPU kind, its target alone ~140-155 tok/s: the curve its decode loop paid (adjacent
+    # dips pooled, weighted by passes) and its start-up calibration, which understates it by 3-5x in the excess,
+    # benchmarks/reference/decode_loop_curve-2026-11-26-epyc-avx512-2core-slow-instance.json
+    "avx512-slow-instance-loop": {1: 1.0, 2: 1.23, 3: 1.26, 4: 1.52, 5: 1.52, 6: 1.69, 7: 1.69, 8: 1.77},
+    "avx512-slow-instance-calibration": {1: 1.0, 2: 1.07, 3: 1.12, 4: 1.17, 5: 1.18, 6: 1.21, 7: 1.24},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
 GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
