@@ -223,21 +223,26 @@ def _physical(shape: list[float], weight: list[float]) -> list[float]:
     curve that dips makes the controller verify long drafts that are rarely accepted, one that soars makes it
     conclude that no draft could ever pay, and never try one to find out. Pooling, not raising every later point to
     the highest before it, keeps one noisy or overestimated k from lifting all the k after it."""
-    capped = [1.0, *(min(value, k) for k, value in enumerate(shape[1:], start=2))]
-    if all(a <= b for a, b in pairwise(capped)):
-        return capped
-    values, weights, points = [1.0], [math.inf], [1]  # the unit never moves
-    for value, w in zip(capped[1:], weight[1:], strict=True):
-        values.append(value)
+    return nondecreasing([1.0, *(min(value, k) for k, value in enumerate(shape[1:], start=2))], weight)
+
+
+def nondecreasing(values: list[float], weight: list[float]) -> list[float]:
+    """``values`` with each run that decreases pooled into its weighted mean (a weighted isotonic fit, pooling adjacent
+    violators); the first value is a fixed unit and never moves (its weight is not read)."""
+    if all(a <= b for a, b in pairwise(values)):
+        return values
+    pooled, weights, points = [values[0]], [math.inf], [1]
+    for value, w in zip(values[1:], weight[1:], strict=True):
+        pooled.append(value)
         weights.append(w)
         points.append(1)
-        while len(values) > 1 and values[-2] > values[-1]:
-            v2, w2, n2 = values.pop(), weights.pop(), points.pop()
+        while len(pooled) > 1 and pooled[-2] > pooled[-1]:
+            v2, w2, n2 = pooled.pop(), weights.pop(), points.pop()
             if not math.isinf(weights[-1]):
-                values[-1] = (values[-1] * weights[-1] + v2 * w2) / (weights[-1] + w2)
+                pooled[-1] = (pooled[-1] * weights[-1] + v2 * w2) / (weights[-1] + w2)
             weights[-1] += w2
             points[-1] += n2
-    return [value for value, n in zip(values, points, strict=True) for _ in range(n)]
+    return [value for value, n in zip(pooled, points, strict=True) for _ in range(n)]
 
 
 @dataclass

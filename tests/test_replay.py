@@ -19,6 +19,7 @@ from edgespec.bench.replay import (
     accepted_path,
     curve_shape,
     load_streams,
+    measured_curves,
     simulate,
 )
 from edgespec.cli import main
@@ -34,6 +35,27 @@ def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
     assert shape[4] == pytest.approx((2.29 + 2.95) / 2)
     assert shape[10] == pytest.approx(4.84 + (4.84 - 2.95) / 4)  # past the last point: its last slope
     assert len(shape) == len(curve_shape(CURVES["flat"]))
+
+
+def test_a_measured_curve_that_dips_is_pooled_not_extended_downward() -> None:
+    """A timed tail below the point before it (noise: 6 rows at 1.73, 7 at 1.64) is pooled with it, so the curve past
+    the last point keeps rising or stays level, and no point costs more than that many single passes."""
+    shape = curve_shape({1: 1.0, 2: 1.23, 6: 1.73, 7: 1.64})
+    assert shape[6] == shape[7] == pytest.approx((1.73 + 1.64) / 2)
+    assert np.all(np.diff(shape[1:]) >= 0)
+    assert curve_shape({1: 1.0, 2: 5.0, 3: 9.0})[2] == 2.0
+
+
+def test_a_decode_loop_curve_result_is_replayed_as_its_loop_and_its_calibration(tmp_path: Path) -> None:
+    """`--curve-file` takes a benchmarks/decode_loop_curve.py result: the curve the loop paid, each dip pooled with
+    its neighbour by their passes, and the start-up calibration."""
+    result = {"loop_curve": {"1": {"relative": 1.0, "passes": 900}, "2": {"relative": 1.2, "passes": 300},
+                             "3": {"relative": 1.1, "passes": 100}, "4": {"relative": 1.5, "passes": 50}},
+              "calibrated_curve": {"1": 1.0, "2": 1.05, "3": 1.1}}
+    (tmp_path / "loop.json").write_text(json.dumps(result))
+    curves = measured_curves(tmp_path / "loop.json")
+    assert curves["calibration@loop"] == {1: 1.0, 2: 1.05, 3: 1.1}
+    assert curves["loop@loop"] == pytest.approx({1: 1.0, 2: 1.175, 3: 1.175, 4: 1.5})  # (1.2·300 + 1.1·100) / 400
 
 
 def _scripted_streams() -> list[Stream]:
@@ -194,7 +216,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["replay", str(tmp_path / "bad.jsonl"), "--curves", "gpu"]) == 2
     assert "unknown curves gpu" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "bad.jsonl"), "--curve-file", str(tmp_path / "bad.jsonl")]) == 2
-    assert "is not a verify_curve_sizes result" in capsys.readouterr().err
+    assert "is not a verify_curve_sizes or decode_loop_curve result" in capsys.readouterr().err
 
 
 def test_accepted_path_is_the_greedy_tree_rule_on_recorded_tokens() -> None:

@@ -25,7 +25,7 @@ from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
 from ..drafters.ngram import NgramDrafter
 from ..drafters.recycled import top_successors
 from ..drafters.tree import TreeDrafter
-from ..gamma import MAX_GAMMA, CostCurve, GammaController
+from ..gamma import MAX_GAMMA, CostCurve, GammaController, nondecreasing
 from ..proposal import propose
 from ..sampling import SamplingParams
 from ..verify import accepted_tree_path
@@ -62,39 +62,48 @@ CURVES: dict[str, dict[int, float]] = {
     # where rows cost most: the start-up calibration of the default's README run at 40b2e8f (~100 tokens of context),
     # benchmarks/reference/spec_bench-2026-11-26-epyc-avx512-2core-default-head-key-readme.json
     "avx512-fast-state": {1: 1.0, 2: 1.17, 3: 1.28, 4: 1.28, 5: 1.37, 6: 1.47, 7: 1.54, 8: 1.76, 9: 1.89},
-    # Another instance of that CPU kind, its target alone ~140-155 tok/s: the curve its decode loop paid (adjacent
-    # dips pooled, weighted by passes) and its start-up calibration, which understates it by 3-5x in the excess,
-    # benchmarks/reference/decode_loop_curve-2026-11-26-epyc-avx512-2core-slow-instance.json
-    "avx512-slow-instance-loop": {1: 1.0, 2: 1.23, 3: 1.26, 4: 1.52, 5: 1.52, 6: 1.69, 7: 1.69, 8: 1.77},
-    "avx512-slow-instance-calibration": {1: 1.0, 2: 1.07, 3: 1.12, 4: 1.17, 5: 1.18, 6: 1.21, 7: 1.24},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
 GUESS_KEY = 1000  # LookupThenGuess's drafts: the γ controller tracks their acceptance apart from lookup's match lengths
 
 
 def curve_shape(points: dict[int, float]) -> np.ndarray:
-    """The shape array ``CostCurve`` takes (index k: cost(k) / cost(1), index 0 unused) from measured points."""
+    """The shape array ``CostCurve`` takes (index k: cost(k) / cost(1), index 0 unused) from measured points, made
+    physical as the controller makes its own (a point that dips below the one before is pooled with it, none above
+    k single passes), then joined linearly and extended past the last point by the last slope: a measured tail that
+    dipped would otherwise extend downward and make long drafts look nearly free."""
     ks = sorted(points)
     if ks[0] != 1 or len(ks) < 2:
         raise BenchError(f"a cost curve needs k = 1 and at least one more point, got {points}")
+    values = nondecreasing([1.0, *(min(points[k], k) for k in ks[1:])], [1.0] * len(ks))
     x = np.arange(1, MAX_GAMMA + 2)
-    shape = np.interp(x, ks, [points[k] for k in ks])
-    slope = (points[ks[-1]] - points[ks[-2]]) / (ks[-1] - ks[-2])
+    shape = np.interp(x, ks, values)
+    slope = (values[-1] - values[-2]) / (ks[-1] - ks[-2])
     beyond = x > ks[-1]
-    shape[beyond] = points[ks[-1]] + slope * (x[beyond] - ks[-1])
+    shape[beyond] = np.minimum(values[-1] + slope * (x[beyond] - ks[-1]), x[beyond])
     return np.concatenate(([np.nan], shape))
 
 
 def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
-    """The verify-cost curves a ``benchmarks/verify_curve_sizes.py`` run measured, as ``CURVES`` entries named
-    MODEL@CONTEXT (the GGUF's file name without .gguf): real model sizes' costs, to replay real outputs on."""
+    """The verify-cost curves a benchmark measured, as ``CURVES`` entries: from ``benchmarks/verify_curve_sizes.py``,
+    each model's at each context, named MODEL@CONTEXT (the GGUF's file name without .gguf), real model sizes' costs;
+    from ``benchmarks/decode_loop_curve.py``, the curve its decode loop paid (each k's points pooled with its
+    neighbours' by their passes where they dip) and its start-up calibration, named loop@FILE and calibration@FILE
+    (the result's file name without .json): one machine's costs, to replay real outputs on."""
     path = Path(path)
     try:
         result = json.loads(path.read_text())
+        if "loop_curve" in result:
+            loop = sorted((int(k), float(row["relative"]), float(row["passes"]))
+                          for k, row in result["loop_curve"].items())
+            pooled = nondecreasing([cost for _, cost, _ in loop], [passes for _, _, passes in loop])
+            return {f"loop@{path.stem}": {k: cost for (k, _, _), cost in zip(loop, pooled, strict=True)},
+                    f"calibration@{path.stem}": {int(k): float(v) for k, v in result["calibrated_curve"].items()}}
         return {f"{Path(m['path']).stem}@{context}": {int(k): float(row["relative"]) for k, row in curve.items()}
                 for m in result["models"] for context, curve in m["curves"].items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        raise BenchError(f"{path} is not a verify_curve_sizes result ({type(e).__name__}: {e})") from e
+        raise BenchError(f"{path} is not a verify_curve_sizes or decode_loop_curve result "
+                         f"({type(e).__name__}: {e})") from e
 
 
 @dataclass(frozen=True)
