@@ -1,6 +1,7 @@
 """The verify curve the decode loop pays, beside the start-up calibration, and n-gram lookup's speed-up side by side.
 
-    python benchmarks/decode_loop_curve.py [--model PATH] [--per-category 6] [--max-tokens 128] [--out DIR]
+    python benchmarks/decode_loop_curve.py [--model PATH] [--per-category 6] [--max-tokens 128] [--probe-every N]
+        [--out DIR]
 
 Two engines on one model in one process (default: the model `edgespec generate` loads, as this machine's race
 chose it): the target alone and n-gram lookup, γ auto, no tuning file. Spec-Bench's questions in file order,
@@ -19,6 +20,7 @@ Prints a table per category and the curves, writes decode_loop_curve.json and .p
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from collections import defaultdict
@@ -36,6 +38,7 @@ from edgespec.tuning import cpu_identity
 
 ENGINES = ("target", "ngram")
 CURVE_ROWS = (1, 2, 3, 4, 5, 6, 7)
+PROBE_ROWS = (1, 2, 4)  # --probe-every: the rows of the probe passes
 CONTEXT_BIN = 128  # tokens: a k-row pass is set against the 1-row passes whose context is in the same bin
 Passes = dict[int, list[tuple[int, float]]]  # rows → (context the pass started at, seconds) of each pass
 
@@ -45,14 +48,31 @@ def open_engines(model: str, threads: int) -> dict[str, Engine]:
             for name in ENGINES}
 
 
-def time_passes(engine: Engine, passes: Passes) -> None:
-    """Record every target pass of ``engine`` of up to 17 rows (decode steps, not prefill chunks) by its rows."""
+def time_passes(engine: Engine, passes: Passes, probes: Passes | None = None, probe_every: int = 0) -> None:
+    """Record every target pass of ``engine`` of up to 17 rows (decode steps, not prefill chunks) by its rows. With
+    ``probes`` and ``probe_every`` n, before every n-th of them the target also runs a pass of each of PROBE_ROWS
+    random tokens at the same context, rolled back: what a row costs at the loop's own moments, beside what its own
+    passes cost (a machine whose one-row pass moves from minute to minute moves both alike)."""
     arena = engine.arena
     extend = arena.extend
+    counted = itertools.count(1)
+    rng = np.random.default_rng(0)
+
+    def probe(context: int) -> None:
+        target = engine.target
+        end = target.cache_end()
+        for k in PROBE_ROWS:
+            tokens = rng.integers(1000, target.n_vocab, k).tolist()
+            began = time.perf_counter()
+            target.decode(tokens, end, k)
+            probes[k].append((context, time.perf_counter() - began))  # type: ignore[index]
+            target.truncate(end)
 
     def timed(name: str, speculative: list[int], n_logits: int) -> np.ndarray:
         context = len(arena.held[name])
         rows = len(arena.tokens) - context + len(speculative)
+        if name == "target" and rows <= 17 and probes is not None and next(counted) % probe_every == 0:
+            probe(context)
         began = time.perf_counter()
         logits = extend(name, speculative, n_logits)
         if name == "target" and rows <= 17:
@@ -129,6 +149,11 @@ def loop_curve(passes: Passes) -> dict[int, dict[str, float]]:
     return curve
 
 
+def median_ms(passes: Passes, k: int) -> str:
+    """The median k-row pass in ms, as printed ("-" where there was none)."""
+    return f"{np.median([seconds for _, seconds in passes[k]]) * 1e3:.2f}" if passes.get(k) else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a model path or name (default: what this machine's race chose)")
@@ -136,6 +161,10 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--probe-every", type=int, default=0,
+                        help="before every N-th pass of the speculative engine, time probe passes of 1, 2 and 4 rows "
+                             "at the same context (rolled back; default 0: none). Their time counts in the "
+                             "speculative engine's: read its speed-up from a run without them")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for decode_loop_curve.json/.png")
     args = parser.parse_args()
     model = args.model or default_choice(args.threads, "cpu").target
@@ -145,7 +174,8 @@ def main() -> None:
         curve = engines["ngram"].calibrate(rounds=5, statistic=np.min)
         calibrated = {k: curve.seconds(k) / curve.seconds(1) for k in CURVE_ROWS}
         passes: Passes = defaultdict(list)
-        time_passes(engines["ngram"], passes)
+        probes: Passes = defaultdict(list)
+        time_passes(engines["ngram"], passes, probes if args.probe_every > 0 else None, args.probe_every)
         records = play(engines, questions, args.max_tokens)
         controller = engines["ngram"].controller
         assert controller is not None  # γ auto: set up by the first generation
@@ -171,6 +201,13 @@ def main() -> None:
         cell = (f"{loop[k]['relative']:>28.2f} ({loop[k]['passes']:>5}){loop[k]['all_contexts']:>14.2f}" if k in loop
                 else f"{'-':>37}{'-':>14}")
         print(f"{k:>4}{calibrated[k]:>13.2f}{cell}{learned[k]:>12.2f}")
+    if probes:
+        probed = loop_curve(probes)
+        print(f"probes (before every {args.probe_every} passes, rolled back; their time is in ngram's tok/s above), "
+              "same context: "
+              + ", ".join(f"{k} rows {probed[k]['relative']:.2f}" for k in PROBE_ROWS if k in probed)
+              + "; median ms, loop / probes: "
+              + ", ".join(f"{k} rows {median_ms(passes, k)} / {median_ms(probes, k)}" for k in PROBE_ROWS))
     print("controller: what the speculative engine's γ controller believed at the end (each k verified lately at what "
           f"its verifies cost, the others at {steepness:.2f} × its own start-up calibration's excess over one row)")
 
@@ -180,6 +217,7 @@ def main() -> None:
                                "per_category": args.per_category, "max_tokens": args.max_tokens,
                                "summary": summary, "loop_curve": loop, "calibrated_curve": calibrated,
                                "controller_curve": learned, "controller_steepness": steepness,
+                               "probe_every": args.probe_every, "probe_curve": loop_curve(probes) if probes else None,
                                "records": records}, indent=1))
     ks = [k for k in CURVE_ROWS if k in loop]
     lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--"),
