@@ -201,8 +201,8 @@ def main() -> None:
         cell = (f"{loop[k]['relative']:>28.2f} ({loop[k]['passes']:>5}){loop[k]['all_contexts']:>14.2f}" if k in loop
                 else f"{'-':>37}{'-':>14}")
         print(f"{k:>4}{calibrated[k]:>13.2f}{cell}{learned[k]:>12.2f}")
-    if probes:
-        probed = loop_curve(probes)
+    probed = loop_curve(probes) if probes else None
+    if probed is not None:
         print(f"probes (before every {args.probe_every} passes, rolled back; their time is in ngram's tok/s above), "
               "same context: "
               + ", ".join(f"{k} rows {probed[k]['relative']:.2f}" for k in PROBE_ROWS if k in probed)
@@ -217,7 +217,7 @@ def main() -> None:
                                "per_category": args.per_category, "max_tokens": args.max_tokens,
                                "summary": summary, "loop_curve": loop, "calibrated_curve": calibrated,
                                "controller_curve": learned, "controller_steepness": steepness,
-                               "probe_every": args.probe_every, "probe_curve": loop_curve(probes) if probes else None,
+                               "probe_every": args.probe_every, "probe_curve": probed,
                                "records": records}, indent=1))
     ks = [k for k in CURVE_ROWS if k in loop]
     lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--"),

@@ -101,7 +101,7 @@ class CostCurve:
     _anchor: float = field(init=False, repr=False)  # the calibration's weight in the steepness (``_refit``)
 
     def __post_init__(self) -> None:
-        self.shape[1:] = _physical(self.shape[1:].tolist(), [1.0] * (len(self.shape) - 1))
+        self.shape[1:] = physical(self.shape[1:].tolist(), [1.0] * (len(self.shape) - 1))
         self._cost = self.shape[1:].tolist()
         self._set_excess([cost - 1 for cost in self._cost])
         self._seen = [0.0] * len(self._cost)
@@ -193,7 +193,7 @@ class CostCurve:
         for seen, cost, excess in rows:
             prior = 1 + self.steepness * excess
             blended.append(prior + seen / (seen + 1) * (cost - prior))
-        self.shape[1:] = _physical(blended, [seen + 1 for seen in self._seen])
+        self.shape[1:] = physical(blended, [seen + 1 for seen in self._seen])
 
     def learned(self) -> dict[str, list[float]]:
         """What the verifies taught of each k's cost, for the next process on the same model (``start_from``)."""
@@ -215,18 +215,20 @@ class CostCurve:
         return {k: round(self.seconds(k), 6) for k in range(1, len(self.shape))}
 
 
-def _physical(shape: list[float], weight: list[float]) -> list[float]:
-    """``shape`` (from k = 1, the unit, kept) made physical, each other point moved as little as its ``weight``
-    says (a weighted isotonic fit, pooling adjacent violators): verifying more tokens never costs less, and k tokens
-    in one pass never cost more than k passes of one (the engine could always do that instead). Timings on a busy
-    machine say otherwise (measured under load: k = 5 at 1.36 against k = 3 at 2.05; k = 14 at 83× one token): a
-    curve that dips makes the controller verify long drafts that are rarely accepted, one that soars makes it
-    conclude that no draft could ever pay, and never try one to find out. Pooling, not raising every later point to
-    the highest before it, keeps one noisy or overestimated k from lifting all the k after it."""
-    return nondecreasing([1.0, *(min(value, k) for k, value in enumerate(shape[1:], start=2))], weight)
+def physical(shape: list[float], weight: list[float], rows: Sequence[int] | None = None) -> list[float]:
+    """``shape`` (the cost of ``rows`` tokens each, default 1, 2, 3, ...: from k = 1, the unit, kept) made physical,
+    each other point moved as little as its ``weight`` says (a weighted isotonic fit, pooling adjacent violators):
+    verifying more tokens never costs less, and k tokens in one pass never cost more than k passes of one (the engine
+    could always do that instead). Timings on a busy machine say otherwise (measured under load: k = 5 at 1.36
+    against k = 3 at 2.05; k = 14 at 83× one token): a curve that dips makes the controller verify long drafts that
+    are rarely accepted, one that soars makes it conclude that no draft could ever pay, and never try one to find out.
+    Pooling, not raising every later point to the highest before it, keeps one noisy or overestimated k from lifting
+    all the k after it."""
+    ks = rows if rows is not None else range(1, len(shape) + 1)
+    return _nondecreasing([1.0, *(min(value, k) for k, value in zip(ks[1:], shape[1:], strict=True))], weight)
 
 
-def nondecreasing(values: list[float], weight: list[float]) -> list[float]:
+def _nondecreasing(values: list[float], weight: list[float]) -> list[float]:
     """``values`` with each run that decreases pooled into its weighted mean (a weighted isotonic fit, pooling adjacent
     violators); the first value is a fixed unit and never moves (its weight is not read)."""
     if all(a <= b for a, b in pairwise(values)):

@@ -25,7 +25,7 @@ from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
 from ..drafters.ngram import NgramDrafter
 from ..drafters.recycled import top_successors
 from ..drafters.tree import TreeDrafter
-from ..gamma import MAX_GAMMA, CostCurve, GammaController, nondecreasing
+from ..gamma import MAX_GAMMA, CostCurve, GammaController, physical
 from ..proposal import propose
 from ..sampling import SamplingParams
 from ..verify import accepted_tree_path
@@ -75,7 +75,7 @@ def curve_shape(points: dict[int, float]) -> np.ndarray:
     ks = sorted(points)
     if ks[0] != 1 or len(ks) < 2:
         raise BenchError(f"a cost curve needs k = 1 and at least one more point, got {points}")
-    values = nondecreasing([1.0, *(min(points[k], k) for k in ks[1:])], [1.0] * len(ks))
+    values = physical([points[k] for k in ks], [1.0] * len(ks), ks)
     x = np.arange(1, MAX_GAMMA + 2)
     shape = np.interp(x, ks, values)
     slope = (values[-1] - values[-2]) / (ks[-1] - ks[-2])
@@ -96,7 +96,7 @@ def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
         if "loop_curve" in result:
             loop = sorted((int(k), float(row["relative"]), float(row["passes"]))
                           for k, row in result["loop_curve"].items())
-            pooled = nondecreasing([cost for _, cost, _ in loop], [passes for _, _, passes in loop])
+            pooled = physical([cost for _, cost, _ in loop], [passes for _, _, passes in loop], [k for k, _, _ in loop])
             return {f"loop@{path.stem}": {k: cost for (k, _, _), cost in zip(loop, pooled, strict=True)},
                     f"calibration@{path.stem}": {int(k): float(v) for k, v in result["calibrated_curve"].items()}}
         return {f"{Path(m['path']).stem}@{context}": {int(k): float(row["relative"]) for k, row in curve.items()}
