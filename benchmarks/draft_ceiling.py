@@ -67,7 +67,7 @@ def own_rows(streams: list[Stream]) -> list[dict]:
         lookup.begin(context)
         for i, token in enumerate(stream.output):
             draft = lookup.propose(context, 1, params, rng)
-            c = counts.setdefault(draft.key if len(draft) else 0, [0, 0, 0, 0])
+            c = counts.setdefault(draft.key[0] if len(draft) else 0, [0, 0, 0, 0])
             c[0] += 1
             c[1] += bool(len(draft)) and draft.tokens[0] == token
             guess = next((table[k] for n in (3, 2, 1) if (k := tuple(context[-n:])) in table), None)

@@ -163,7 +163,7 @@ def lookup_guesses(ids: list[int], prompt: int) -> tuple[np.ndarray, np.ndarray]
     for j in range(prompt, len(ids)):
         draft = lookup.propose(context, 1, params, rng)
         if len(draft):
-            keys[j], guesses[j] = draft.key, draft.tokens[0]
+            keys[j], guesses[j] = draft.key[0], draft.tokens[0]
         context.append(ids[j])
     return keys, guesses
 
@@ -252,7 +252,7 @@ def chain_replay(head: object, test: list[Answer], gamma: int = 3) -> dict[str, 
                 while j < len(ids):
                     draft = lookup.propose(context, gamma, params, rng)
                     guess = list(draft.tokens)
-                    if length and (not len(draft) or draft.key < 2) and j >= 2 and sure[j - 2] >= min_p:
+                    if length and (not len(draft) or draft.key[0] < 2) and j >= 2 and sure[j - 2] >= min_p:
                         guess = [int(first[j - 2])]
                         if length == 2 and j + 1 < len(ids):
                             if min_p == 0:  # behind a wrong first token the second row is verified all the same

@@ -11,9 +11,10 @@ maximises   E[tokens | k] − λ · E[seconds | k]   where λ is the rate the en
 k = 0 (plain decoding) is always a candidate, so speculation only happens when it is expected to pay, and λ is
 never below plain decoding's rate (the best policy is at least that fast; a λ dragged down by drafts that lost
 would lower the bar for the next one, and losses would feed on themselves).
-Acceptance a_j is tracked per drafter, per draft "key" (n-gram match length) and per streak (whether the
-drafter's previous draft was right as far as it was judged: inside a copied passage the next draft is likely
-right too), with decay so it follows the text being generated; a key with few samples leans on the drafter's
+Acceptance a_j is tracked per drafter, per draft "key" (n-gram: match length, and what the match's previous
+occurrence said) and per streak (whether the drafter's previous draft was right as far as it was judged: inside a
+copied passage the next draft is likely right too), with decay so it follows the text being generated; a key with
+few samples leans on its coarser key's rates (a tuple key's prefix: the match length alone), then on the drafter's
 pooled rates, which lean on a fixed prior only until the first steps of a session have been judged.
 
 Free drafts (lookup) are judged whether they are verified or not: the tokens the target commits next say how
@@ -44,6 +45,7 @@ from itertools import pairwise
 import numpy as np
 
 from .arena import common_prefix
+from .drafters.base import DraftKey
 from .verify import positions_tested
 
 MAX_GAMMA = 16
@@ -247,6 +249,26 @@ def _nondecreasing(values: list[float], weight: list[float]) -> list[float]:
     return [value for value, n in zip(pooled, points, strict=True) for _ in range(n)]
 
 
+_StatsKey = tuple[str, DraftKey, bool]  # drafter, draft key, streak
+
+
+def _levels(stats_key: _StatsKey) -> list[_StatsKey]:
+    """The statistics a draft's outcome teaches, coarse to fine: a tuple key's every prefix, or the key itself."""
+    drafter, key, streak = stats_key
+    if isinstance(key, int):
+        return [stats_key]
+    return [(drafter, key[:n], streak) for n in range(1, len(key) + 1)]
+
+
+def _draft_key(value: object) -> DraftKey:
+    """A draft key as JSON wrote it (a tuple as a list); ValueError for anything else."""
+    if isinstance(value, list) and value:
+        return tuple(int(x) for x in value)
+    if isinstance(value, int):
+        return value
+    raise ValueError(f"not a draft key: {value!r}")
+
+
 @dataclass
 class _Acceptance:
     """Decayed counts of drafted / accepted tokens per draft position (0-based), as plain floats: they change every
@@ -304,12 +326,12 @@ class GammaController:
         self._priors = {name: [float(x) for x in [*p, *[p[-1]] * MAX_GAMMA][:MAX_GAMMA]]
                         for name, p in (priors or {}).items() if p}
         self._pooled: dict[str, _Acceptance] = {}
-        self._keyed: dict[tuple[str, int, bool], _Acceptance] = {}
+        self._keyed: dict[_StatsKey, _Acceptance] = {}
         self._streak: dict[str, bool] = {}  # per drafter: was its last verified draft accepted whole?
-        self._declined: dict[tuple[str, int, bool], int] = {}
+        self._declined: dict[_StatsKey, int] = {}
         # Per free drafter: this step's draft (its statistics key and tokens), verified or not, until the
         # target's next tokens say how much of it was right.
-        self._shadows: dict[str, tuple[tuple[str, int, bool], list[int]]] = {}
+        self._shadows: dict[str, tuple[_StatsKey, list[int]]] = {}
         self._free: set[str] = set()  # drafters whose drafts have been judged for free
         # Per drafter: a drafted token's cost as a share of one single-token target pass (c). Kept as a ratio, not
         # in seconds, because both get dearer as the context grows: a draft cost frozen in seconds while the
@@ -333,7 +355,7 @@ class GammaController:
         nothing is taken."""
         try:
             pooled = {str(n): _Acceptance.from_lists(v) for n, v in learned["pooled"].items()}  # type: ignore
-            keyed = {(str(n), int(k), bool(s)): _Acceptance.from_lists(v)
+            keyed = {(str(n), _draft_key(k), bool(s)): _Acceptance.from_lists(v)
                      for n, k, s, v in learned["keyed"]}  # type: ignore[union-attr]
             ratios = {str(n): float(r) for n, r in learned["draft_ratio"].items()}  # type: ignore[union-attr]
             if "curve" in learned:  # files written before the curve was learned per k lack it
@@ -366,22 +388,23 @@ class GammaController:
         plain = 1.0 / (self.curve.seconds(1) + self._overhead)
         return max(self._tokens / self._seconds, plain) if self._seconds > 0 else plain
 
-    def acceptance(self, drafter: str, key: int, positions: int = MAX_GAMMA) -> list[float]:
+    def acceptance(self, drafter: str, key: DraftKey, positions: int = MAX_GAMMA) -> list[float]:
         """Acceptance of the first ``positions`` draft positions for this key: a free drafter's lower estimate (its
         declined drafts are judged anyway, so caution costs only a late start), another's posterior mean (it learns
-        only by drafting, so it needs the benefit of the doubt, and exploration)."""
+        only by drafting, so it needs the benefit of the doubt, and exploration). Each level's rates are the prior of
+        the next finer one: the fixed prior, the drafter's pooled statistics, then the key's, coarse to fine."""
         lower_z = _LOWER_Z if drafter in self._free else 0.0
-        pooled = self._pooled.get(drafter)
         base = self._priors.get(drafter, _PRIOR)[:positions]
-        if pooled is None:
-            return _Acceptance().rates(base, lower_z)
-        keyed = self._keyed.get(self._key(drafter, key))
-        return keyed.rates(pooled.rates(base), lower_z) if keyed else pooled.rates(base, lower_z)
+        levels = [self._pooled.get(drafter), *map(self._keyed.get, _levels(self._key(drafter, key)))]
+        known = [stats for stats in levels if stats is not None] or [_Acceptance()]
+        for stats in known[:-1]:
+            base = stats.rates(base)
+        return known[-1].rates(base, lower_z)
 
-    def _key(self, drafter: str, key: int) -> tuple[str, int, bool]:
+    def _key(self, drafter: str, key: DraftKey) -> _StatsKey:
         return drafter, key, self._streak.get(drafter, False)
 
-    def choose(self, drafter: str, key: int, available: int, draft_cost_sunk: bool,
+    def choose(self, drafter: str, key: DraftKey, available: int, draft_cost_sunk: bool,
                tokens: Sequence[int] | None = None) -> int:
         """How many of ``available`` draft tokens to verify (0: decode plainly this step). ``tokens``: the
         draft itself, when it is free (lookup): what the target commits next tells how much of it was right,
@@ -405,7 +428,7 @@ class GammaController:
             # A draft that was never made teaches nothing: what a few rejections taught fades back toward the
             # prior, and every _EXPLORE_EVERY declines one token is verified anyway, so one unlucky passage
             # cannot keep a model drafter off for the rest of a session.
-            for stats in (self._keyed.get(stats_key), self._pooled.get(drafter)):
+            for stats in (*map(self._keyed.get, _levels(stats_key)), self._pooled.get(drafter)):
                 if stats is not None:
                     stats.fade()
             self._declined[stats_key] = self._declined.get(stats_key, 0) + 1
@@ -415,7 +438,7 @@ class GammaController:
         return k
 
     # -- learning ---------------------------------------------------------------------------------------
-    def observe(self, drafter: str | None, key: int, drafted: int, accepted: int,
+    def observe(self, drafter: str | None, key: DraftKey, drafted: int, accepted: int,
                 draft_s: float, verify_s: float, passes: int | None = None,
                 committed: Sequence[int] | None = None) -> None:
         """One verify step: ``drafted`` tokens verified, ``accepted`` kept (plus the target's own token).
@@ -449,9 +472,10 @@ class GammaController:
                 self._learn(drafter, stats_key, tested, matched)
         return set(self._shadows)
 
-    def _learn(self, drafter: str, stats_key: tuple[str, int, bool], tested: int, accepted: int) -> None:
+    def _learn(self, drafter: str, stats_key: _StatsKey, tested: int, accepted: int) -> None:
         self._pooled.setdefault(drafter, _Acceptance()).observe(tested, accepted)
-        self._keyed.setdefault(stats_key, _Acceptance()).observe(tested, accepted)
+        for level in _levels(stats_key):
+            self._keyed.setdefault(level, _Acceptance()).observe(tested, accepted)
         self._streak[drafter] = accepted == tested
 
     def observe_overhead(self, seconds: float) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 import pytest
 
+from edgespec.drafters.base import DraftKey
 from edgespec.gamma import MAX_GAMMA, CostCurve, GammaController
 
 # A CPU-like verify curve: cost(k tokens) / cost(1) = 1 + 0.35 (k − 1), as llama.cpp's on this machine.
@@ -114,7 +116,8 @@ def _curve(slope: float) -> CostCurve:
     return CostCurve(np.concatenate(([np.nan], 1 + slope * np.arange(MAX_GAMMA + 1))), SCALE)
 
 
-def _step(controller: GammaController, right: int, draft: tuple[int, ...] = (11, 12, 13, 14), key: int = 3) -> int:
+def _step(controller: GammaController, right: int, draft: tuple[int, ...] = (11, 12, 13, 14),
+          key: DraftKey = 3) -> int:
     """One engine step with a free 4-token draft of which the first ``right`` tokens are what the target says
     next: the controller cuts it to k, the target keeps the matching prefix and adds its own token."""
     k = controller.choose("ngram", key, len(draft), True, draft)
@@ -148,6 +151,28 @@ def test_declined_drafts_still_teach_so_drafting_stops_after_misses_and_resumes_
     assert min(copying[5:]) >= 3
     assert sum(missing[10:]) == 0  # no exploration needed: each declined draft was judged anyway
     assert min(resumed[3:]) >= 3
+
+
+def test_a_new_key_leans_on_what_its_coarser_key_learned() -> None:
+    """A tuple key is read coarse to fine: lookup's (match length, evidence). A key not seen yet starts from what its
+    match length taught, not from the drafter's pooled rates, so one new kind of evidence on a long match is not
+    judged by the one-token matches' misses; and what it learns is its own."""
+    controller = GammaController(_curve(0.35))
+    for _ in range(20):  # each twice in a row, so that each is learned on a streak and off one
+        for _ in range(2):
+            _step(controller, 4, key=(4, 2))  # long matches the text agreed with: right
+        for _ in range(2):
+            _step(controller, 0, key=(1, 2))  # one-token matches: wrong
+    long_new, short_new = controller.acceptance("ngram", (4, 3), 2), controller.acceptance("ngram", (1, 3), 2)
+    pooled = controller.acceptance("ngram", 7, 2)  # a plain key never seen: the pooled rates
+    assert long_new[0] > pooled[0] > short_new[0]
+    assert _step(controller, 4, key=(4, 3)) >= 2 and _step(controller, 4, key=(1, 3)) == 0
+    for _ in range(40):
+        _step(controller, 0, key=(4, 3))  # the new evidence proves wrong on long matches
+    assert controller.acceptance("ngram", (4, 3), 1)[0] < 0.2 < controller.acceptance("ngram", (4, 2), 1)[0]
+    restored = GammaController(_curve(0.35))
+    restored.start_from(json.loads(json.dumps(controller.learned())))  # tuple keys survive the file (as lists)
+    assert restored.learned() == controller.learned()
 
 
 def test_the_rate_to_beat_is_never_below_plain_decoding() -> None:

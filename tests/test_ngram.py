@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import NgramDrafter
+from edgespec.drafters.ngram import AGREED, ALONE, DIFFERED
 from edgespec.errors import InvalidParameterError
 from edgespec.sampling import SamplingParams
 
@@ -14,12 +15,14 @@ RNG = np.random.default_rng(0)
 
 
 def rescan(context: list[int], n_max: int, n_min: int, limit: int) -> tuple[list[int], int]:
-    """Reference: longest suffix first, most recent earlier occurrence, by brute force."""
+    """Reference: longest suffix first, most recent earlier occurrence, by brute force; the key from the match length
+    and whether the occurrence before it was followed by the same token."""
     for n in range(min(n_max, len(context)), n_min - 1, -1):
         suffix = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start:start + n] == suffix:
-                return context[start + n:start + n + limit], n
+        after = [start + n for start in range(len(context) - n - 1, -1, -1) if context[start:start + n] == suffix]
+        if after:
+            evidence = ALONE if len(after) == 1 else AGREED if context[after[1]] == context[after[0]] else DIFFERED
+            return context[after[0]:after[0] + limit], (n, evidence)
     return [], 0
 
 
@@ -28,7 +31,17 @@ def test_proposes_the_continuation_of_the_longest_match() -> None:
     context = [1, 2, 3, 4, 5, 9, 9, 2, 3]
     d.begin(context)
     draft = d.propose(context, 4, GREEDY, RNG)
-    assert draft.tokens == [4, 5, 9, 9] and draft.key == 2
+    assert draft.tokens == [4, 5, 9, 9] and draft.key == (2, ALONE)
+
+
+def test_the_key_says_whether_the_matchs_previous_occurrence_was_followed_alike() -> None:
+    """The text's own evidence on a match: the token after its previous occurrence against the one after its
+    latest."""
+    d = NgramDrafter(n_max=2)
+    for context, evidence in (([7, 1, 2, 8, 1, 2, 8, 1, 2], AGREED), ([7, 1, 2, 5, 1, 2, 8, 1, 2], DIFFERED)):
+        d.begin(context)
+        draft = d.propose(context, 2, GREEDY, RNG)
+        assert draft.tokens == [8, 1] and draft.key == (2, evidence)
 
 
 def test_no_match_proposes_nothing() -> None:

@@ -180,12 +180,14 @@ def test_a_branch_drafter_that_does_not_pay_for_its_time_is_consulted_only_to_ex
 
 def test_a_branch_drafter_that_pays_for_its_time_stays_consulted(clock: FakeClock) -> None:
     """Text where the same two bytes are followed by different ones: the recycled table's branches are accepted
-    where lookup's spine is wrong, worth more than the 2% of a pass each proposal is charged."""
+    where lookup's spine is wrong, worth more than the 2% of a pass each proposal is charged. The suffix trie, which
+    would offer the same branches and take their credit, is made dear (half a pass), so it drops out."""
     rng = np.random.default_rng(4)
     sequence = [BOS, *encode("".join(f"ab{rng.integers(1, 4)} " for _ in range(40)))]
     model = FakeModel(scripted(sequence), n_ctx=2048, clock=clock, pass_cost=lambda n: 0.01)
     engine = Engine(model, mode="tree", gamma="auto")
     calls = _charging(engine.tree_drafter.recycled, clock, 0.0002)
+    _charging(engine.tree_drafter.suffix, clock, 0.005)
     out = engine.generate(sequence[:40], max_tokens=200)
     assert out.tokens == sequence[40:]
     steps = len(out.tokens) - out.stats.accepted

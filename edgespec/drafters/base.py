@@ -18,6 +18,9 @@ ROOT = -1  # the parent index of a node that follows the last committed token
 MAX_TREE_LEAVES = 16  # root-to-leaf paths in one verified tree (llama.cpp: one sequence each)
 
 
+DraftKey = int | tuple[int, ...]
+
+
 @dataclass
 class Draft:
     """Proposed tokens for the positions after the committed sequence: a chain, or a tree of candidates.
@@ -32,9 +35,11 @@ class Draft:
     # One q-distribution per token when the drafter sampled them; None when it proposes deterministically
     # (lookup, or a greedy draft model): q is then one-hot on the token. Chains only: tree nodes are never sampled.
     probs: np.ndarray | None = None
-    # The context the proposal came from (n-gram: the matched length). Acceptance is tracked per key, so the γ
-    # controller learns e.g. that 1-token matches rarely pay while 4-token matches do.
-    key: int = 0
+    # The context the proposal came from (n-gram: the matched length and what the text said of the match). Acceptance
+    # is tracked per key, so the γ controller learns e.g. that 1-token matches rarely pay while 4-token matches do.
+    # A tuple is read coarse to fine: until a key's own drafts have been judged, the controller leans on its
+    # prefixes' statistics (a new (3, AGREED) on what (3,) taught), not on the drafter's pooled ones.
+    key: DraftKey = 0
     # Forward passes the drafter spent (a model drafter that stopped early on low confidence spent one more
     # than it proposed); None: one per token. The γ controller charges them all.
     passes: int | None = None
