@@ -270,7 +270,7 @@ class SuffixDrafter:
         self.update(context)
         best = Draft([])
         best_score = 0.0
-        best_trie = self._request
+        best_trie, best_match = self._request, 0
         if max_tokens <= 0:
             return best
         for trie in (self._request, self.store.trie):
@@ -286,8 +286,8 @@ class SuffixDrafter:
                 draft = trie.grow(node, size, self.min_prob)
                 score = sum(draft.scores or ())
                 if score > best_score:
-                    best, best_score, best_trie = draft, score, trie
+                    best, best_score, best_trie, best_match = draft, score, trie, m
                     best.key = m
         if best_trie is not self._request:
-            self.store.used([*context[-best.key:], best.tokens[0]])
+            self.store.used([*context[-best_match:], best.tokens[0]])
         return best
