@@ -27,9 +27,11 @@ from .suffix import SuffixDrafter
 
 _PRIOR = 1.0  # a branch drafter's estimates are taken at face value until verification has weighed a few (one node)
 _DECAY = 0.99  # per verify step
-# A branch drafter that does not pay for its own time is still consulted every this many steps, so that what it
-# would add keeps being measured (the γ controller's exploration, for drafting time).
-_EXPLORE_EVERY = 16
+# Every this many steps one branch drafter that does not pay for its own time is consulted anyway, the drafters in
+# turn, so that what each would add keeps being measured (the γ controller's exploration, for drafting time). One at a
+# time, because a node two drafters offer is credited to one: explored together, the suffix trie took the credit for
+# branches the recycled table offered too, and the table never won its way back (docs/tree-drafting.md).
+_EXPLORE_EVERY = 8
 
 
 Origin = tuple[str, float]  # the drafter that scored a node best, and its own estimate given the node's parent
@@ -151,8 +153,8 @@ class TreeDrafter:
     def propose_tree(self, context: Sequence[int], budget: int, controller: GammaController | None,
                      max_leaves: int, params: SamplingParams, rng: np.random.Generator) -> tuple[Draft, list[Origin]]:
         """The tree to verify (laid out likeliest path first) and each node's origin. ``max_leaves`` 1: a chain.
-        Each branch drafter is consulted while it pays for its own time (``Worth``), and every ``_EXPLORE_EVERY``
-        steps."""
+        Each branch drafter is consulted while it pays for its own time (``Worth``), and in its turn of the
+        exploration steps (every ``_EXPLORE_EVERY``)."""
         self._consulted, self._spine = set(), []
         if budget <= 0:
             return Draft([]), []
@@ -172,8 +174,10 @@ class TreeDrafter:
         self._spine = spine.tokens[:k]
         self._steps += 1
         rate = None if controller is None else controller.rate()
+        names = list(self._worth)
+        explored = names[self._steps // _EXPLORE_EVERY % len(names)] if self._steps % _EXPLORE_EVERY == 0 else None
         self._consulted = {name for name, worth in self._worth.items()
-                           if rate is None or self._steps % _EXPLORE_EVERY == 0 or worth.pays(rate)}
+                           if rate is None or name == explored or worth.pays(rate)}
         # This request's suffix trie follows every step, as the recycled table does (``observe``): an exploration
         # step would otherwise pay the catch-up of every step it skipped, and never look worth its time.
         self.suffix.update(context)
