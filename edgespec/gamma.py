@@ -22,9 +22,12 @@ much of a draft was right, at no cost. So γ = 0 teaches as much as drafting doe
 speculation off without paying for the evidence, and it switches back on as soon as declined drafts start
 matching (a copied passage after a stretch of misses). Because evidence is free, there is nothing to gain from
 optimism: a free drafter's acceptance is taken one standard deviation below its posterior mean, so a key with
-little evidence, or evidence from another text, is declined until its own drafts have been seen to match, and
-caution costs only a late start. A model drafter's declined draft is never made, so for it the posterior mean,
-the fade of declined keys toward the prior and a one-token exploration every _EXPLORE_EVERY declines remain.
+little evidence is declined until its own drafts have been seen to match, and caution costs only a late start. A
+key well learned on an earlier text is believed on the next until that text's drafts contradict it (one controller
+serves every request): a lookup key right on copied text was verified twice more on the scripted fresh text after
+it in tests/test_replay.py, ~0.3% of that text's time. A model drafter's declined draft is never made, so for it
+the posterior mean, the fade of declined keys toward the prior and a one-token exploration every _EXPLORE_EVERY
+declines remain.
 
 Why the controller this replaced lost on a steep curve (`edgespec replay`, recorded Spec-Bench outputs): it
 learned only from verified drafts, so declined keys faded back toward an optimistic prior (0.6) and were re-tried,

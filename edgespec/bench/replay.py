@@ -21,7 +21,7 @@ import numpy as np
 
 from ..arena import common_prefix
 from ..drafters import Drafter, OutputStore, RecycledDrafter, SuffixDrafter
-from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, depths
+from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, DraftKey, depths
 from ..drafters.ngram import NgramDrafter
 from ..drafters.recycled import top_successors
 from ..drafters.tree import TreeDrafter
@@ -300,7 +300,7 @@ class Played(NamedTuple):
     drafted: int
     accepted: int
     name: str | None = None
-    key: int = 0
+    key: DraftKey = 0
     passes: int | None = None
     cost: float = 0.0
 

@@ -13,11 +13,11 @@ from .base import Draft
 
 # What the text has said of a match before it is verified: the token that followed the matched n-gram's previous
 # occurrence against the one after its latest (the index's undo log holds where the previous one was). On Spec-Bench's
-# development half (280 target-only outputs, docs/controller.md) lookup's first token was right 53% of the time where
-# the two agreed, 15% where they differed and 31% where the match had occurred once, for one-token matches; 74 / 26 /
-# 56% for two tokens, 95 / 38 / 80% for longer ones. A draft's key is (match length, evidence): the γ controller
-# learns each key's acceptance, a new one leaning on its match length's, so a draft the text contradicts is declined
-# (and the next drafter asked), one it confirms drafted long.
+# development half (280 target-only outputs, docs/drafting-experiments.md) lookup's first token was right 53% of the
+# time where the two agreed, 15% where they differed and 31% where the match had occurred once, for one-token matches;
+# 74 / 26 / 56% for two tokens, 95 / 38 / 80% for longer ones. A draft's key is (match length, evidence): the γ
+# controller learns each key's acceptance, a new one leaning on its match length's, so a draft the text contradicts is
+# declined (and the next drafter asked), one it confirms drafted long.
 ALONE, AGREED, DIFFERED = 1, 2, 3
 
 

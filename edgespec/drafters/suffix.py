@@ -287,7 +287,7 @@ class SuffixDrafter:
                 score = sum(draft.scores or ())
                 if score > best_score:
                     best, best_score, best_trie, best_match = draft, score, trie, m
-                    best.key = m
+        best.key = best_match  # the matched length
         if best_trie is not self._request:
             self.store.used([*context[-best_match:], best.tokens[0]])
         return best

@@ -174,8 +174,8 @@ class TreeDrafter:
         self._spine = spine.tokens[:k]
         self._steps += 1
         rate = None if controller is None else controller.rate()
-        names = list(self._worth)
-        explored = names[self._steps // _EXPLORE_EVERY % len(names)] if self._steps % _EXPLORE_EVERY == 0 else None
+        explored = (list(self._worth)[self._steps // _EXPLORE_EVERY % len(self._worth)]
+                    if self._steps % _EXPLORE_EVERY == 0 else None)
         self._consulted = {name for name, worth in self._worth.items()
                            if rate is None or name == explored or worth.pays(rate)}
         # This request's suffix trie follows every step, as the recycled table does (``observe``): an exploration
