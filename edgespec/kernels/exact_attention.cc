@@ -235,11 +235,12 @@ struct Call {
   int64_t block;         // of them per task (``block_size``); a call runs KV · ceil(vectors / block) tasks
 };
 
-// A task: one KV head and a block of the query vectors that read it ((row, query head) pairs, row-major): at
-// least kMinBlock, at most kMaxBlock, else about kTasksPerHead blocks per KV head, so a long prefill chunk reads
-// each key a few times per layer, not once per four vectors, and a short call still gives every thread work.
+// A task: one KV head and a block of the query vectors that read it ((row, query head) pairs, row-major): about
+// kTasksPerHead blocks per KV head, so a long prefill chunk reads each key a few times per layer, not once per few
+// vectors, and a short call still gives every thread work; each block a whole number of kShared-vector runs (a
+// block of four split into runs of three and one, the lone one widening every key for itself), at most kMaxBlock.
 // The block changes which vectors share the reads, never a vector's arithmetic.
-constexpr int64_t kMinBlock = 4, kMaxBlock = 32, kTasksPerHead = 4;
+constexpr int64_t kMaxBlock = 32, kTasksPerHead = 4;
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 64;  // keys whose keys and values stay in L1 while every vector of the task reads them
 constexpr int64_t kShared = 3;  // vectors that share each key's widening (their sums in registers)
@@ -380,9 +381,11 @@ void attend(const Call<KV>& c, int64_t kv, int64_t v0, int64_t count, float* sco
     for (int64_t d = 0; d < c.dim; d += kLanes) store(outs[i] + d, load(acc[i] + d) * inverse[i]);
 }
 
-// Query vectors per task for a call of ``vectors`` per KV head.
+// Query vectors per task for a call of ``vectors`` per KV head: a multiple of kShared (SmolLM2, three query heads
+// per KV head: a task per row for calls of up to four rows).
 int64_t block_size(int64_t vectors) {
-  return std::clamp((vectors + kTasksPerHead - 1) / kTasksPerHead, kMinBlock, kMaxBlock);
+  const int64_t block = (vectors + kTasksPerHead - 1) / kTasksPerHead;
+  return std::min((block + kShared - 1) / kShared * kShared, kMaxBlock / kShared * kShared);
 }
 
 template <typename KV>
@@ -499,8 +502,10 @@ struct ExactAttentionKernel {
     Call<KV> call{queries, keys, values, out.GetTensorMutableData<float>(), rows, heads, kv_heads, dim,
               length, first, depth, tree ? paths.data() : nullptr, scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(dim)), softcap,
               window, vectors, block_size(vectors)};
-    // 0 batches: as many as the pool has threads
-    ctx.ParallelFor(attend_task<KV>, static_cast<size_t>(kv_heads * blocks(call)), 0, &call);
+    // A batch per task: the pool's threads take the next task as they finish one (a fixed split of nine tasks over
+    // two threads gave one of them five; one row's three, two).
+    const size_t tasks = static_cast<size_t>(kv_heads * blocks(call));
+    ctx.ParallelFor(attend_task<KV>, tasks, tasks, &call);
   }
 };
 
