@@ -6,6 +6,7 @@ token differently from the same position among several, so graphs using it pad s
 costs one row, a verify batch reads each key once, and a row's result is the same bits in any call.
 ``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/block_int8.py``).
+``edgespec.SwiGlu`` (``kernels/swiglu.cc``): a Llama MLP's silu(gate) · up in one op instead of three.
 
 Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s; else the first
 export or load that wants it, ``ensure``) with the system's C++ compiler for this CPU, into the Python environment
@@ -38,10 +39,10 @@ from .home import downloads_dir
 from .tuning import cpu_identity
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc")]
-HEADERS = [KERNELS / "ops.h"]
+SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc", "swiglu.cc")]
+HEADERS = [KERNELS / name for name in ("ops.h", "vector_math.h")]
 # The ops' names, as the exported graphs and manifests write them (export/onnx_graphs.py, export/block_int8.py)
-DOMAIN, ATTENTION_OP, PRODUCTS_OP = "edgespec", "ExactAttention", "BlockInt8MatMul"
+DOMAIN, ATTENTION_OP, PRODUCTS_OP, SWIGLU_OP = "edgespec", "ExactAttention", "BlockInt8MatMul", "SwiGlu"
 ATTENTION, PRODUCTS = f"{DOMAIN}.{ATTENTION_OP}", f"{DOMAIN}.{PRODUCTS_OP}"
 LIBRARY = "edgespec_ops"
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
@@ -269,5 +270,5 @@ def main() -> int:
     path = ensure()
     if path is None:
         return 1
-    print(f"edgespec: kernels (exact attention, block INT8 products): {path}")
+    print(f"edgespec: kernels (exact attention, block INT8 products, SwiGLU): {path}")
     return 0

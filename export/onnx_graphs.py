@@ -28,13 +28,14 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 10  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 11  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
 # edgespec.BlockInt8MatMul where the export timed it faster (export/block_int8.py); 8: that op's weights packed
 # 16 columns × 4 k per 64 bytes (was 8 × 4 per 32); 9: half KV under the exact attention (``kv_dtype``); 10: the
-# exact attention's ``tree_parents`` input (token trees verified in one pass)
+# exact attention's ``tree_parents`` input (token trees verified in one pass); 11: a Llama MLP's gate under the
+# exact attention as edgespec.SwiGlu (one op for Split, QuickGelu and Mul)
 
 
 @dataclass(frozen=True)
@@ -390,10 +391,14 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
                       join_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]))
     intermediate = gate_up_weight.shape[0] // 2
     gate_up = linear(g, h, gate_up_weight, "gate_up_proj")
-    gate, up = g.op("Split", [gate_up, g.ints(intermediate, intermediate)], 2, axis=-1)
-    # Gemma: GELU (tanh approximation); Llama: SiLU
-    act = g.one("Gelu", [gate], approximate="tanh") if spec.gemma else g.one("Mul", [gate, g.one("Sigmoid", [gate])])
-    d = linear(g, g.one("Mul", [act, up]), w("mlp.down_proj.weight"), "down_proj")
+    if exact and not spec.gemma:  # edgespec's SwiGlu (its library is there): one op for Split, QuickGelu and Mul
+        gated = g.one(custom_ops.SWIGLU_OP, [gate_up], domain=custom_ops.DOMAIN)
+    else:  # Gemma: GELU (tanh approximation); Llama: SiLU
+        gate, up = g.op("Split", [gate_up, g.ints(intermediate, intermediate)], 2, axis=-1)
+        act = (g.one("Gelu", [gate], approximate="tanh") if spec.gemma else
+               g.one("Mul", [gate, g.one("Sigmoid", [gate])]))
+        gated = g.one("Mul", [act, up])
+    d = linear(g, gated, w("mlp.down_proj.weight"), "down_proj")
     if spec.gemma:
         d = rms_norm(g, d, _norm_weight(spec, w("post_feedforward_layernorm.weight")), eps, "post_mlp_norm")
     out = g.one("Add", [x, d])

@@ -21,3 +21,4 @@ T* scratch(std::vector<T>& buffer, int64_t n) {
 
 void add_exact_attention(Ort::CustomOpDomain& domain);
 void add_block_int8_matmul(Ort::CustomOpDomain& domain);
+void add_swiglu(Ort::CustomOpDomain& domain);
