@@ -387,7 +387,10 @@ struct BlockInt8MatMulKernel {
     }
     Call call{{q.codes, q.scales}, b.GetTensorData<int8_t>(), s.GetTensorData<float>(),
               out.GetTensorMutableData<float>(), m, k, n};
-    ctx.ParallelFor(columns_task, static_cast<size_t>(n / kColumns), 0, &call);  // 0 batches: one per thread
+    // A batch per group of columns: a thread that finishes its share takes the next (in a fixed half each, the
+    // calling thread waited at every product for a pool thread that started later).
+    const size_t groups = static_cast<size_t>(n / kColumns);
+    ctx.ParallelFor(columns_task, groups, groups, &call);
   }
 };
 
