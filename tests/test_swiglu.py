@@ -5,6 +5,7 @@ this machine's, and an odd width refused with a clear error."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,8 @@ def test_an_element_has_the_same_bits_in_any_call() -> None:
 
 def test_the_portable_build_gives_the_same_bits(tmp_path: Path) -> None:
     """A baseline x86-64 build (no AVX2, no FMA, the vectors as SSE pairs) against this machine's."""
-    if not Path("/proc/cpuinfo").is_file() or "avx2" not in Path("/proc/cpuinfo").read_text().split():
-        pytest.skip("needs an x86 CPU with AVX2 to compare a baseline build with this one's")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the x86-64 build runs on x86 only")
     other = tmp_path / "x86-64.so"
     custom_ops.compile_library(other, ["-march=x86-64"])
     rng = np.random.default_rng(2)

@@ -387,8 +387,8 @@ struct BlockInt8MatMulKernel {
     }
     Call call{{q.codes, q.scales}, b.GetTensorData<int8_t>(), s.GetTensorData<float>(),
               out.GetTensorMutableData<float>(), m, k, n};
-    // A batch per group of columns: a thread that finishes its share takes the next (in a fixed half each, the
-    // calling thread waited at every product for a pool thread that started later).
+    // A batch per group of columns: a thread that finishes takes the next, rather than each thread a fixed half
+    // (measured both ways round in one process, docs/kernels.md: ~1% quicker, same bits).
     const size_t groups = static_cast<size_t>(n / kColumns);
     ctx.ParallelFor(columns_task, groups, groups, &call);
   }
