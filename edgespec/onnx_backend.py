@@ -38,6 +38,7 @@ from .drafters.head import HeadDrafter
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .extras import install_command, require
 from .hf_tokenizer import HFTokenizer
+from .huge_pages import new_memory_on_huge_pages
 from .tuning import key_digest
 from .vocab import check_same_vocab
 
@@ -263,11 +264,17 @@ class OnnxModel:
         if self.options.profile:
             so.enable_profiling, so.profile_file_prefix = True, self.options.profile
 
+        self.huge_page_bytes = 0  # of the sessions' memory, collapsed into 2 MB pages (edgespec/huge_pages.py)
+
         def session(name: str, where: Path) -> ort.InferenceSession:
+            collapsed: list[int] = []
             try:
-                return ort.InferenceSession(name, so, providers=providers)
+                with new_memory_on_huge_pages(collapsed):  # its weights: read once per pass
+                    created = ort.InferenceSession(name, so, providers=providers)
             except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
                 raise ModelLoadError(f"onnxruntime cannot load {where}: {e}") from e
+            self.huge_page_bytes += collapsed[0]
+            return created
 
         files = [self.path / name for name in [m["embed"], *m["layers"], m["head"]]]
         for file in files:

@@ -48,6 +48,7 @@ class NativeRunner:
         manifest = getattr(e.target, "manifest", None)
         if isinstance(manifest, dict):  # an ONNX export: which products it runs (its export timed them here)
             info["onnx_weights"] = manifest.get("quant_options", {}).get("weights")
+            info["huge_page_mb"] = round(getattr(e.target, "huge_page_bytes", 0) / 2**20)  # edgespec/huge_pages.py
         return info
 
     def verify_curve(self) -> dict[str, float]:
