@@ -71,7 +71,7 @@ def added(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[t
 @contextmanager
 def new_memory_on_huge_pages(report: list[int]) -> Iterator[None]:
     """Collapse into huge pages the whole 2 MB pages of anonymous memory mapped while the block runs; append to
-    ``report`` the bytes the kernel took (0 where it refused or this is not Linux)."""
+    ``report`` the bytes collapsed (or marked for collapse; 0 where the kernel refused or this is not Linux)."""
     madvise = _madvise()
     before = anonymous_memory() if madvise else []
     yield
