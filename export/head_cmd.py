@@ -37,6 +37,8 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=10, help="training epochs (default 10)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (default 256)")
     p.add_argument("--device", default="auto", help="torch device: auto (a GPU if there is one), cpu, cuda")
+    p.add_argument("--sampling-seconds", type=float, default=0.0,
+                   help="stop sampling answers after this long and train on those sampled (default 0: no limit)")
 
 
 def _train(gguf: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -44,7 +46,8 @@ def _train(gguf: Path, out: Path, args: argparse.Namespace) -> dict:
 
     if not gguf.is_file():
         raise InvalidParameterError(f"{gguf}: no such GGUF file")
-    return train_head(gguf, out, args.prompts, args.samples, args.epochs, args.max_tokens, args.device)
+    return train_head(gguf, out, args.prompts, args.samples, args.epochs, args.max_tokens, args.device,
+                      sampling_seconds=args.sampling_seconds)
 
 
 def run_weights(args: argparse.Namespace) -> int:

@@ -211,18 +211,20 @@ def held_out_top1(head: object, data: list[Answer]) -> float:
 
 
 def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epochs: int = 10, max_tokens: int = 256,
-               device: str = "auto", log: Callable[[str], None] = print) -> dict:
+               device: str = "auto", log: Callable[[str], None] = print, sampling_seconds: float = 0.0) -> dict:
     """Sample ``samples`` answers to each of ``count`` prompts from the GGUF's model, train the head on their
     features for ``epochs`` and save it to ``out`` (.npz: the parameters, the output rows' tokens by how often the
-    answers chose them, the feature scale, the run's figures). Returns the figures."""
+    answers chose them, the feature scale, the run's figures). With ``sampling_seconds``, answers stop being
+    sampled once that long has passed since the start (a GPU lent for minutes): the head trains on those sampled by
+    then. Returns the figures."""
     torch = require("torch", "export-hf")
     require("transformers", "export-hf")
     from transformers import AutoTokenizer
 
     from edgespec.bench.peers.hf import load_dequantized
 
-    if min(count, samples, epochs, max_tokens) < 1:
-        raise EdgespecError("prompts, samples, epochs and max tokens must be 1 or more")
+    if min(count, samples, epochs, max_tokens) < 1 or sampling_seconds < 0:
+        raise EdgespecError("prompts, samples, epochs and max tokens must be 1 or more, sampling seconds 0 or more")
     started = time.time()
     torch.manual_seed(0)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -233,20 +235,15 @@ def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epoch
     ids = [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                               tokenize=True, return_dict=False))
            for p in prompts(count)]
+    deadline = started + sampling_seconds if sampling_seconds else float("inf")
     sequences: list[tuple[list[int], int]] = []
-    batch = 256 if device != "cpu" else 32
     for _ in range(samples):
-        for first in range(0, len(ids), batch):
-            part = ids[first:first + batch]
-            width = max(map(len, part))
-            x = torch.tensor([[eos] * (width - len(p)) + p for p in part], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in part], device=device)
-            with torch.no_grad():
-                generated = model.generate(input_ids=x, attention_mask=mask, do_sample=True, temperature=0.8,
-                                           top_p=0.95, max_new_tokens=max_tokens, pad_token_id=eos, eos_token_id=eos)
-            for p, row in zip(part, generated[:, width:].tolist(), strict=True):
-                sequences.append(([*p, *row[:row.index(eos) if eos in row else len(row)]], len(p)))
+        answers = _sample(model, eos, ids, 256 if device != "cpu" else 32, max_tokens, deadline)
+        sequences += [([*p, *a], len(p)) for p, a in zip(ids, answers, strict=False)]
         log(f"  {len(sequences)} answers sampled ({time.time() - started:.0f} s)")
+        if time.time() > deadline:
+            log(f"  sampling stopped after {sampling_seconds:.0f} s")
+            break
     captured: list = []
     model.model.norm.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
     data: list[Answer] = []
@@ -274,8 +271,8 @@ def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epoch
     counts = np.bincount(np.concatenate([c for *_, c, _ in train]), minlength=rows.shape[1])
     vocab = np.flatnonzero(counts)
     head = eagle_module(width, config.num_attention_heads, embed, rows, vocab).to(device)
-    figures: dict = {"prompts": count, "samples": samples, "answers": len(train), "training_positions": positions,
-                     "epochs": epochs, "device": device, "gguf": gguf.name}
+    figures: dict = {"prompts": count, "samples": samples, "sampled": len(sequences), "answers": len(train),
+                     "training_positions": positions, "epochs": epochs, "device": device, "gguf": gguf.name}
 
     def report(epoch: int) -> None:
         figures["held_out_top1"] = round(held_out_top1(head, held_out[:60]), 4)
@@ -287,6 +284,28 @@ def train_head(gguf: Path, out: Path, count: int = 2400, samples: int = 4, epoch
 
     train_eagle(head, train, epochs, 32, report)
     return figures
+
+
+def _sample(model: object, eos: int, requests: list[list[int]], batch: int, max_tokens: int,
+            deadline: float) -> list[list[int]]:
+    """The model's answer to each request (temperature 0.8, top-p 0.95), in order, ``batch`` at a time until the
+    deadline passes (one batch at least: something to train on)."""
+    torch = require("torch", "export-hf")
+    device = model.device  # type: ignore[attr-defined]
+    answers: list[list[int]] = []
+    for first in range(0, len(requests), batch):
+        if answers and time.time() > deadline:
+            break
+        part = requests[first:first + batch]
+        width = max(map(len, part))
+        x = torch.tensor([[eos] * (width - len(p)) + p for p in part], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in part], device=device)
+        with torch.no_grad():
+            generated = model.generate(input_ids=x, attention_mask=mask, do_sample=True,  # type: ignore[attr-defined]
+                                       temperature=0.8, top_p=0.95, max_new_tokens=max_tokens, pad_token_id=eos,
+                                       eos_token_id=eos)
+        answers += [row[:row.index(eos) if eos in row else len(row)] for row in generated[:, width:].tolist()]
+    return answers
 
 
 def save_weights(path: Path, state: dict[str, np.ndarray], vocab: np.ndarray, counts: np.ndarray, scale: float,

@@ -268,14 +268,16 @@ def test_a_head_loaded_as_a_model_is_refused_with_the_reason(head_export: Path) 
 def test_the_export_commands_train_a_head_and_write_it_beside_an_export(head_export: Path, tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """`edgespec export head-weights` (a tiny run of the real training: the model's sampled answers through
-    transformers, then the head) and `edgespec export head --weights` (its ONNX beside another export's files, the
-    output rows cut to the tokens its answers chose most), then a generation in mode head equal to target-only."""
+    transformers, then the head; its sampling cut by time after the first batch, as on a GPU lent for minutes) and
+    `edgespec export head --weights` (its ONNX beside another export's files, the output rows cut to the tokens its
+    answers chose most), then a generation in mode head equal to target-only."""
     from edgespec.cli import main
     from edgespec.models import resolve
 
     weights = tmp_path / "head.npz"
     assert main(["export", "head-weights", str(resolve("smollm2-135m")), "--out", str(weights), "--prompts", "4",
-                 "--samples", "1", "--epochs", "1", "--max-tokens", "12", "--device", "cpu"]) == 0
+                 "--samples", "2", "--epochs", "1", "--max-tokens", "12", "--device", "cpu",
+                 "--sampling-seconds", "0.001"]) == 0
     export = tmp_path / "export"
     export.mkdir()
     for file in head_export.iterdir():
@@ -283,7 +285,8 @@ def test_the_export_commands_train_a_head_and_write_it_beside_an_export(head_exp
     assert main(["export", "head", str(export), "--weights", str(weights), "--rows", "30"]) == 0
     assert "draft with it: edgespec generate" in capsys.readouterr().out
     manifest = json.loads((head_folder(export) / MANIFEST).read_text())
-    assert manifest["draft_head"]["output_rows"] == 30 and manifest["draft_head"]["training"]["samples"] == 1
+    assert manifest["draft_head"]["output_rows"] == 30 and manifest["draft_head"]["training"]["samples"] == 2
+    assert manifest["draft_head"]["training"]["sampled"] == 4  # the first batch (all 4 prompts), then the time was up
     engine = edgespec.load(export, n_ctx=256, n_threads=1)
     try:
         prompt = _prompt(engine, PROMPTS[2])
