@@ -7,10 +7,10 @@ Two engines on one model in one process (default: the model `edgespec generate` 
 chose it): the target alone and n-gram lookup, γ auto, no tuning file. Spec-Bench's questions in file order,
 multi-turn ones as conversations carrying the target's answers; both engines answer every turn, in an order that
 turns around from one turn to the next, so the shared machine's load falls on both; every speculative answer is
-checked equal to the target's. (An engine loaded second into a process ran 3-4% faster than the same engine loaded
-first in A/A runs, docs/kernels.md, "Side by side in one process": lookup is loaded second here, so its speed-up may
-read that much high; the curve compares passes of one engine.) The speculative engine's target passes in the decode
-loop are timed by the rows
+checked equal to the target's. (Before the weights were put on huge pages at load, an engine loaded second into a
+process ran 3-4% faster than the same engine loaded first, docs/kernels.md, "Side by side in one process": results
+of this script from before 2026-11-27 may read lookup's speed-up that much high; the curve compares passes of one
+engine.) The speculative engine's target passes in the decode loop are timed by the rows
 they compute and the context they start at: the verify curve the loop pays (per k, the median of each k-row pass's
 seconds over the median 1-row pass at the same context, within ``CONTEXT_BIN`` tokens) beside a start-up calibration
 (best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from, and beside the
