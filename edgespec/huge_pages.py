@@ -9,7 +9,10 @@ into huge pages (``MADV_COLLAPSE``, Linux 6.1), or, on an older kernel, marked f
 (``MADV_HUGEPAGE``). Measured on the 2-core AMD EPYC (docs/performance.md, "Weights on huge pages"): the default
 export's target alone +7%, mode head +6% (paired runs); the same bytes, so the same logits.
 
-Elsewhere (macOS, Windows, no /proc) nothing is done; a call the kernel refuses costs nothing but the call.
+Only memory mapped during the load is touched (collapsing all of a process's memory would also fill its threads'
+mostly untouched stacks): a model loaded where an earlier one was closed may reuse that one's memory, which keeps
+the pages it had. Elsewhere (macOS, Windows, no /proc) nothing is done; a call the kernel refuses costs nothing but
+the call.
 """
 
 from __future__ import annotations
