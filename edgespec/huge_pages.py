@@ -7,7 +7,8 @@ cannot do for its caller, and the kernel's default ("madvise") gives huge pages 
 So after a session is created, the anonymous memory that appeared during its creation (its weights) is collapsed
 into huge pages (``MADV_COLLAPSE``, Linux 6.1), or, on an older kernel, marked for the kernel's background collapse
 (``MADV_HUGEPAGE``). Measured on the 2-core AMD EPYC (docs/performance.md, "Weights on huge pages"): the default
-export's target alone +7%, mode head +6% (paired runs); the same bytes, so the same logits.
+export's target alone +5.6%, mode head +6.0% (eight pairs of processes, one engine each); the same bytes, so the
+same logits.
 
 Only memory mapped during the load is touched (collapsing all of a process's memory would also fill its threads'
 mostly untouched stacks): a model loaded where an earlier one was closed may reuse that one's memory, which keeps
@@ -18,6 +19,7 @@ the call.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +28,7 @@ HUGE = 2 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>
 
 
+@functools.cache  # libc once per process, not once per session
 def _madvise() -> Callable[[int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +33,8 @@ def _collapses_on_request() -> bool:
         enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     except OSError:
         return False
-    major, minor = (int(x) for x in platform.release().split(".")[:2])
-    return "[never]" not in enabled and (major, minor) >= (6, 1)
+    version = re.match(r"(\d+)\.(\d+)", platform.release())  # "6.18.44-fc-v595", "6.1-rc3"
+    return "[never]" not in enabled and version is not None and (int(version[1]), int(version[2])) >= (6, 1)
 
 
 _LOAD = """
