@@ -444,13 +444,15 @@ class OnnxModel:
 
     # -- the forward pass --------------------------------------------------------------------------------
     def forward(self, layers: Sequence[int], tokens: Sequence[int] | np.ndarray, start: int, n_logits: int,
-                clock: np.ndarray | None = None) -> np.ndarray:
+                clock: np.ndarray | None = None, hidden: dict[int, list[np.ndarray]] | None = None) -> np.ndarray:
         """Run ``tokens`` at positions start.. through embed → ``layers`` → head, writing the KV of those
         positions for those layers in place; return the logits of the last ``n_logits`` positions. A draft head's
         export (``reads_features``) takes rows of features [n, 2 × hidden] instead of token ids.
 
-        ``clock`` (calibration, needs ``fuse_layers=False``): seconds spent in each layer's session are added
-        to ``clock[layer]``.
+        Both measurement hooks need ``fuse_layers=False`` (a session per layer). ``clock`` (calibration): seconds
+        spent in each layer's session are added to ``clock[layer]``. ``hidden`` (CPU; what a draft head could
+        read, benchmarks/head_feature_probe.py): a copy of each keyed layer's output rows is appended to
+        ``hidden[layer]``, one array [rows, width] per chunk of the pass.
         """
         if start + len(tokens) > self.n_ctx:
             raise EdgespecError(f"internal: positions up to {start + len(tokens)} exceed n_ctx={self.n_ctx}")
@@ -458,8 +460,8 @@ class OnnxModel:
         if n_logits > self.n_batch:
             raise EdgespecError(f"internal: {n_logits} logit rows asked for, more than n_batch={self.n_batch}")
         stages = self._plan(layers)
-        if clock is not None and any(len(stage.layers) > 1 for stage in stages):
-            raise EdgespecError("internal: per-layer clocks need a model loaded with fuse_layers=False")
+        if (clock is not None or hidden is not None) and any(len(stage.layers) > 1 for stage in stages):
+            raise EdgespecError("internal: per-layer clocks or states need a model loaded with fuse_layers=False")
         out, last = self._ping[0], 0
         # Only a pass through every layer ends in the last hidden state (a layer-skip draft's rows are not it);
         # ``_plan`` ran exactly ``layers``, distinct, so all of them is a matter of their count.
@@ -467,7 +469,8 @@ class OnnxModel:
         dtype = np.float32 if self.reads_features else np.int64
         try:
             for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
-                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=dtype)[None], start + lo, clock)
+                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=dtype)[None], start + lo, clock,
+                                      hidden)
                 last = hi - lo
                 if keep and out.array is not None:
                     self._features[start + lo:start + hi] = out.array[0, :last]  # type: ignore[index]
@@ -475,7 +478,8 @@ class OnnxModel:
         except RuntimeError as e:  # a graph off its ops' contracts (a corrupt export, or one for another edgespec)
             raise ModelLoadError(f"onnxruntime cannot run {self.path}: {e}") from e
 
-    def _run_chunk(self, stages: list[_Stage], inputs: np.ndarray, start: int, clock: np.ndarray | None) -> _Buffer:
+    def _run_chunk(self, stages: list[_Stage], inputs: np.ndarray, start: int, clock: np.ndarray | None,
+                   hidden: dict[int, list[np.ndarray]] | None) -> _Buffer:
         n = inputs.shape[1]
         dev, h = self.device_type, self._hidden
         io = self._embed_io
@@ -496,6 +500,8 @@ class OnnxModel:
                 stage.session.run_with_iobinding(io)
                 clock[stage.layers[0]] += time.perf_counter() - t
             src, dst = dst, src
+            if hidden is not None and stage.layers[0] in hidden and src.array is not None:
+                hidden[stage.layers[0]].append(src.array[0, :n].copy())
         return src
 
     def _run_head(self, hidden: _Buffer, n: int, n_logits: int) -> np.ndarray:

@@ -145,6 +145,27 @@ def test_fused_segments_split_at_the_skip_set_and_change_no_logit(onnx_engine: E
     single.close()
 
 
+def test_hidden_states_of_chosen_layers(questions: list[dict]) -> None:
+    """``forward``'s ``hidden`` tap (benchmarks/head_feature_probe.py): the keyed layers' output rows of a pass; the
+    last layer's are the features a draft head reads. Only where each layer is a session of its own."""
+    single = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256, fuse_layers=False))
+    fused = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256))
+    last = single.n_layer - 1
+    single.keep_features()
+    prompt = single.tokenize(questions[0]["turns"][0])
+    single.decode(prompt, 0, 1)
+    features = single.features(0, len(prompt)).copy()
+    single.truncate(0)
+    taps: dict[int, list[np.ndarray]] = {3: [], last: []}
+    assert single.forward(range(single.n_layer), prompt, 0, 0, hidden=taps).shape[0] == 0
+    np.testing.assert_array_equal(np.concatenate(taps[last]), features)
+    assert np.concatenate(taps[3]).shape == features.shape and not np.array_equal(np.concatenate(taps[3]), features)
+    with pytest.raises(EdgespecError, match="fuse_layers=False"):
+        fused.forward(range(fused.n_layer), prompt, 0, 0, hidden={last: []})
+    single.close()
+    fused.close()
+
+
 def test_segment_plan() -> None:
     half = segments.MAX_SEGMENT_BYTES // 2
     assert segments.plan(7, [2, 3], [half] * 7, fuse=True) == [[0, 1], [2, 3], [4, 5], [6]]  # skip runs, size cap
