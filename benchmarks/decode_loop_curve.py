@@ -14,7 +14,9 @@ engine.) The speculative engine's target passes in the decode loop are timed by 
 they compute and the context they start at: the verify curve the loop pays (per k, the median of each k-row pass's
 seconds over the median 1-row pass at the same context, within ``CONTEXT_BIN`` tokens) beside a start-up calibration
 (best of 5 at ~100 tokens, as the engine calibrates), which is what the γ controller starts from, and beside the
-curve the controller had learned by the end (the one it chose γ by). Matching the
+controller's belief: what it believed each k-row pass would cost when it chose one, averaged over those moments (the
+fair comparison: its curve moves with the context and the machine, and the loop's curve is of the passes it priced),
+and the curve it had learned by the end (one moment's: a snapshot after the last request). Matching the
 context matters: lookup drafts most where the prompt is long (summaries, RAG), where every pass is dearer, so the
 median k-row pass over the median 1-row pass of all contexts (also printed) overstates what a row costs.
 Prints a table per category and the curves, writes decode_loop_curve.json and .png.
@@ -51,8 +53,10 @@ def open_engines(model: str, threads: int) -> dict[str, Engine]:
             for name in ENGINES}
 
 
-def time_passes(engine: Engine, passes: Passes, probes: Passes | None = None, probe_every: int = 0) -> None:
-    """Record every target pass of ``engine`` of up to 17 rows (decode steps, not prefill chunks) by its rows. With
+def time_passes(engine: Engine, passes: Passes, probes: Passes | None = None, probe_every: int = 0,
+                beliefs: dict[int, list[float]] | None = None) -> None:
+    """Record every target pass of ``engine`` of up to 17 rows (decode steps, not prefill chunks) by its rows, and
+    in ``beliefs`` what the γ controller believed such a pass cost (over one row) when it chose it. With
     ``probes`` and ``probe_every`` n, before every n-th of them the target also runs a pass of each of PROBE_ROWS
     random tokens at the same context, rolled back: what a row costs at the loop's own moments, beside what its own
     passes cost (a machine whose one-row pass moves from minute to minute moves both alike)."""
@@ -76,10 +80,13 @@ def time_passes(engine: Engine, passes: Passes, probes: Passes | None = None, pr
         rows = len(arena.tokens) - context + len(speculative)
         if name == "target" and rows <= 17 and probes is not None and next(counted) % probe_every == 0:
             probe(context)
+        controller = engine.controller
         began = time.perf_counter()
         logits = extend(name, speculative, n_logits)
         if name == "target" and rows <= 17:
             passes[rows].append((context, time.perf_counter() - began))
+            if controller is not None and beliefs is not None:
+                beliefs[rows].append(float(controller.curve.shape[rows]))
         return logits
 
     arena.extend = timed  # type: ignore[method-assign]
@@ -178,7 +185,8 @@ def main() -> None:
         calibrated = {k: curve.seconds(k) / curve.seconds(1) for k in CURVE_ROWS}
         passes: Passes = defaultdict(list)
         probes: Passes = defaultdict(list)
-        time_passes(engines["ngram"], passes, probes if args.probe_every > 0 else None, args.probe_every)
+        beliefs: dict[int, list[float]] = defaultdict(list)
+        time_passes(engines["ngram"], passes, probes if args.probe_every > 0 else None, args.probe_every, beliefs)
         records = play(engines, questions, args.max_tokens)
         controller = engines["ngram"].controller
         assert controller is not None  # γ auto: set up by the first generation
@@ -189,6 +197,7 @@ def main() -> None:
             engine.close()
     summary = summarize(records)
     loop = loop_curve(passes)
+    believed = {k: float(np.mean(beliefs[k])) for k in CURVE_ROWS if beliefs.get(k)}
 
     print(f"{Path(model).name}, {len(records) // len(ENGINES)} generations, all identical to the target's; "
           f"{cpu_identity()[:60]}, {args.threads} threads")
@@ -199,11 +208,11 @@ def main() -> None:
               f"{spec['tau']:>7.2f}{spec['alpha']:>7.2f}")
     print("verify curve, cost of a k-row pass / a 1-row pass (k = 1 + draft tokens):")
     print(f"{'k':>4}{'calibration':>13}{'decode loop, same context (passes)':>37}{'all contexts':>14}"
-          f"{'controller':>12}")
+          f"{'controller at its passes':>26}{'at the end':>12}")
     for k in CURVE_ROWS:
         cell = (f"{loop[k]['relative']:>28.2f} ({loop[k]['passes']:>5}){loop[k]['all_contexts']:>14.2f}" if k in loop
                 else f"{'-':>37}{'-':>14}")
-        print(f"{k:>4}{calibrated[k]:>13.2f}{cell}{learned[k]:>12.2f}")
+        print(f"{k:>4}{calibrated[k]:>13.2f}{cell}{believed.get(k, float('nan')):>26.2f}{learned[k]:>12.2f}")
     probed = loop_curve(probes) if probes else None
     if probed is not None:
         print(f"probes (before every {args.probe_every} passes, rolled back; their time is in ngram's tok/s above), "
@@ -211,21 +220,26 @@ def main() -> None:
               + ", ".join(f"{k} rows {probed[k]['relative']:.2f}" for k in PROBE_ROWS if k in probed)
               + "; median ms, loop / probes: "
               + ", ".join(f"{k} rows {median_ms(passes, k)} / {median_ms(probes, k)}" for k in PROBE_ROWS))
-    print("controller: what the speculative engine's γ controller believed at the end (each k verified lately at what "
-          f"its verifies cost, the others at {steepness:.2f} × its own start-up calibration's excess over one row)")
+    print("controller: what the speculative engine's γ controller believed a k-row pass cost, averaged over the "
+          "moments it chose one (the fair comparison with the loop's curve: a belief is followed by the pass it "
+          "priced), and at the end (each k verified lately at what its verifies cost, the others at "
+          f"{steepness:.2f} × its own start-up calibration's excess over one row: one moment's, after the last "
+          "request)")
 
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "decode_loop_curve.json"
     out.write_text(json.dumps({"cpu": cpu_identity(), "threads": args.threads, "model": str(model),
                                "per_category": args.per_category, "max_tokens": args.max_tokens,
                                "summary": summary, "loop_curve": loop, "calibrated_curve": calibrated,
-                               "controller_curve": learned, "controller_steepness": steepness,
+                               "controller_curve": learned, "controller_at_its_passes": believed,
+                               "controller_steepness": steepness,
                                "probe_every": args.probe_every, "probe_curve": probed,
                                "records": records}, indent=1))
     ks = [k for k in CURVE_ROWS if k in loop]
     lines = [("start-up calibration (best of 5, ~100 tokens)", [calibrated[k] for k in ks], "tab:gray", "--"),
              ("decode loop, ngram, same context", [loop[k]["relative"] for k in ks], "tab:blue", "-"),
              ("decode loop, ngram, all contexts", [loop[k]["all_contexts"] for k in ks], "tab:blue", ":"),
+             ("the γ controller's belief, at its passes", [believed.get(k, np.nan) for k in ks], "tab:red", "-"),
              ("the γ controller's learned curve, at the end", [learned[k] for k in ks], "tab:red", "-.")]
     line_chart(args.out / "decode_loop_curve.png", ks, lines, "rows in the pass (1 + draft tokens)",
                "cost relative to one row", "Verify cost: decode loop vs calibration")
