@@ -340,6 +340,9 @@ class GammaController:
         # in seconds, because both get dearer as the context grows: a draft cost frozen in seconds while the
         # verify scale rose made a layer-skip draft that cannot pay look as if it could (c 0.97, verify(2) 1.2×).
         self._draft_ratio = {name: s / curve.scale for name, s in (draft_costs or {}).items()}
+        # What each drafter's tokens cost before anything was learned (none: free until its first draft is timed): a
+        # learned cost too high to explore fades back to it (``_fade_cost``).
+        self._draft_prior = dict(self._draft_ratio)
         self._overhead = overhead  # seconds per step outside drafting and verifying
         self._tokens = 0.0  # decayed totals giving λ, the rate being achieved
         self._seconds = 0.0
@@ -427,6 +430,7 @@ class GammaController:
         k = max(range(len(value)), key=value.__getitem__)  # the first best, as argmax
         if k == 0 and tokens is None:
             if all(n + 1 - rate * s <= value[0] for n, s in enumerate(seconds)):
+                self._fade_cost(drafter)
                 return 0  # even a draft accepted whole would not pay (a dear one): nothing to explore
             # A draft that was never made teaches nothing: what a few rejections taught fades back toward the
             # prior, and every _EXPLORE_EVERY declines one token is verified anyway, so one unlucky passage
@@ -439,6 +443,17 @@ class GammaController:
                 self._declined[stats_key] = 0
                 return 1
         return k
+
+    def _fade_cost(self, drafter: str) -> None:
+        """A draft cost believed too high to explore fades toward the drafter's prior by one decay a declined step,
+        as declined keys' rejections fade: a drafter that is never run is never timed again, so one dear stretch
+        would otherwise be believed for good, and carried to every later process by the learned state (2026-11-27:
+        the default's draft head believed at 1.25 target passes a token, ~0.1 measured, and never consulted in 1 222
+        steps, mode head running as lookup alone). A drafter calibrated dear (the layer-skip draft) keeps its
+        calibrated cost and stays declined."""
+        ratio, prior = self._draft_ratio.get(drafter), self._draft_prior.get(drafter, 0.0)
+        if ratio is not None and ratio > prior:
+            self._draft_ratio[drafter] = prior + _DECAY * (ratio - prior)
 
     # -- learning ---------------------------------------------------------------------------------------
     def observe(self, drafter: str | None, key: DraftKey, drafted: int, accepted: int,
@@ -461,6 +476,8 @@ class GammaController:
             return
         ratio = self._draft_ratio.get(drafter)
         per_token = draft_s / tried / self.curve.scale
+        if ratio:  # one proposal raises a known cost by a tenth (_EMA) at most: a stall is one sample, a real change all
+            per_token = min(per_token, 2 * ratio)
         self._draft_ratio[drafter] = per_token if ratio is None else ratio + _EMA * (per_token - ratio)
         if drafter not in judged:
             self._learn(drafter, self._key(drafter, key), tried, accepted)

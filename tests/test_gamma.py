@@ -295,6 +295,27 @@ def test_what_the_curve_learned_carries_to_a_new_controller_and_a_damaged_record
     assert second.curve.shape[4] == pytest.approx(first.curve.shape[4])  # nothing taken from a refused record
 
 
+def test_a_draft_cost_learned_too_high_fades_until_the_drafter_is_tried_again() -> None:
+    """A model drafter (the draft head: no calibrated cost) carried in from an earlier process at 1.25 target passes a
+    token, as the default's learned state once had it: then even a draft accepted whole cannot pay, nothing is
+    explored, and it was never timed again. Declined, its cost fades until it is tried; its real cost (0.1 of a pass)
+    is then learned back, and one stalled proposal after that moves it by a tenth at most."""
+    stuck = {"pooled": {}, "keyed": [], "draft_ratio": {"head": 1.25}}
+    controller = GammaController(_curve(0.1))
+    controller.start_from(stuck)
+    declined = 0
+    while controller.choose("head", 0, 4, draft_cost_sunk=False) == 0:
+        declined += 1
+        assert declined < 200, "the head is never tried again"
+    assert declined > 10  # what was learned is not dropped at once
+    for _ in range(30):  # its proposals, timed at what they cost
+        controller.observe("head", 0, 1, 1, 0.1 * SCALE, SCALE * 1.1)
+    assert controller.learned()["draft_ratio"]["head"] < 0.15
+    controller.observe("head", 0, 1, 0, 50 * SCALE, SCALE * 1.1)  # a proposal that stalled for 50 passes
+    assert controller.learned()["draft_ratio"]["head"] < 0.17
+    assert controller.choose("head", 0, 4, draft_cost_sunk=False) > 0
+
+
 def test_a_padded_target_pays_the_same_for_every_pass_up_to_its_rows() -> None:
     """A target padded to 4 rows (a GPU's fixed-shape passes): passes of 1-4 tokens are one shape, whatever the steep
     calibration said. Each of them times the scale, none bends the shape, and a draft lookup already made is verified
