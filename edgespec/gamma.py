@@ -476,7 +476,8 @@ class GammaController:
             return
         ratio = self._draft_ratio.get(drafter)
         per_token = draft_s / tried / self.curve.scale
-        if ratio:  # one proposal raises a known cost by a tenth (_EMA) at most: a stall is one sample, a real change all
+        # One proposal raises a known cost by a tenth (_EMA) at most: a stall is one sample, a real change is in all.
+        if ratio:
             per_token = min(per_token, 2 * ratio)
         self._draft_ratio[drafter] = per_token if ratio is None else ratio + _EMA * (per_token - ratio)
         if drafter not in judged:
