@@ -282,7 +282,7 @@ class Engine:
         drafted_at = time.perf_counter()
         _, n_accepted, next_token = self._verify_chain(draft, params, rng)
         verified_at = time.perf_counter()
-        stats.record_step(len(draft), n_accepted)
+        stats.record_step(len(draft), n_accepted, draft.source)
         stats.draft_s += drafted_at - step_start
         stats.verify_s += verified_at - drafted_at
         if controller is not None:

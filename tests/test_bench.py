@@ -17,7 +17,8 @@ from edgespec.engine import Engine
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
                  "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
-                 "latency_ratio", "lookup_share", "prefill_tok_s", "depth_mean", "tree_size_mean"}
+                 "latency_ratio", "lookup_share", "prefill_tok_s", "depth_mean", "tree_size_mean",
+                 "draft_steps_share"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -31,7 +32,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spe
     result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "2", "--max-tokens", "16",
                     "--configs", "target,ngram-g4")
     printed = capsys.readouterr().out
-    assert "ngram-g4" in printed and "memory bandwidth" in printed
+    assert "ngram-g4" in printed and "memory bandwidth" in printed and "ngram-g4: steps drafted by ngram" in printed
 
     assert result["schema"] == "edgespec-bench/1"
     assert result["machine"]["cpu"] and result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
@@ -66,8 +67,9 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spe
         assert 0 <= s["lookup_share"] == summary["ngram-g4"][cat]["lookup_share"] < 1
         assert s["speedup"] == s["speedup_e2e"] == s["latency_ratio"] == 1.0
         assert s["tau"] == 1.0 and s["gamma_mean"] == 0.0 and s["alpha"] is None
-        assert s["depth_mean"] == 0.0 and s["tree_size_mean"] is None
+        assert s["depth_mean"] == 0.0 and s["tree_size_mean"] is None and s["draft_steps_share"] == {}
     overall = summary["ngram-g4"]["overall"]
+    assert set(overall["draft_steps_share"]) == {"ngram"} and 0 < overall["draft_steps_share"]["ngram"] <= 1
     assert 0 < overall["gamma_mean"] <= 4 and overall["alpha"] is not None and overall["tau"] >= 1.0
     assert overall["speedup"] == pytest.approx(overall["decode_tok_s"] / summary["target"]["overall"]["decode_tok_s"])
 

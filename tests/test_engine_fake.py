@@ -317,6 +317,7 @@ def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> No
     assert drafter.proposed[1] > 20 and drafter.proposed[2] > 20
     assert verified[1] <= 0.25 * drafter.proposed[1]
     assert verified[2] >= 0.75 * drafter.proposed[2]
+    assert out.stats.draft_steps == {"head": sum(verified.values())}  # the steps that verified its drafts
 
 
 def test_what_was_learned_of_a_drafter_is_dropped_when_another_takes_its_name(clock: FakeClock, tmp_path: Path

@@ -117,6 +117,7 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
         "lookup_share": (sum(r["lookup_hits"] for r in rs) / generated
                          if generated and all("lookup_hits" in r for r in rs) else None),
+        "draft_steps_share": _draft_steps_share(rs, steps),
         "same_as_baseline": sum(r["same_as_baseline"] for r in rs),
         "lossless": None if any(r["lossless"] is None for r in rs) else sum(r["lossless"] for r in rs),
     }
@@ -135,6 +136,17 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
     s["verify_only_tok_s"] = decoded / (verify_s + model_draft_s) if verify_s else None
     s["bound_fraction"] = _ratio(s["decode_tok_s"], s["bound_tok_s"])  # type: ignore[arg-type]
     return s
+
+
+def _draft_steps_share(rs: list[dict], steps: int | None) -> dict[str, float] | None:
+    """Per drafter, the share of verify steps whose draft it made; None where a runner does not say (a peer)."""
+    if not steps or any(r.get("draft_steps") is None for r in rs):
+        return None
+    counts: dict[str, int] = defaultdict(int)
+    for r in rs:
+        for source, n in r["draft_steps"].items():
+            counts[source] += n
+    return {source: n / steps for source, n in sorted(counts.items())}
 
 
 def summarize(result: dict) -> dict[str, dict[str, dict[str, object]]]:
@@ -253,6 +265,10 @@ def table(result: dict) -> str:
                 f"{_fmt(ach, '.0f'):>5}"
                 f"{s['same_as_baseline']:>4}/{s['generations']:<3}{lossless:>8} "
                 f"{s['peak_rss_mb']:>7.0f}")
+        shares = by_cat[OVERALL].get("draft_steps_share") if OVERALL in by_cat else None
+        if shares:
+            lines.append(f"{name}: steps drafted by " + ", ".join(f"{source} {100 * share:.0f}%"
+                                                                 for source, share in shares.items()))
         lines.append("")
     duel = result.get("head_to_head")
     if duel:

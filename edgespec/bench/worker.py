@@ -48,6 +48,7 @@ class Result:
     drafted: int | None = None
     accepted: int | None = None
     gamma_hist: list[int] | None = None  # steps by the number of draft tokens verified in them
+    draft_steps: dict[str, int] | None = None  # steps whose draft came from each drafter (``GenerationStats``)
     mode: str | None = None  # edgespec's mode for the generation ("tree": ``drafted`` counts tree nodes)
     position_trials: list[int] | None = None
     position_accepts: list[int] | None = None

@@ -97,6 +97,7 @@ def _result(chunks: Iterator[StreamChunk]) -> Result:
     assert stats is not None  # the last chunk carries the stats
     return Result(tokens=out, ttft_s=stats.prefill_s, decode_s=stats.decode_s, steps=stats.steps,
                   drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist, mode=stats.mode,
+                  draft_steps=dict(stats.draft_steps),
                   position_trials=stats.position_trials, position_accepts=stats.position_accepts,
                   draft_s=stats.draft_s, verify_s=stats.verify_s,
                   model_draft_s=stats.draft_s if stats.mode in ("draft", "layerskip", "hybrid", "head") else 0.0)
