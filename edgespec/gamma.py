@@ -430,7 +430,8 @@ class GammaController:
         k = max(range(len(value)), key=value.__getitem__)  # the first best, as argmax
         if k == 0 and tokens is None:
             if all(n + 1 - rate * s <= value[0] for n, s in enumerate(seconds)):
-                self._fade_cost(drafter)
+                if not draft_cost_sunk:  # its cost is what decided (a draft already made was just timed)
+                    self._fade_cost(drafter)
                 return 0  # even a draft accepted whole would not pay (a dear one): nothing to explore
             # A draft that was never made teaches nothing: what a few rejections taught fades back toward the
             # prior, and every _EXPLORE_EVERY declines one token is verified anyway, so one unlucky passage

@@ -314,6 +314,12 @@ def test_a_draft_cost_learned_too_high_fades_until_the_drafter_is_tried_again() 
     controller.observe("head", 0, 1, 0, 50 * SCALE, SCALE * 1.1)  # a proposal that stalled for 50 passes
     assert controller.learned()["draft_ratio"]["head"] < 0.17
     assert controller.choose("head", 0, 4, draft_cost_sunk=False) > 0
+    # A draft already made and timed, cut to nothing because its verify row is dear: its cost is not what decided,
+    # and stays as measured.
+    steep = GammaController(_curve(1.0))
+    steep.start_from({"pooled": {}, "keyed": [], "draft_ratio": {"head": 0.1}})
+    assert all(steep.choose("head", 3, 1, draft_cost_sunk=True) == 0 for _ in range(50))
+    assert steep.learned()["draft_ratio"]["head"] == 0.1
 
 
 def test_a_padded_target_pays_the_same_for_every_pass_up_to_its_rows() -> None:
