@@ -23,6 +23,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 HUGE = 2 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>
@@ -74,17 +75,23 @@ def added(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[t
     return out
 
 
+@dataclass
+class Collapsed:
+    """What ``new_memory_on_huge_pages`` did, set when its block ends: the bytes collapsed (or marked for collapse;
+    0 where the kernel refused or this is not Linux)."""
+
+    bytes: int = 0
+
+
 @contextmanager
-def new_memory_on_huge_pages(report: list[int]) -> Iterator[None]:
-    """Collapse into huge pages the whole 2 MB pages of anonymous memory mapped while the block runs; append to
-    ``report`` the bytes collapsed (or marked for collapse; 0 where the kernel refused or this is not Linux)."""
+def new_memory_on_huge_pages() -> Iterator[Collapsed]:
+    """Collapse into huge pages the whole 2 MB pages of anonymous memory mapped while the block runs."""
     madvise = _madvise()
     before = anonymous_memory() if madvise else []
-    yield
-    done = 0
+    collapsed = Collapsed()
+    yield collapsed
     for lo, hi in added(before, anonymous_memory()) if madvise else []:
         start, end = -(-lo // HUGE) * HUGE, hi // HUGE * HUGE
         if end > start and (madvise(start, end - start, MADV_COLLAPSE) == 0
                             or madvise(start, end - start, MADV_HUGEPAGE) == 0):
-            done += end - start
-    report.append(done)
+            collapsed.bytes += end - start

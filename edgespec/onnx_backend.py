@@ -267,13 +267,12 @@ class OnnxModel:
         self.huge_page_bytes = 0  # of the sessions' memory, collapsed into 2 MB pages (edgespec/huge_pages.py)
 
         def session(name: str, where: Path) -> ort.InferenceSession:
-            collapsed: list[int] = []
             try:
-                with new_memory_on_huge_pages(collapsed):  # its weights: read once per pass
+                with new_memory_on_huge_pages() as collapsed:  # its weights: read once per pass
                     created = ort.InferenceSession(name, so, providers=providers)
             except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
                 raise ModelLoadError(f"onnxruntime cannot load {where}: {e}") from e
-            self.huge_page_bytes += collapsed[0]
+            self.huge_page_bytes += collapsed.bytes
             return created
 
         files = [self.path / name for name in [m["embed"], *m["layers"], m["head"]]]
