@@ -28,7 +28,7 @@ import numpy as np
 
 from edgespec.bench.replay import Stream, load_streams
 from edgespec.default_model import default_choice
-from edgespec.onnx_backend import OnnxModel, OnnxOptions
+from edgespec.onnx_backend import OnnxModel, OnnxOptions, head_folder
 from edgespec.tuning import cpu_identity
 
 CATEGORIES = ("summarization", "translation", "rag", "qa", "math_reasoning", "coding", "writing", "roleplay")
@@ -108,7 +108,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     export = Path(args.model or default_choice(args.threads, "cpu").target)
-    vocab = np.load(Path(f"{export}.head") / "vocab.npy")
+    if not (head_folder(export) / "vocab.npy").is_file():
+        raise SystemExit(f"{export} has no draft head beside it ({head_folder(export)}): `edgespec export head`")
+    vocab = np.load(head_folder(export) / "vocab.npy")
     column = {int(t): j for j, t in enumerate(vocab)}
     sets = [[int(x) for x in part.split(",")] for part in args.sets.split(";")]
     model = OnnxModel(export, OnnxOptions(n_ctx=4096, n_threads=args.threads, fuse_layers=False))
