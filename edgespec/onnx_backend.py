@@ -58,13 +58,8 @@ def head_folder(export: Path) -> Path:
 
 def open_model(model: str | os.PathLike[str], options: ModelOptions) -> OnnxModel:
     # Exact numerics are built into the exported graphs (docs/onnx-format.md): nothing to switch here.
-    loaded = OnnxModel(model, OnnxOptions(n_ctx=options.n_ctx, n_threads=options.n_threads, device=options.device,
-                                          layer_skip=options.layer_skip))
-    if loaded.reads_features:
-        loaded.close()
-        raise ModelLoadError(f"{loaded.path} is a draft head, not a model: load the export it drafts for "
-                             f"({loaded.manifest.get('draft_head', {}).get('target', 'the folder beside it')})")
-    return loaded
+    return OnnxModel(model, OnnxOptions(n_ctx=options.n_ctx, n_threads=options.n_threads, device=options.device,
+                                        layer_skip=options.layer_skip))
 
 
 def is_onnx_model(path: str | os.PathLike[str]) -> bool:
@@ -123,6 +118,12 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
+def is_draft_head(manifest: dict) -> bool:
+    """A draft head's export (``edgespec export head``) reads rows of features, not token ids: its "embed" graph
+    maps [the target's hidden state, a token's embedding] to its width, and it has no vocabulary of its own."""
+    return manifest.get("input") == "features"
+
+
 def kv_dtype_of(manifest: dict) -> np.dtype:
     """The element type of an export's KV buffer (``read_manifest`` checked it)."""
     return np.dtype(manifest.get("kv_dtype", "float32"))
@@ -171,6 +172,19 @@ def session_options(n_threads: int, make_shared: bool = True, kernels: Path | No
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.add_session_config_entry("session.force_spinning_stop", "1")  # spin within a call, sleep between calls
     return so, n_threads
+
+
+def open_session(file: str, so: object, providers: list[str], where: Path) -> tuple[Any, int]:
+    """An onnxruntime session of the graph ``file`` (``where``: what to call it in an error), and how many bytes
+    of its memory were collapsed into 2 MB pages (its weights: read once per pass)."""
+    import onnxruntime as ort
+
+    try:
+        with new_memory_on_huge_pages() as collapsed:
+            created = ort.InferenceSession(file, so, providers=providers)
+    except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
+        raise ModelLoadError(f"onnxruntime cannot load {where}: {e}") from e
+    return created, collapsed.bytes
 
 
 def _providers(device: str) -> list[str]:
@@ -231,7 +245,7 @@ class OnnxModel:
     arena's ``Cache``."""
 
     def __init__(self, path: str | os.PathLike[str], options: OnnxOptions | None = None) -> None:
-        ort = require("onnxruntime", "onnx", "an ONNX model")
+        require("onnxruntime", "onnx", "an ONNX model")
         self.path = Path(path).expanduser()
         self.options = options or OnnxOptions()
         if self.path.suffix == ".onnx" or self.path.name == MANIFEST:
@@ -252,10 +266,10 @@ class OnnxModel:
         self.n_ctx = min(self.options.n_ctx, context)
         self.n_batch = min(self.options.n_batch, self.n_ctx)
         self.n_threads = self.options.n_threads or physical_cores()
-        # A draft head's export (``edgespec export head``) reads rows of features, not token ids: its "embed" graph
-        # maps [the target's hidden state, a token's embedding] to its width, and it has no vocabulary of its own.
-        self.reads_features = m.get("input") == "features"
-        self.tokenizer = None if self.reads_features else HFTokenizer(self.path)
+        if is_draft_head(m):  # run by the drafter (edgespec/head_model.py), beside the model it drafts for
+            raise ModelLoadError(f"{self.path} is a draft head, not a model: load the export it drafts for "
+                                 f"({m.get('draft_head', {}).get('target', 'the folder beside it')})")
+        self.tokenizer = HFTokenizer(self.path)
         providers = _providers(self.options.device)
         self.device_type = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
         custom_ops.require_for(m, self.path, self.device_type)
@@ -266,13 +280,9 @@ class OnnxModel:
 
         self.huge_page_bytes = 0  # of the sessions' memory, collapsed into 2 MB pages (edgespec/huge_pages.py)
 
-        def session(name: str, where: Path) -> ort.InferenceSession:
-            try:
-                with new_memory_on_huge_pages() as collapsed:  # its weights: read once per pass
-                    created = ort.InferenceSession(name, so, providers=providers)
-            except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
-                raise ModelLoadError(f"onnxruntime cannot load {where}: {e}") from e
-            self.huge_page_bytes += collapsed.bytes
+        def session(name: str, where: Path) -> Any:
+            created, collapsed = open_session(name, so, providers, where)
+            self.huge_page_bytes += collapsed
             return created
 
         files = [self.path / name for name in [m["embed"], *m["layers"], m["head"]]]
@@ -445,8 +455,7 @@ class OnnxModel:
     def forward(self, layers: Sequence[int], tokens: Sequence[int] | np.ndarray, start: int, n_logits: int,
                 clock: np.ndarray | None = None, hidden: dict[int, list[np.ndarray]] | None = None) -> np.ndarray:
         """Run ``tokens`` at positions start.. through embed → ``layers`` → head, writing the KV of those
-        positions for those layers in place; return the logits of the last ``n_logits`` positions. A draft head's
-        export (``reads_features``) takes rows of features [n, 2 × hidden] instead of token ids.
+        positions for those layers in place; return the logits of the last ``n_logits`` positions.
 
         Both measurement hooks need ``fuse_layers=False`` (a session per layer). ``clock`` (calibration): seconds
         spent in each layer's session are added to ``clock[layer]``. ``hidden`` (CPU; what a draft head could
@@ -465,10 +474,9 @@ class OnnxModel:
         # Only a pass through every layer ends in the last hidden state (a layer-skip draft's rows are not it);
         # ``_plan`` ran exactly ``layers``, distinct, so all of them is a matter of their count.
         keep = self._features is not None and len(layers) == self.n_layer
-        dtype = np.float32 if self.reads_features else np.int64
         try:
             for lo, hi in split_batches(len(tokens), self.n_batch):  # the last chunk holds every requested row
-                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=dtype)[None], start + lo, clock,
+                out = self._run_chunk(stages, np.asarray(tokens[lo:hi], dtype=np.int64)[None], start + lo, clock,
                                       hidden)
                 last = hi - lo
                 if keep and out.array is not None:
@@ -482,7 +490,7 @@ class OnnxModel:
         n = inputs.shape[1]
         dev, h = self.device_type, self._hidden
         io = self._embed_io
-        io.bind_cpu_input("features" if self.reads_features else "input_ids", inputs)
+        io.bind_cpu_input("input_ids", inputs)
         src, dst = self._ping
         io.bind_output("hidden", dev, 0, np.float32, [1, n, h], src.ptr)
         self._embed.run_with_iobinding(io)
@@ -627,33 +635,34 @@ class OnnxModel:
     def draft_head(self) -> HeadDrafter | None:
         """The draft head exported for this model (``edgespec export head`` writes it to ``<export>.head``), run on
         the CPU beside it; None where there is none (or on a GPU, where the hidden states stay on the device)."""
+        from .head_model import HeadModel
+
         folder = head_folder(self.path)
         if self.device_type != "cpu" or not (folder / MANIFEST).is_file():
             return None
-        head = OnnxModel(folder, OnnxOptions(n_ctx=self.n_ctx, n_threads=self.n_threads))
-        info = head.manifest.get("draft_head") or {}
+        manifest = read_manifest(folder)
+        info = manifest.get("draft_head") or {}
         try:
             vocab = np.load(folder / str(info.get("vocab", "vocab.npy")))
         except (OSError, ValueError) as e:
-            head.close()
             raise ModelLoadError(f"{folder}: cannot read the head's vocabulary: {e}") from e
-        why = self._head_mismatch(head, info, vocab)
+        why = self._head_mismatch(manifest, info, vocab)
         if why:
-            head.close()
             raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; write one for it with "
                                  f"`edgespec export head {self.path} --weights HEAD.npz` (docs/draft-head.md)")
+        head = HeadModel(folder, n_ctx=self.n_ctx, n_threads=self.n_threads)
         return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]), identity=key_digest(info))
 
-    def _head_mismatch(self, head: OnnxModel, info: dict, vocab: np.ndarray) -> str | None:
-        """Why a head export cannot draft for this model, or None."""
-        if not head.reads_features:
+    def _head_mismatch(self, manifest: dict, info: dict, vocab: np.ndarray) -> str | None:
+        """Why the head export with this manifest cannot draft for this model, or None."""
+        if not is_draft_head(manifest):
             return "it is not a draft head (no features input)"
-        if head.manifest["hidden_size"] != self._hidden:
-            return f"its width is {head.manifest['hidden_size']}, the model's {self._hidden}"
+        if manifest["hidden_size"] != self._hidden:
+            return f"its width is {manifest['hidden_size']}, the model's {self._hidden}"
         if info.get("target_vocab_size") != self.n_vocab:
             return (f"it was trained for a vocabulary of {info.get('target_vocab_size')} tokens, the model has "
                     f"{self.n_vocab}")
-        if vocab.shape != (head.n_vocab,) or not ((vocab >= 0) & (vocab < self.n_vocab)).all():
+        if vocab.shape != (manifest["vocab_size"],) or not ((vocab >= 0) & (vocab < self.n_vocab)).all():
             return "its vocabulary file does not match its output rows"
         if not isinstance(info.get("scale"), (int, float)):
             return "it has no feature scale"

@@ -24,7 +24,8 @@ from edgespec.arena import common_prefix
 from edgespec.drafters import head as head_module
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError, ModelLoadError
-from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions, head_folder
+from edgespec.head_model import HeadModel
+from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions, head_folder, session_options
 from tests.conftest import onnx_export_dir
 from tests.test_sampling_e2e import assert_sampling_matches_target
 
@@ -100,8 +101,7 @@ def test_exported_head_computes_what_the_trained_module_does(head_export: Path) 
     manifest = json.loads((folder / MANIFEST).read_text())
     vocab = np.load(folder / "vocab.npy")
     target = OnnxModel(head_export, OnnxOptions(n_ctx=256, n_threads=1))
-    head = OnnxModel(folder, OnnxOptions(n_ctx=256, n_threads=1))
-    head.keep_features()
+    head = HeadModel(folder, n_ctx=256, n_threads=1)
     rng = np.random.default_rng(0)
     n, width = 40, target.manifest["hidden_size"]
     features = rng.standard_normal((n, width)).astype(np.float32)
@@ -119,6 +119,37 @@ def test_exported_head_computes_what_the_trained_module_does(head_export: Path) 
         logits = module.logits(predicted).numpy()
     assert np.abs(onnx_features - predicted.numpy()).max() < 0.05 * np.abs(predicted.numpy()).max()
     assert np.mean(onnx_logits.argmax(1) == logits.argmax(1)) >= 0.9
+
+
+def test_the_heads_joined_pass_computes_what_its_three_graphs_do_apart(head_export: Path) -> None:
+    """``HeadModel`` runs the head's embed, layer and output graphs joined into one session
+    (``onnx_segments.whole_pass``): its logits and last hidden states equal, bit for bit, those of the three graphs
+    run one after the other by onnxruntime as exported (the KV fed back by hand), over a first pass of many rows,
+    one-row passes and a pass asking for several logit rows."""
+    import onnxruntime as ort
+
+    folder = head_folder(head_export)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    head = HeadModel(folder, n_ctx=256, n_threads=1)
+    so, _ = session_options(1)
+    embed, layer, out = (ort.InferenceSession(str(folder / name), so, providers=["CPUExecutionProvider"])
+                         for name in (manifest["embed"], manifest["layers"][0], manifest["head"]))
+    kv_shape = (1, manifest["num_kv_heads"], manifest["kv_length"], manifest["head_dim"])
+    past = [np.zeros(kv_shape, np.float16 if manifest["kv_dtype"] == "float16" else np.float32) for _ in range(2)]
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((60, 2 * manifest["hidden_size"])).astype(np.float32)
+    start = 0
+    for n, n_logits in ((40, 1), (1, 1), (1, 1), (3, 1), (5, 3), (1, 1)):
+        feed = rows[start:start + n]
+        hidden = embed.run(None, {"features": feed[None]})[0]
+        hidden, past[0], past[1] = layer.run(None, {
+            "hidden": hidden, "past_key": past[0], "past_value": past[1],
+            "seqlens_k": np.array([start + n - 1], np.int32), "total_sequence_length": np.array(start + n, np.int32)})
+        apart = out.run(None, {"hidden": hidden[:, n - n_logits:]})[0][0]
+        joined = head.decode(feed, start, n_logits)
+        assert np.array_equal(joined, apart)
+        assert np.array_equal(head.features(start, start + n), hidden[0])
+        start += n
 
 
 def _state_from_fixture(export: Path) -> dict[str, np.ndarray]:

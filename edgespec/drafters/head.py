@@ -4,8 +4,8 @@ At position i the target has computed f_i, its last hidden state (before the fin
 head maps [f_i / scale, embedding(x_{i+1})] to its width, runs one decoder layer that attends over all earlier
 positions' pairs (its own KV cache), and predicts f_{i+1}; the target's final norm and output rows (those of the
 tokens the head was trained to say) turn that into a guess for x_{i+2}. A second guess feeds the head its own
-prediction and guess back. Written by ``edgespec export head`` (docs/draft-head.md), run by ONNX Runtime like the
-target (``OnnxModel`` with ``reads_features``).
+prediction and guess back. Written by ``edgespec export head`` (docs/draft-head.md), run by ONNX Runtime beside the
+target as one session (``HeadModel``, edgespec/head_model.py).
 
 Where prompt lookup reads the text, the head reads the context: it is asked where lookup has nothing to offer
 (mode ``head`` = lookup, then the head). It proposes greedily (one-hot q), so sampled verification stays exact.
@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..arena import common_prefix
 from ..sampling import SamplingParams
 from .base import Draft
+
+if TYPE_CHECKING:
+    from ..head_model import HeadModel
 
 # A draft path stops before a token that takes the head's own probability of the whole path below this: a further
 # guess costs a head pass and a verify row, and one the head itself doubts is rarely accepted (EAGLE-2's
@@ -40,20 +43,13 @@ EMBEDDINGS_KEPT = 8192  # token embeddings kept at hand (2.3 kB each for SmolLM2
 
 
 class FeatureModel(Protocol):
-    """What the head needs of an ONNX model (``OnnxModel``): the target keeps its features and embeds tokens; the
-    head itself is one too, reading features."""
-
-    n_ctx: int
+    """What the head needs of its target (``OnnxModel``): it keeps its features and embeds tokens."""
 
     def keep_features(self) -> None: ...
 
     def features(self, lo: int, hi: int) -> np.ndarray: ...
 
     def embed(self, tokens: Sequence[int]) -> np.ndarray: ...
-
-    def decode(self, tokens: Sequence[int] | np.ndarray, start: int, n_logits: int) -> np.ndarray: ...
-
-    def truncate(self, keep: int) -> None: ...
 
     def cache_end(self) -> int: ...
 
@@ -66,7 +62,7 @@ class HeadDrafter:
     name = "head"
     costs_per_token = True
 
-    def __init__(self, target: FeatureModel, head: FeatureModel, vocab: np.ndarray, scale: float,
+    def __init__(self, target: FeatureModel, head: HeadModel, vocab: np.ndarray, scale: float,
                  min_path_probability: float = MIN_PATH_PROBABILITY, identity: str = "") -> None:
         self.target, self.head = target, head
         self.vocab = vocab  # the head's output row j is the target's token vocab[j]
@@ -74,9 +70,9 @@ class HeadDrafter:
         self.min_path_probability = min_path_probability
         self.identity = identity  # which head this is (a digest of its export's description): learned state is its own
         target.keep_features()
-        head.keep_features()  # the head's own last hidden rows: its predicted f, fed back for a second guess
         self._on: list[int] = []  # the tokens x_0..x_h its cache of h pairs was computed on
         self._embeddings: dict[int, np.ndarray] = {}
+        self._rows = np.zeros((2 * MAX_GUESSES, 2 * head.manifest["hidden_size"]), np.float32)  # a step's pairs
 
     def begin(self, context: Sequence[int]) -> None:
         """Feed the prompt's pairs now: in the prefill's time, not charged to the first proposal (the γ controller
@@ -111,7 +107,7 @@ class HeadDrafter:
             # The head's own prediction of the next feature (in the scaled units it reads) and its guess, as the
             # next pair.
             f = self.head.features(self.head.cache_end() - 1, self.head.cache_end())
-            logits = self.head.decode(self._pairs(f, tokens[-1:]), self.head.cache_end(), 1)[0]
+            logits = self.head.decode(self._pairs(f, tokens[-1:], np.float32(1)), self.head.cache_end(), 1)[0]
             passes += 1
         self.head.truncate(known)  # its guesses go: the target decides what follows
         return Draft(tokens, passes=passes if passes > len(tokens) else None, key=key)
@@ -127,22 +123,28 @@ class HeadDrafter:
         # The pairs still right (pair i needs x_0..x_{i+1} unchanged); the last is fed again if need be, for its guess.
         keep = max(min(shared - 1, end - 1), 0)
         self.head.truncate(keep)
-        features = self.target.features(keep, end) / self.scale
-        logits = self.head.decode(self._pairs(features, context[keep + 1:end + 1]), keep, 1)[0]
+        rows = self._pairs(self.target.features(keep, end), context[keep + 1:end + 1], self.scale)
+        logits = self.head.decode(rows, keep, 1)[0]
         del self._on[min(keep + 1, shared):]  # only tokens the context shares
         self._on.extend(context[len(self._on):end + 1])
         return logits if end == len(context) - 1 else None
 
-    def _pairs(self, features: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
-        """The head's input rows [f_i / scale (``features``, scaled), embedding(x_{i+1})]."""
-        kept, distinct = self._embeddings, dict.fromkeys(tokens)
-        new = [t for t in distinct if t not in kept]
+    def _pairs(self, features: np.ndarray, tokens: Sequence[int], scale: np.float32) -> np.ndarray:
+        """The head's input rows [f_i / ``scale``, embedding(x_{i+1})], written into rows kept for it: a step's few
+        rows cost no allocation (each numpy call counts here: it runs right after the target's pass, cold)."""
+        kept = self._embeddings
+        new = [t for t in dict.fromkeys(tokens) if t not in kept]
         if new and len(kept) + len(new) > EMBEDDINGS_KEPT:  # start afresh with this call's tokens, all of them
             kept.clear()
-            new = list(distinct)
+            new = list(dict.fromkeys(tokens))
         if new:
             kept.update(zip(new, self.target.embed(new), strict=True))
-        return np.concatenate([features, np.stack([kept[t] for t in tokens])], axis=1)
+        n, width = features.shape
+        rows = self._rows[:n] if n <= len(self._rows) else np.empty((n, 2 * width), np.float32)
+        np.divide(features, scale, out=rows[:, :width])
+        for row, token in zip(rows, tokens, strict=True):
+            row[width:] = kept[token]
+        return rows
 
 
 def _top_probability(logits: np.ndarray, best: int) -> float:
