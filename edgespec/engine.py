@@ -282,7 +282,7 @@ class Engine:
         drafted_at = time.perf_counter()
         _, n_accepted, next_token = self._verify_chain(draft, params, rng)
         verified_at = time.perf_counter()
-        stats.record_step(len(draft), n_accepted, draft.source)
+        stats.record_step(len(draft), n_accepted, (draft.source,) if draft.source else ())
         stats.draft_s += drafted_at - step_start
         stats.verify_s += verified_at - drafted_at
         if controller is not None:
@@ -330,7 +330,7 @@ class Engine:
         accepted = [tree.tokens[i] for i in path]
         self.tree_drafter.observe([last, *accepted], logits, [0, *(i + 1 for i in path)])  # rows, not copies
         self.tree_drafter.learn(tree, origins, path)
-        stats.record_step(len(tree), len(path))
+        stats.record_step(len(tree), len(path), {name for name, _ in origins})
         stats.draft_s += drafted_at - step_start
         stats.verify_s += verified_at - drafted_at
         if controller is not None:  # the lookup spine is judged from the committed tokens, as in mode ngram

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 
 from .gamma import MAX_GAMMA
@@ -31,16 +32,17 @@ class GenerationStats:
     drafted: int = 0  # draft tokens sent to verification
     accepted: int = 0  # of those, accepted
     gamma_sum: int = 0
-    # Verify steps whose draft came from each drafter (mode head: "ngram" or "head"): which one the controller uses,
-    # where τ alone cannot tell a drafter that stopped being asked from one that is asked and wrong.
+    # Verify steps whose draft came from each drafter (mode head: "ngram" or "head"; mode tree: each drafter with a
+    # node in the step's tree, so its shares can sum past 1): which one the controller uses, where τ alone cannot tell
+    # a drafter that stopped being asked from one that is asked and wrong.
     draft_steps: dict[str, int] = field(default_factory=dict)
     # per draft position j: how often it was verified and how often accepted
     position_trials: list[int] = field(default_factory=lambda: [0] * MAX_GAMMA)
     position_accepts: list[int] = field(default_factory=lambda: [0] * MAX_GAMMA)
 
-    def record_step(self, drafted: int, accepted: int, source: str | None = None) -> None:
+    def record_step(self, drafted: int, accepted: int, sources: Collection[str] = ()) -> None:
         self.steps += 1
-        if drafted and source:
+        for source in sources if drafted else ():
             self.draft_steps[source] = self.draft_steps.get(source, 0) + 1
         self.drafted += drafted
         self.accepted += accepted

@@ -147,6 +147,10 @@ def test_mode_tree_verifies_trees_with_several_leaves(clock: FakeClock) -> None:
     out = Engine(model, mode="tree", gamma="auto").generate(sequence[:40], max_tokens=200)
     assert out.tokens == sequence[40:]
     assert max(trees) > 1  # some verified tree had several root-to-leaf paths
+    # Each step counts for every drafter with a node in its tree: the suffix trie's branches among them.
+    steps = out.stats.draft_steps
+    assert "suffix" in steps and set(steps) <= {"ngram", "suffix", "recycled"}
+    assert max(steps.values()) <= out.stats.steps < sum(steps.values())
 
 
 def _charging(drafter: SuffixDrafter | RecycledDrafter, clock: FakeClock, seconds: float) -> list[int]:
