@@ -166,6 +166,26 @@ def test_hidden_states_of_chosen_layers(questions: list[dict]) -> None:
     fused.close()
 
 
+def test_a_passs_bindings_are_made_once_per_shape_and_bound_anew_nowhere(questions: list[dict]) -> None:
+    """Passes reuse the IO bindings of their plan and number of rows (``_pass_io``): many passes of a few shapes
+    keep as many sets as shapes, and their logits stay those of a fresh model's passes of the same tokens (a binding
+    reused for another call's tokens reads them, not the first call's)."""
+    model = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256))
+    fresh = OnnxModel(onnx_export_dir(), OnnxOptions(n_threads=1, n_ctx=256))
+    prompt = (model.tokenize(questions[1]["turns"][0]) * 3)[:60]
+    model.decode(prompt[:40], 0, 1)
+    at = 40
+    for width in [1, 3, 1, 2, 3, 1, 2, 1, 3, 3]:  # 10 passes after the first, of 3 shapes
+        model.decode(prompt[at:at + width], at, width)
+        at += width
+    assert at == 60 and sorted(n for _, n in model._passes) == [1, 2, 3, 40]
+    assert len(model._head_ios) == 4  # one per (rows, logit rows): (40, 1), (1, 1), (2, 2), (3, 3)
+    model.truncate(40)
+    np.testing.assert_array_equal(model.decode(prompt[40:43], 40, 3), fresh.decode(prompt[:43], 0, 3))
+    model.close()
+    fresh.close()
+
+
 def test_segment_plan() -> None:
     half = segments.MAX_SEGMENT_BYTES // 2
     assert segments.plan(7, [2, 3], [half] * 7, fuse=True) == [[0, 1], [2, 3], [4, 5], [6]]  # skip runs, size cap
