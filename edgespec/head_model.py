@@ -12,16 +12,15 @@ in, runs, and copies its last hidden states out. On the CPU only: a head drafts 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from . import custom_ops
 from . import onnx_segments as segments
 from .backend import split_batches
 from .errors import EdgespecError, ModelLoadError
-from .extras import require
-from .onnx_backend import is_draft_head, kv_dtype_of, open_session, read_manifest, session_options
 
 N_BATCH = 256  # rows per session call at most (a long prompt's pairs are fed in runs, as a model's tokens are)
 
@@ -30,14 +29,12 @@ class HeadModel:
     """The head's cache of pairs and their last hidden states (``features``: its predictions of the target's next
     feature), and its passes over new pairs."""
 
-    def __init__(self, folder: Path, n_ctx: int, n_threads: int) -> None:
-        require("onnxruntime", "onnx", "a draft head")
-        require("onnx", "onnx", "a draft head")  # to join its graphs
+    def __init__(self, folder: Path, manifest: dict, n_ctx: int, session: Callable[[Path], tuple[Any, int]]) -> None:
+        """``manifest``: the head export's, checked (``onnx_backend.read_manifest``); ``session``: opens a graph
+        file as an onnxruntime session on the CPU, returning it and the bytes it put on huge pages
+        (``onnx_backend.open_head`` passes both)."""
         self.path = folder
-        self.manifest = m = read_manifest(folder)
-        if not is_draft_head(m):
-            raise ModelLoadError(f"{folder} is not a draft head (no features input)")
-        custom_ops.require_for(m, folder, "cpu")
+        self.manifest = m = manifest
         self.n_vocab: int = m["vocab_size"]
         self.n_ctx = min(n_ctx, m["context_length"])
         width = m["hidden_size"]
@@ -45,7 +42,6 @@ class HeadModel:
         for file in files:
             if not file.is_file():
                 raise ModelLoadError(f"{folder}: {file.name} is missing")
-        so, _ = session_options(n_threads)
         with tempfile.TemporaryDirectory(prefix="edgespec-head-") as scratch:
             joined = Path(scratch) / "pass.onnx"
             try:
@@ -55,10 +51,11 @@ class HeadModel:
             # Mostly 0: the session takes heap memory the joining freed, not new mappings (edgespec/huge_pages.py).
             # Collapsing all that the joining mapped put 31 MB on huge pages, RSS +10-20 MB, the head's passes in
             # the decode loop as fast within noise (ad hoc, 2 x 2 runs): not done.
-            self._session, self.huge_page_bytes = open_session(str(joined), so, ["CPUExecutionProvider"], folder)
+            self._session, self.huge_page_bytes = session(joined)
         n_layer = m["num_layers"]
         kv_length = m.get("kv_length", m["context_length"] + 1)
-        self._kv = np.zeros((n_layer, 2, 1, m["num_kv_heads"], kv_length, m["head_dim"]), kv_dtype_of(m))
+        kv_dtype = np.dtype(m.get("kv_dtype", "float32"))
+        self._kv = np.zeros((n_layer, 2, 1, m["num_kv_heads"], kv_length, m["head_dim"]), kv_dtype)
         self._pos = np.zeros(1, dtype=np.int32)  # seqlens_k: total length after the call − 1
         self._total = np.zeros((), dtype=np.int32)  # total_sequence_length
         self._logit_start = np.zeros(1, dtype=np.int64)  # −n: the logits of the last n rows

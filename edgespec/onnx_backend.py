@@ -37,6 +37,7 @@ from .cpu import physical_cores
 from .drafters.head import HeadDrafter
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .extras import install_command, require
+from .head_model import HeadModel
 from .hf_tokenizer import HFTokenizer
 from .huge_pages import new_memory_on_huge_pages
 from .tuning import key_digest
@@ -185,6 +186,21 @@ def open_session(file: str, so: object, providers: list[str], where: Path) -> tu
     except Exception as e:  # onnxruntime raises its own exception types for invalid graphs
         raise ModelLoadError(f"onnxruntime cannot load {where}: {e}") from e
     return created, collapsed.bytes
+
+
+def open_head(folder: Path, n_ctx: int, n_threads: int) -> HeadModel:
+    """A draft head's export, run as one session on the CPU (edgespec/head_model.py)."""
+    require("onnx", "onnx", "a draft head")  # to join its graphs
+    manifest = read_manifest(folder)
+    if not is_draft_head(manifest):
+        raise ModelLoadError(f"{folder} is not a draft head (no features input)")
+    custom_ops.require_for(manifest, folder, "cpu")
+    so, _ = session_options(n_threads)
+
+    def session(file: Path) -> tuple[Any, int]:
+        return open_session(str(file), so, ["CPUExecutionProvider"], folder)
+
+    return HeadModel(folder, manifest, n_ctx, session)
 
 
 def _providers(device: str) -> list[str]:
@@ -670,8 +686,6 @@ class OnnxModel:
     def draft_head(self) -> HeadDrafter | None:
         """The draft head exported for this model (``edgespec export head`` writes it to ``<export>.head``), run on
         the CPU beside it; None where there is none (or on a GPU, where the hidden states stay on the device)."""
-        from .head_model import HeadModel
-
         folder = head_folder(self.path)
         if self.device_type != "cpu" or not (folder / MANIFEST).is_file():
             return None
@@ -685,7 +699,7 @@ class OnnxModel:
         if why:
             raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; write one for it with "
                                  f"`edgespec export head {self.path} --weights HEAD.npz` (docs/draft-head.md)")
-        head = HeadModel(folder, n_ctx=self.n_ctx, n_threads=self.n_threads)
+        head = open_head(folder, n_ctx=self.n_ctx, n_threads=self.n_threads)
         return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]), identity=key_digest(info))
 
     def _head_mismatch(self, manifest: dict, info: dict, vocab: np.ndarray) -> str | None:

@@ -75,78 +75,6 @@ def fuse(files: Sequence[Path], layers: Sequence[int], out: Path) -> None:
     Raises ValueError (with the reason) for a file that is not a layer graph of the format.
     """
     import onnx
-
-    onnx.save_model(_joined_layers(files, layers), str(out))
-
-
-def whole_pass(embed: Path, files: Sequence[Path], head: Path, out: Path) -> None:
-    """Write to ``out`` one ONNX model running a whole pass of a small export (a draft head's): its embed graph,
-    its layer graphs, and its head graph on the last rows only, how many given by the input ``LOGIT_INPUT``
-    (−n: the last n rows). Its outputs: ``hidden_out`` (every row's last hidden state), the layers' KV, ``logits``.
-
-    Why: a session call costs more than its compute when it starts cold, as a draft head's does right after the
-    target's pass (its weights, onnxruntime's state and Python's evicted from the caches): one call instead of
-    three. The same kernels on the same rows: the logits and states are those of the three graphs run apart.
-    Raises ValueError (with the reason) for a file that is not a graph of the format.
-    """
-    import numpy as np
-    import onnx
-    from onnx import helper, numpy_helper
-
-    model = _joined_layers(files, range(len(files)))
-    graph = model.graph
-    # The embed graph writes the layers' input "hidden"; the head graph reads the Slice of the last rows.
-    ends = [_loaded(embed), _loaded(head)]
-    opsets = {o.domain: o.version for o in model.opset_import}
-    for file, part in zip((embed, head), ends, strict=True):  # each graph may use ops of fewer domains
-        for o in part.opset_import:
-            if opsets.setdefault(o.domain, o.version) != o.version:
-                raise ValueError(f"{file}: its opset of {o.domain or 'onnx'} differs from {files[0]}'s")
-    del model.opset_import[:]
-    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in opsets.items())
-    embed_graph = _prefixed(ends[0].graph, "embed.", {"hidden": "hidden"})
-    head_graph = _prefixed(ends[1].graph, "head.", {"hidden": "head.rows", "logits": "logits"})
-    graph.input.remove(next(value for value in graph.input if value.name == "hidden"))
-    graph.input.extend([*embed_graph.input, helper.make_tensor_value_info(LOGIT_INPUT, onnx.TensorProto.INT64, [1])])
-    graph.output.extend(head_graph.output)
-    graph.initializer.extend([*embed_graph.initializer, *head_graph.initializer,
-                              numpy_helper.from_array(np.array([np.iinfo(np.int64).max]), "head.rows_end"),
-                              numpy_helper.from_array(np.array([1]), "head.rows_axis")])
-    last_rows = helper.make_node("Slice", ["hidden_out", LOGIT_INPUT, "head.rows_end", "head.rows_axis"],
-                                 ["head.rows"], name="head.last_rows")
-    nodes = [*embed_graph.node, *graph.node, last_rows, *head_graph.node]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    onnx.save_model(model, str(out))
-
-
-def _prefixed(graph: Any, prefix: str, keep: dict[str, str]) -> Any:
-    """``graph`` with its constants and values named ``prefix`` + name, but for the names ``keep`` maps (its
-    inputs' names stay as they are)."""
-    rename = {name: prefix + name for name in [t.name for t in graph.initializer]
-              + [o for node in graph.node for o in node.output if o]}
-    rename.update(keep)
-    for tensor in graph.initializer:
-        tensor.name = rename[tensor.name]
-    for node in graph.node:
-        node.name = prefix + node.name
-        node.input[:] = [rename.get(x, x) for x in node.input]
-        node.output[:] = [rename.get(x, x) for x in node.output]
-    return graph
-
-
-def _loaded(file: Path) -> Any:
-    import onnx
-
-    try:
-        return onnx.load(str(file))
-    except Exception as e:  # protobuf decode errors, unreadable files
-        raise ValueError(f"cannot read {file}: {e}") from e
-
-
-def _joined_layers(files: Sequence[Path], layers: Sequence[int]) -> Any:
-    """The layer graphs ``files`` (of ``layers``) as one model, hidden_out → hidden (``fuse``)."""
-    import onnx
     from onnx import helper
 
     nodes: list[onnx.NodeProto] = []
@@ -211,9 +139,76 @@ def _joined_layers(files: Sequence[Path], layers: Sequence[int]) -> Any:
             outputs.append(value)
         hidden = rename["hidden_out"]
     assert first is not None
-    return helper.make_model(helper.make_graph(nodes, f"layers_{layers[0]}_{layers[-1]}", inputs, outputs,
-                                               initializers),
-                             opset_imports=list(first.opset_import), ir_version=first.ir_version)
+    merged = helper.make_model(helper.make_graph(nodes, f"layers_{layers[0]}_{layers[-1]}", inputs, outputs,
+                                                 initializers),
+                               opset_imports=list(first.opset_import), ir_version=first.ir_version)
+    onnx.save_model(merged, str(out))
+
+
+def whole_pass(embed: Path, files: Sequence[Path], head: Path, out: Path) -> None:
+    """Write to ``out`` one ONNX model running a whole pass of a small export (a draft head's): its embed graph,
+    its layer graphs, and its head graph on the last rows only, how many given by the input ``LOGIT_INPUT``
+    (−n: the last n rows). Its outputs: ``hidden_out`` (every row's last hidden state), the layers' KV, ``logits``.
+
+    Why: a session call costs more than its compute when it starts cold, as a draft head's does right after the
+    target's pass (its weights, onnxruntime's state and Python's evicted from the caches): one call instead of
+    three. The same kernels on the same rows: the logits and states are those of the three graphs run apart.
+    Raises ValueError (with the reason) for a file that is not a graph of the format.
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    fuse(files, range(len(files)), out)  # the layers joined as a segment is, then its ends added
+    model = _loaded(out)
+    graph = model.graph
+    # The embed graph writes the layers' input "hidden"; the head graph reads the Slice of the last rows.
+    ends = [_loaded(embed), _loaded(head)]
+    opsets = {o.domain: o.version for o in model.opset_import}
+    for file, part in zip((embed, head), ends, strict=True):  # each graph may use ops of fewer domains
+        for o in part.opset_import:
+            if opsets.setdefault(o.domain, o.version) != o.version:
+                raise ValueError(f"{file}: its opset of {o.domain or 'onnx'} differs from {files[0]}'s")
+    del model.opset_import[:]
+    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in opsets.items())
+    embed_graph = _prefixed(ends[0].graph, "embed.", {"hidden": "hidden"})
+    head_graph = _prefixed(ends[1].graph, "head.", {"hidden": "head.rows", "logits": "logits"})
+    graph.input.remove(next(value for value in graph.input if value.name == "hidden"))
+    graph.input.extend([*embed_graph.input, helper.make_tensor_value_info(LOGIT_INPUT, onnx.TensorProto.INT64, [1])])
+    graph.output.extend(head_graph.output)
+    graph.initializer.extend([*embed_graph.initializer, *head_graph.initializer,
+                              numpy_helper.from_array(np.array([np.iinfo(np.int64).max]), "head.rows_end"),
+                              numpy_helper.from_array(np.array([1]), "head.rows_axis")])
+    last_rows = helper.make_node("Slice", ["hidden_out", LOGIT_INPUT, "head.rows_end", "head.rows_axis"],
+                                 ["head.rows"], name="head.last_rows")
+    nodes = [*embed_graph.node, *graph.node, last_rows, *head_graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save_model(model, str(out))
+
+
+def _prefixed(graph: Any, prefix: str, keep: dict[str, str]) -> Any:
+    """``graph`` with its constants and values named ``prefix`` + name, but for the names ``keep`` maps (its
+    inputs' names stay as they are)."""
+    rename = {name: prefix + name for name in [t.name for t in graph.initializer]
+              + [o for node in graph.node for o in node.output if o]}
+    rename.update(keep)
+    for tensor in graph.initializer:
+        tensor.name = rename[tensor.name]
+    for node in graph.node:
+        node.name = prefix + node.name
+        node.input[:] = [rename.get(x, x) for x in node.input]
+        node.output[:] = [rename.get(x, x) for x in node.output]
+    return graph
+
+
+def _loaded(file: Path) -> Any:
+    import onnx
+
+    try:
+        return onnx.load(str(file))
+    except Exception as e:  # protobuf decode errors, unreadable files
+        raise ValueError(f"cannot read {file}: {e}") from e
 
 
 def _node_key(node: object) -> bytes:

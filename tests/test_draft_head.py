@@ -24,8 +24,7 @@ from edgespec.arena import common_prefix
 from edgespec.drafters import head as head_module
 from edgespec.engine import Engine
 from edgespec.errors import InvalidParameterError, ModelLoadError
-from edgespec.head_model import HeadModel
-from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions, head_folder, session_options
+from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions, head_folder, open_head, session_options
 from tests.conftest import onnx_export_dir
 from tests.test_sampling_e2e import assert_sampling_matches_target
 
@@ -101,7 +100,7 @@ def test_exported_head_computes_what_the_trained_module_does(head_export: Path) 
     manifest = json.loads((folder / MANIFEST).read_text())
     vocab = np.load(folder / "vocab.npy")
     target = OnnxModel(head_export, OnnxOptions(n_ctx=256, n_threads=1))
-    head = HeadModel(folder, n_ctx=256, n_threads=1)
+    head = open_head(folder, n_ctx=256, n_threads=1)
     rng = np.random.default_rng(0)
     n, width = 40, target.manifest["hidden_size"]
     features = rng.standard_normal((n, width)).astype(np.float32)
@@ -122,7 +121,7 @@ def test_exported_head_computes_what_the_trained_module_does(head_export: Path) 
 
 
 def test_the_heads_joined_pass_computes_what_its_three_graphs_do_apart(head_export: Path) -> None:
-    """``HeadModel`` runs the head's embed, layer and output graphs joined into one session
+    """``HeadModel`` (``open_head``) runs the head's embed, layer and output graphs joined into one session
     (``onnx_segments.whole_pass``): its logits and last hidden states equal, bit for bit, those of the three graphs
     run one after the other by onnxruntime as exported (the KV fed back by hand), over a first pass of many rows,
     one-row passes and a pass asking for several logit rows."""
@@ -130,7 +129,7 @@ def test_the_heads_joined_pass_computes_what_its_three_graphs_do_apart(head_expo
 
     folder = head_folder(head_export)
     manifest = json.loads((folder / MANIFEST).read_text())
-    head = HeadModel(folder, n_ctx=256, n_threads=1)
+    head = open_head(folder, n_ctx=256, n_threads=1)
     so, _ = session_options(1)
     embed, layer, out = (ort.InferenceSession(str(folder / name), so, providers=["CPUExecutionProvider"])
                          for name in (manifest["embed"], manifest["layers"][0], manifest["head"]))
