@@ -46,6 +46,12 @@ TIMED: list[tuple[object, str]] = [
     (suffix.SuffixDrafter, "update"), (suffix.SuffixDrafter, "propose"), (recycled, "top_successors"),
     (head.HeadDrafter, "propose"), (head.HeadDrafter, "_catch_up"), (head.HeadDrafter, "_pairs"),
 ]
+try:  # every onnxruntime call (the target's and the head's sessions): what a pass spends outside them is Python
+    from onnxruntime import InferenceSession
+
+    TIMED.append((InferenceSession, "run_with_iobinding"))
+except ImportError:  # llama.cpp only (--fast-numerics)
+    pass
 
 
 def timed(owner: object, name: str, seconds: dict[str, float], calls: dict[str, int]) -> Callable[[], None]:

@@ -553,9 +553,10 @@ class OnnxModel:
                 t = time.perf_counter()
                 stage.session.run_with_iobinding(io)
                 clock[stage.layers[0]] += time.perf_counter() - t
-            wrote = self._ping[(i + 1) % 2]  # the stages take turns writing the two buffers (``_pass_io``)
-            if hidden is not None and stage.layers[0] in hidden and wrote.array is not None:
-                hidden[stage.layers[0]].append(wrote.array[0, :n].copy())
+            if hidden is not None and stage.layers[0] in hidden:
+                wrote = self._ping[(i + 1) % 2].array  # the stages take turns writing the two buffers (``_pass_io``)
+                if wrote is not None:
+                    hidden[stage.layers[0]].append(wrote[0, :n].copy())
         return bound.out
 
     def _run_head(self, hidden: _Buffer, n: int, n_logits: int) -> np.ndarray:
