@@ -39,7 +39,9 @@ MIN_PATH_PROBABILITY = 0.4
 # so what a range is worth is learned, not read off the number. Keys 1..6.
 CONFIDENCE_EDGES = (0.2, 0.35, 0.5, 0.7, 0.9)
 MAX_GUESSES = 16  # room the head keeps in its context for a proposal's guesses (γ never exceeds it)
-EMBEDDINGS_KEPT = 8192  # token embeddings kept at hand (2.3 kB each for SmolLM2): the embed graph costs a session call
+# Embeddings of other tokens kept at hand (2.3 kB each for SmolLM2): the embed graph costs a session call, ~80 µs in
+# the decode loop. Those of the tokens the head can say are read once, at load: most of what is generated.
+EMBEDDINGS_KEPT = 8192
 
 
 class FeatureModel(Protocol):
@@ -71,7 +73,8 @@ class HeadDrafter:
         self.identity = identity  # which head this is (a digest of its export's description): learned state is its own
         target.keep_features()
         self._on: list[int] = []  # the tokens x_0..x_h its cache of h pairs was computed on
-        self._embeddings: dict[int, np.ndarray] = {}
+        self._sayable = dict(zip(vocab.tolist(), target.embed(vocab.tolist()), strict=True))
+        self._embeddings: dict[int, np.ndarray] = {}  # other tokens', bounded
         self._rows = np.zeros((2 * MAX_GUESSES, 2 * head.manifest["hidden_size"]), np.float32)  # a step's pairs
 
     def begin(self, context: Sequence[int]) -> None:
@@ -132,18 +135,20 @@ class HeadDrafter:
     def _pairs(self, features: np.ndarray, tokens: Sequence[int], scale: np.float32) -> np.ndarray:
         """The head's input rows [f_i / ``scale``, embedding(x_{i+1})], written into rows kept for it: a step's few
         rows cost no allocation (each numpy call counts here: it runs right after the target's pass, cold)."""
-        kept = self._embeddings
-        new = [t for t in dict.fromkeys(tokens) if t not in kept]
+        sayable, kept = self._sayable, self._embeddings
+        others = [t for t in dict.fromkeys(tokens) if t not in sayable]
+        new = [t for t in others if t not in kept]
         if new and len(kept) + len(new) > EMBEDDINGS_KEPT:  # start afresh with this call's tokens, all of them
             kept.clear()
-            new = list(dict.fromkeys(tokens))
+            new = others
         if new:
             kept.update(zip(new, self.target.embed(new), strict=True))
         n, width = features.shape
         rows = self._rows[:n] if n <= len(self._rows) else np.empty((n, 2 * width), np.float32)
         np.divide(features, scale, out=rows[:, :width])
         for row, token in zip(rows, tokens, strict=True):
-            row[width:] = kept[token]
+            embedding = sayable.get(token)
+            row[width:] = kept[token] if embedding is None else embedding
         return rows
 
 
