@@ -42,9 +42,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="'ngram' (prompt lookup), 'none' (target alone), 'layerskip' / 'hybrid' (ONNX models: "
                         "the model drafts with layers skipped; hybrid tries lookup first), 'head' (ONNX models with a "
-                        "trained draft head beside them: lookup, else the head; docs/draft-head.md), 'tree' (lookup, "
-                        "suffix tries and recycled logits as a token tree: docs/tree-drafting.md), a draft model "
-                        "path/name or "
+                        "trained draft head beside them: lookup, else or beside the head; docs/draft-head.md), "
+                        "'tree' (lookup, suffix tries and recycled logits as a token tree: docs/tree-drafting.md), a "
+                        "draft model path/name or "
                         "'auto' (a local draft model with the same vocabulary where `edgespec tune` measures that it "
                         "pays, else a single-model mode) (default: what `edgespec tune` chose, else ngram)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: from the model path")

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import cast
 
 import numpy as np
@@ -24,7 +25,7 @@ from .drafters.tree import TreeDrafter
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .prompt_cache import PromptCache
-from .proposal import propose
+from .proposal import agreed, propose
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
@@ -416,8 +417,12 @@ class Engine:
         """Which drafter each name stands for, where it can be another one from process to process (an
         ``identity``): the draft head, whose name stays when it is exported again, while what its predecessor's
         keys were worth says nothing of it."""
-        return {name: identity for name, drafter in self.drafters.items()
-                if (identity := getattr(drafter, "identity", ""))}
+        own = {name: identity for name, drafter in self.drafters.items()
+               if (identity := getattr(drafter, "identity", ""))}
+        # What agreement with such a drafter was worth (``proposal.agreed``) goes with it.
+        pairs = {agreed(first.name, second.name): own[second.name] for mode in self.modes.values()
+                 for first, second in pairwise(mode) if second.name in own}
+        return {**own, **pairs}
 
     def _keep_learned(self, controller: GammaController | None) -> None:
         """After a request, what the untuned controller has learned, for the next process (``StoredCurve``)."""

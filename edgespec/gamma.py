@@ -411,10 +411,12 @@ class GammaController:
         return drafter, key, self._streak.get(drafter, False)
 
     def choose(self, drafter: str, key: DraftKey, available: int, draft_cost_sunk: bool,
-               tokens: Sequence[int] | None = None) -> int:
+               tokens: Sequence[int] | None = None, explore: bool = True) -> int:
         """How many of ``available`` draft tokens to verify (0: decode plainly this step). ``tokens``: the
         draft itself, when it is free (lookup): what the target commits next tells how much of it was right,
-        whether it is verified or not (``observe``'s ``committed``)."""
+        whether it is verified or not (``observe``'s ``committed``). ``explore`` False: a model drafter asked for a
+        second opinion, where another draft would be verified anyway, is declined without counting it a decline
+        (no fading toward the prior, no exploration)."""
         available = min(available, MAX_GAMMA)
         if available <= 0:
             return 0
@@ -422,13 +424,9 @@ class GammaController:
         if tokens is not None:
             self._shadows[drafter] = (stats_key, list(tokens[:available]))
             self._free.add(drafter)
-        draft_cost = 0.0 if draft_cost_sunk else self._draft_ratio.get(drafter, 0.0) * self.curve.scale
-        tokens_k, seconds = expected_step(self.acceptance(drafter, key, available), self.curve.shape,
-                                          self.curve.scale, draft_cost, self._overhead, available)
-        rate = self.rate()
-        value = [t - rate * s for t, s in zip(tokens_k, seconds, strict=True)]
+        value, seconds, rate = self._values(drafter, key, available, draft_cost_sunk)
         k = max(range(len(value)), key=value.__getitem__)  # the first best, as argmax
-        if k == 0 and tokens is None:
+        if k == 0 and tokens is None and explore:
             if all(n + 1 - rate * s <= value[0] for n, s in enumerate(seconds)):
                 if not draft_cost_sunk:  # its cost is what decided (a draft already made was just timed)
                     self._fade_cost(drafter)
@@ -455,6 +453,25 @@ class GammaController:
         ratio, prior = self._draft_ratio.get(drafter), self._draft_prior.get(drafter, 0.0)
         if ratio is not None and ratio > prior:
             self._draft_ratio[drafter] = prior + _DECAY * (ratio - prior)
+
+    def gain(self, drafter: str, key: DraftKey, k: int, draft_cost_sunk: bool = True) -> float:
+        """What verifying the first ``k`` tokens of a draft (already made, or still to be drafted and paid for) is
+        expected to add over decoding plainly, in tokens (λ × its seconds taken off): how two drafts that could each
+        be verified this step compare."""
+        k = min(k, MAX_GAMMA)
+        if k <= 0:
+            return 0.0
+        value = self._values(drafter, key, k, draft_cost_sunk)[0]
+        return value[k] - value[0]
+
+    def _values(self, drafter: str, key: DraftKey, available: int,
+                draft_cost_sunk: bool) -> tuple[list[float], list[float], float]:
+        """Per k = 0..available: expected tokens less λ × expected seconds; the seconds; λ."""
+        draft_cost = 0.0 if draft_cost_sunk else self._draft_ratio.get(drafter, 0.0) * self.curve.scale
+        tokens_k, seconds = expected_step(self.acceptance(drafter, key, available), self.curve.shape,
+                                          self.curve.scale, draft_cost, self._overhead, available)
+        rate = self.rate()
+        return [t - rate * s for t, s in zip(tokens_k, seconds, strict=True)], seconds, rate
 
     # -- learning ---------------------------------------------------------------------------------------
     def observe(self, drafter: str | None, key: DraftKey, drafted: int, accepted: int,

@@ -320,6 +320,57 @@ def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> No
     assert out.stats.draft_steps == {"head": sum(verified.values())}  # the steps that verified its drafts
 
 
+# Text with little to copy: lookup's drafts mostly rest on a one-token match (a second opinion is asked).
+RANDOM = [BOS, *(int(t) for t in np.random.default_rng(7).integers(3, 15, 400))]
+
+
+class _Oracle:
+    """A model drafter (a pass per token) whose first token is the target's own at every second position, wrong at
+    the others: it agrees with lookup's right guesses there and argues with its wrong ones."""
+
+    name = "head"
+    costs_per_token = True
+    identity = "oracle"
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    def begin(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        if max_tokens <= 0 or len(context) >= len(RANDOM):
+            return Draft([])
+        self.clock.now += 0.001
+        right = RANDOM[len(context)]
+        return Draft([right if len(context) % 2 else 1 + right % 30], key=2)
+
+
+def test_lookup_and_a_model_drafter_that_agree_are_verified_together(clock: FakeClock, tmp_path: Path) -> None:
+    """Mode head's rule (edgespec/proposal.py): where lookup drafts on a one-token match the model drafter is asked
+    too; the drafts they agree on are verified under their own name, learned and kept with the drafter's identity,
+    and the output is the target's alone."""
+    target = FakeModel(scripted(RANDOM), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01 * (1 + 0.05 * (n - 1)))
+    engine = Engine(target, mode="ngram", stored_curve=StoredCurve(tmp_path / "curve.json"))
+    engine.drafters["head"] = _Oracle(clock)
+    engine.modes["head"] = (engine.drafters["ngram"], engine.drafters["head"])
+    sources: Counter[str] = Counter()
+    verify = engine._verify_chain
+
+    def counting(draft: Draft, params: SamplingParams, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
+        sources[draft.source] += bool(draft.tokens)
+        return verify(draft, params, rng)
+
+    engine._verify_chain = counting  # type: ignore[method-assign]
+    prompt = RANDOM[:40]
+    out = engine.generate(prompt, max_tokens=300, mode="head")
+    assert out.tokens == target_only(target, prompt, max_tokens=300).tokens
+    assert sources["ngram+head"] >= 5 and sources["head"] >= 5
+    assert "ngram+head" in engine._get_controller().learned()["pooled"]  # type: ignore[operator]
+    assert engine._identities() == {"head": "oracle", "ngram+head": "oracle"}
+
+
 def test_what_was_learned_of_a_drafter_is_dropped_when_another_takes_its_name(clock: FakeClock, tmp_path: Path
                                                                                ) -> None:
     """The learned state is kept per model; a drafter that can be another one under the same name (a draft head
