@@ -9,8 +9,8 @@ well, where its draft could gain more than the free one. Where its draft starts 
 and the free draft is verified under a name of its own (``agreed``), so that the controller learns what agreement
 is worth: on the development half's recorded outputs lookup's one-token matches were right 67% of the time where
 the head agreed and 18% where it did not (1.86 tokens of the chain against 0.65). Where they disagree, the draft
-the controller expects to gain more is verified. Replayed (docs/controller.md, "Mode head, replayed"): the speed
-+0–1.3% (never lower) on both sets of recorded outputs and every curve, τ +0.04–0.05 where the head pays.
+the controller expects to gain more is verified. Measured side by side with the rule before it (the development half,
+2026-11-27, both start orders: docs/drafting-experiments.md): +1.4% and +0.6% tok/s, τ +0.02–0.03, the same output.
 """
 
 from __future__ import annotations

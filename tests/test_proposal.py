@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from edgespec.drafters import Draft
-from edgespec.gamma import MAX_GAMMA, CostCurve, GammaController
 from edgespec.drafters.base import DraftKey
 from edgespec.drafters.ngram import AGREED, ALONE, DIFFERED
+from edgespec.gamma import MAX_GAMMA, CostCurve, GammaController
 from edgespec.proposal import WEAK_MATCH, agreed, propose
 from edgespec.sampling import SamplingParams
 

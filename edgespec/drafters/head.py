@@ -7,8 +7,9 @@ tokens the head was trained to say) turn that into a guess for x_{i+2}. A second
 prediction and guess back. Written by ``edgespec export head`` (docs/draft-head.md), run by ONNX Runtime beside the
 target as one session (``HeadModel``, edgespec/head_model.py).
 
-Where prompt lookup reads the text, the head reads the context: it is asked where lookup has nothing to offer
-(mode ``head`` = lookup, then the head). It proposes greedily (one-hot q), so sampled verification stays exact.
+Where prompt lookup reads the text, the head reads the context: it is asked where lookup has nothing to offer, and
+beside lookup's weakest drafts (mode ``head``: lookup, then the head; edgespec/proposal.py). It proposes greedily
+(one-hot q), so sampled verification stays exact.
 """
 
 from __future__ import annotations
