@@ -188,12 +188,14 @@ def open_session(file: str, so: object, providers: list[str], where: Path) -> tu
     return created, collapsed.bytes
 
 
-def open_head(folder: Path, n_ctx: int, n_threads: int) -> HeadModel:
-    """A draft head's export, run as one session on the CPU (edgespec/head_model.py)."""
+def open_head(folder: Path, n_ctx: int, n_threads: int, manifest: dict | None = None) -> HeadModel:
+    """A draft head's export, run as one session on the CPU (edgespec/head_model.py); ``manifest``: its manifest
+    where the caller has read and checked it already (``OnnxModel.draft_head``)."""
     require("onnx", "onnx", "a draft head")  # to join its graphs
-    manifest = read_manifest(folder)
-    if not is_draft_head(manifest):
-        raise ModelLoadError(f"{folder} is not a draft head (no features input)")
+    if manifest is None:
+        manifest = read_manifest(folder)
+        if not is_draft_head(manifest):
+            raise ModelLoadError(f"{folder} is not a draft head (no features input)")
     custom_ops.require_for(manifest, folder, "cpu")
     so, _ = session_options(n_threads)
 
@@ -700,7 +702,7 @@ class OnnxModel:
         if why:
             raise ModelLoadError(f"{folder} is not a draft head for {self.path.name}: {why}; write one for it with "
                                  f"`edgespec export head {self.path} --weights HEAD.npz` (docs/draft-head.md)")
-        head = open_head(folder, n_ctx=self.n_ctx, n_threads=self.n_threads)
+        head = open_head(folder, n_ctx=self.n_ctx, n_threads=self.n_threads, manifest=manifest)
         return HeadDrafter(self, head, vocab.astype(np.int64), float(info["scale"]), identity=key_digest(info))
 
     def _head_mismatch(self, manifest: dict, info: dict, vocab: np.ndarray) -> str | None:
