@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from edgespec import proposal
 from edgespec.drafters import Draft
 from edgespec.engine import Completion, Engine
 from edgespec.errors import ContextOverflowError
@@ -246,6 +247,60 @@ def test_sampled_output_follows_the_target_distribution(mode: str, params: Sampl
         assert p_value > 1e-4, (i, dict(seen[i]), {t: RUNS * expected[t] for t in support})
 
 
+class _GreedyHead:
+    """A model drafter proposing its own bigram model's most likely next token (a draft head proposes greedily)."""
+
+    name = "head"
+    costs_per_token = True
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model = model
+
+    def begin(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        return Draft([int(self.model.logits([context[-1]])[0].argmax())] if max_tokens > 0 else [], key=2)
+
+
+def test_sampled_output_follows_the_target_distribution_with_the_heads_second_opinion(
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mode head with γ auto, sampled: which draft is verified (lookup's, the head's beside a weak or declined
+    lookup draft, or lookup's under the head's agreement) depends on the controller, never on the step's own
+    randomness, so the output follows the target's distribution."""
+    # Room for the cost curve's calibration; verify rows free, so the controller verifies what has a chance.
+    target = FakeModel(bigram(1, SUPPORT), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01)
+    engine = Engine(target, mode="ngram", gamma="auto")
+    engine.drafters["head"] = _GreedyHead(FakeModel(bigram(1, SUPPORT)))  # the target's own argmax
+    engine.modes["head"] = (engine.drafters["ngram"], engine.drafters["head"])
+    second_opinions = 0
+    asked = proposal._second_opinion
+
+    def counting(*args: object, **kwargs: object) -> Draft:
+        nonlocal second_opinions
+        second_opinions += 1
+        return asked(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(proposal, "_second_opinion", counting)
+    prompt = [BOS, *encode("abcadbecfa")]  # one-token matches: lookup's weakest drafts
+    params = SamplingParams(1.0)
+    seen: list[Counter[int]] = [Counter() for _ in range(4)]
+    sources: Counter[str] = Counter()
+    for seed in range(RUNS):
+        out = engine.generate(prompt, max_tokens=4, temperature=params.temperature, seed=seed, mode="head")
+        for i, token in enumerate(out.tokens):
+            seen[i][token] += 1
+        sources.update(out.stats.draft_steps)
+    assert second_opinions > RUNS  # the second opinion was asked on most requests
+    assert sources["head"] > 100 and sources["ngram"] > 100, sources  # and both drafters' drafts were verified
+    for i, expected in enumerate(_marginals(target, prompt[-1], params, 4)):
+        support = [t for t in SUPPORT if expected[t] > 0]
+        assert set(seen[i]) <= set(support)
+        _, p_value = chisquare([seen[i][t] for t in support], [RUNS * expected[t] for t in support])
+        assert p_value > 1e-4, (i, dict(seen[i]), {t: RUNS * expected[t] for t in support})
+
+
 def test_what_the_controller_learned_is_kept_for_the_next_process(clock: FakeClock, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """An untuned engine writes what its controller learned (acceptance, each verified k's cost) after each request
@@ -270,15 +325,17 @@ def test_what_the_controller_learned_is_kept_for_the_next_process(clock: FakeClo
     assert "ignoring" in caplog.text and stored.read_learned() != {"pooled": {"ngram": [[1.0], [2.0]]}}
 
 
-class _SureOrNot:
-    """A model drafter (a pass per token) that says how sure it is, as the draft head does with its key: at every
-    third position it is unsure (key 1) and wrong, at the others sure (key 2) and right."""
+class _ScriptedHead:
+    """A model drafter (a pass per token) proposing one token of ``sequence``, wrong where the context's length is
+    a multiple of ``wrong_every``. ``doubts``: it says how sure it is, as the draft head does with its key (1 where
+    wrong, 2 where right); else key 2 throughout."""
 
     name = "head"
     costs_per_token = True
+    identity = "scripted"
 
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
+    def __init__(self, clock: FakeClock, sequence: Sequence[int], wrong_every: int, doubts: bool) -> None:
+        self.clock, self.sequence, self.wrong_every, self.doubts = clock, sequence, wrong_every, doubts
         self.proposed: Counter[int] = Counter()
 
     def begin(self, context: Sequence[int]) -> None:
@@ -286,13 +343,14 @@ class _SureOrNot:
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        if max_tokens <= 0 or len(context) >= len(SEQUENCE):
+        if max_tokens <= 0 or len(context) >= len(self.sequence):
             return Draft([])
         self.clock.now += 0.001  # one draft pass
-        key = 1 if len(context) % 3 == 0 else 2
-        right = SEQUENCE[len(context)]
+        wrong = len(context) % self.wrong_every == 0
+        key = 1 if wrong and self.doubts else 2
+        right = self.sequence[len(context)]
         self.proposed[key] += 1
-        return Draft([right if key == 2 else (right + 1) % 40], key=key)
+        return Draft([(right + 1) % 40 if wrong else right], key=key)
 
 
 def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> None:
@@ -301,7 +359,7 @@ def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> No
     controller's exploration), sure ones keep being verified; the output is the target's alone."""
     target = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01 * (1 + 0.3 * (n - 1)))
     engine = Engine(target, mode="ngram")
-    drafter = _SureOrNot(clock)
+    drafter = _ScriptedHead(clock, SEQUENCE, wrong_every=3, doubts=True)
     engine.modes["head"] = (drafter,)
     verified: Counter[int] = Counter()
     verify = engine._verify_chain
@@ -320,31 +378,9 @@ def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> No
     assert out.stats.draft_steps == {"head": sum(verified.values())}  # the steps that verified its drafts
 
 
-# Text with little to copy: lookup's drafts mostly rest on a one-token match (a second opinion is asked).
+# Text with little to copy: lookup's drafts mostly rest on a one-token match (a second opinion is asked). A head
+# right at every second position agrees with lookup's right guesses there and argues with its wrong ones.
 RANDOM = [BOS, *(int(t) for t in np.random.default_rng(7).integers(3, 15, 400))]
-
-
-class _Oracle:
-    """A model drafter (a pass per token) whose first token is the target's own at every second position, wrong at
-    the others: it agrees with lookup's right guesses there and argues with its wrong ones."""
-
-    name = "head"
-    costs_per_token = True
-    identity = "oracle"
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-
-    def begin(self, context: Sequence[int]) -> None:
-        pass
-
-    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        if max_tokens <= 0 or len(context) >= len(RANDOM):
-            return Draft([])
-        self.clock.now += 0.001
-        right = RANDOM[len(context)]
-        return Draft([right if len(context) % 2 else 1 + right % 30], key=2)
 
 
 def test_lookup_and_a_model_drafter_that_agree_are_verified_together(clock: FakeClock, tmp_path: Path) -> None:
@@ -353,7 +389,7 @@ def test_lookup_and_a_model_drafter_that_agree_are_verified_together(clock: Fake
     and the output is the target's alone."""
     target = FakeModel(scripted(RANDOM), n_ctx=1024, clock=clock, pass_cost=lambda n: 0.01 * (1 + 0.05 * (n - 1)))
     engine = Engine(target, mode="ngram", stored_curve=StoredCurve(tmp_path / "curve.json"))
-    engine.drafters["head"] = _Oracle(clock)
+    engine.drafters["head"] = _ScriptedHead(clock, RANDOM, wrong_every=2, doubts=False)
     engine.modes["head"] = (engine.drafters["ngram"], engine.drafters["head"])
     sources: Counter[str] = Counter()
     verify = engine._verify_chain
@@ -368,7 +404,7 @@ def test_lookup_and_a_model_drafter_that_agree_are_verified_together(clock: Fake
     assert out.tokens == target_only(target, prompt, max_tokens=300).tokens
     assert sources["ngram+head"] >= 5 and sources["head"] >= 5
     assert "ngram+head" in engine._get_controller().learned()["pooled"]  # type: ignore[operator]
-    assert engine._identities() == {"head": "oracle", "ngram+head": "oracle"}
+    assert engine._identities() == {"head": "scripted", "ngram+head": "scripted"}
 
 
 def test_what_was_learned_of_a_drafter_is_dropped_when_another_takes_its_name(clock: FakeClock, tmp_path: Path
@@ -379,7 +415,7 @@ def test_what_was_learned_of_a_drafter_is_dropped_when_another_takes_its_name(cl
 
     def engine_with(identity: str) -> Engine:
         engine = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
-        drafter = _SureOrNot(clock)
+        drafter = _ScriptedHead(clock, SEQUENCE, wrong_every=3, doubts=True)
         drafter.identity = identity  # type: ignore[attr-defined]
         engine.drafters["head"] = drafter
         engine.modes["head"] = (drafter,)
