@@ -25,7 +25,7 @@
 
 #include "ops.h"  // onnxruntime's C++ API
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
 #include <immintrin.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define EDGESPEC_VNNI(sum, u, s) _mm256_dpbusd_epi32(sum, u, s)
@@ -75,6 +75,24 @@ constexpr uint8_t kCodeFlip = 0;
 void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scales) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* v = x + b * kBlock;
+#if defined(__AVX512F__)
+    // The codes and scales of the loop below, bit for bit, in 512-bit vectors: the maximum is exact in any order,
+    // the product is one rounding either way, and vcvtps2dq rounds to nearest even as nearbyint does in the default
+    // rounding mode (a scratch program compared every code and scale on 200 000 blocks). A row's quantization runs on
+    // the calling thread while the other waits; the loop below took ~0.3 / 0.8 µs a row of 576 / 1536, this a third.
+    static_assert(kBlock == 32, "a block is two 16-float vectors");
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, magnitude), _mm512_and_ps(hi, magnitude)));
+    const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+    scales[b] = scale;
+    const __m512 by = _mm512_set1_ps(inverse);
+    const __m128i flip = _mm_set1_epi8(static_cast<char>(kCodeFlip));
+    const __m128i low = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, by)));
+    const __m128i high = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, by)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock), _mm_xor_si128(low, flip));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + 16), _mm_xor_si128(high, flip));
+#else
     float amax = 0.0f;
     for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
     const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
@@ -83,6 +101,7 @@ void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scales) {
       const auto code = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
       codes[b * kBlock + i] = static_cast<uint8_t>(code) ^ kCodeFlip;
     }
+#endif
   }
 }
 
