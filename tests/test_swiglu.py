@@ -65,14 +65,16 @@ def test_extreme_inputs() -> None:
     assert y[8] == 200.0 and y[9] == 0.0 and y[10] == 2e30  # silu(x) = x far above 0, 0 far below
 
 
-def test_an_element_has_the_same_bits_in_any_call() -> None:
-    rng = np.random.default_rng(1)
+@pytest.mark.parametrize("rows", [11, 40])  # 40: a prefill chunk's rows, shared between the threads
+def test_an_element_has_the_same_bits_in_any_call(rows: int) -> None:
+    rng = np.random.default_rng(rows)
     width = 44
     session = _session(width)
-    x = (rng.standard_normal((1, 11, 2 * width)) * 3).astype(np.float32)
+    x = (rng.standard_normal((1, rows, 2 * width)) * 3).astype(np.float32)
     together = session.run(None, {"x": x})[0]
-    for r in range(11):
+    for r in range(rows):
         assert np.array_equal(session.run(None, {"x": x[:, r:r + 1]})[0][0, 0], together[0, r])
+    assert np.array_equal(session.run(None, {"x": x[:, 3:30]})[0][0], together[0, 3:30])
 
 
 def test_the_portable_build_gives_the_same_bits(tmp_path: Path) -> None:
