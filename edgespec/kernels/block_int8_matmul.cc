@@ -25,7 +25,7 @@
 
 #include "ops.h"  // onnxruntime's C++ API
 
-#if (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define EDGESPEC_VNNI(sum, u, s) _mm256_dpbusd_epi32(sum, u, s)
@@ -48,7 +48,6 @@ namespace {
 constexpr int64_t kBlock = 32;  // weights and activations share their blocks along K
 constexpr int64_t kColumns = 16;  // per packed group of weights, and per task
 constexpr int64_t kDepth = 4;     // k per packed column
-constexpr int64_t kParallelRows = 16;  // rows from which their quantization is shared between threads
 
 // Activation rows quantized per block: the codes, and one scale per row and block.
 struct Rows {
@@ -75,7 +74,7 @@ constexpr uint8_t kCodeFlip = 0;
 void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scales) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* v = x + b * kBlock;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__FMA__)  // AVX-512 implies AVX2: immintrin.h is included above
     // The codes and scales of the loop below, bit for bit, in 512-bit vectors: the maximum is exact in any order,
     // the product is one rounding either way, and vcvtps2dq rounds to nearest even as nearbyint does in the default
     // rounding mode (a scratch program compared every code and scale on 200 000 blocks). A row's quantization runs on
@@ -399,11 +398,7 @@ struct BlockInt8MatMulKernel {
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<float> row_scales;
     QuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock), k};
-    if (m < kParallelRows) {  // a verify batch: fewer rows than a thread hand-off costs
-      for (int64_t r = 0; r < m; ++r) quantize_task(&q, static_cast<size_t>(r));
-    } else {
-      ctx.ParallelFor(quantize_task, static_cast<size_t>(m), 0, &q);
-    }
+    for_each_row(ctx, m, quantize_task, &q);
     Call call{{q.codes, q.scales}, b.GetTensorData<int8_t>(), s.GetTensorData<float>(),
               out.GetTensorMutableData<float>(), m, k, n};
     // A batch per group of columns: a thread that finishes takes the next, rather than each thread a fixed half

@@ -45,8 +45,6 @@ void swiglu_row(const float* x, int64_t width, float* y) {
   }
 }
 
-constexpr int64_t kParallelRows = 16;  // rows from which a call's rows are shared between threads
-
 struct Rows {
   const float* in;  // [rows, 2·width]
   float* out;       // [rows, width]
@@ -74,14 +72,7 @@ struct SwiGluKernel {
     int64_t rows = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
     Rows call{x.GetTensorData<float>(), y.GetTensorMutableData<float>(), width};
-    // A verify batch's rows on the calling thread: they take less time than a hand-off to the pool. A prefill
-    // chunk's are shared with it (~2 µs a row of SmolLM2's 1536: a 512-row chunk's 30 layers took ~30 ms on one
-    // thread while the other waited).
-    if (rows < kParallelRows) {
-      for (int64_t r = 0; r < rows; ++r) row_task(&call, static_cast<size_t>(r));
-    } else {
-      ctx.ParallelFor(row_task, static_cast<size_t>(rows), 0, &call);
-    }
+    for_each_row(ctx, rows, row_task, &call);  // ~2 µs a row of SmolLM2's 1536
   }
 };
 
