@@ -33,7 +33,8 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--max-tokens", type=_positive, default=None, help="(default: 256; 128 with --chat)")
     b.add_argument("--configs", default=None,
                    help=f"comma-separated, from: {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)}; "
-                        f"with --chat {','.join(DEFAULT_CHAT_CONFIGS)})")
+                        f"with --chat {','.join(DEFAULT_CHAT_CONFIGS)}); NAME@REV: edgespec's NAME as the "
+                        "edgespec of git revision REV runs it, beside this checkout's (e.g. default,default@HEAD~1)")
     b.add_argument("--model", default="smollm2-135m", help="target model name or GGUF path, shared by the peers")
     b.add_argument("--threads", type=_positive, default=None, help="threads for every configuration (default: "
                                                                    "physical cores)")

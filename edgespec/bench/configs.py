@@ -9,9 +9,10 @@ not give are skipped, not failed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .questions import BenchError
+from .revision import commit_of
 
 RUNNERS = {
     "edgespec": "edgespec.bench.peers.native",
@@ -32,6 +33,7 @@ class Config:
     reference: str | None = None
     description: str = ""
     auto: bool = False  # one of edgespec's automatic modes (γ chosen by the controller): the head-to-head's side
+    revision: str | None = None  # the commit whose edgespec runs it (``NAME@REV``); None: this checkout's
 
     @property
     def lossless_reference(self) -> str:
@@ -111,20 +113,21 @@ def select(names: list[str], run_options: dict[str, object],
            chat: bool = False) -> tuple[list[Config], dict[str, str]]:
     """The configurations to run (baselines and references added first, except for a conversation, which
     compares each turn with a fresh run of the same decoder instead), and those skipped with the reason."""
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n.partition("@")[0] not in CONFIGS]
     if unknown:
         raise BenchError(f"unknown configurations {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
-    no_chat = [n for n in names if chat and CONFIGS[n].runner not in CHAT_RUNNERS]
+    no_chat = [n for n in names if chat and CONFIGS[n.partition("@")[0]].runner not in CHAT_RUNNERS]
     if no_chat:
         raise BenchError(f"{', '.join(no_chat)} cannot play a conversation (bench --chat runs "
                          f"{', '.join(CHAT_RUNNERS)} configurations)")
+    configs = {**CONFIGS, **{name: at_revision(name) for name in names}}
     chosen: list[str] = []
     skipped: dict[str, str] = {}
 
     def add(name: str) -> bool:
         if name in chosen:
             return True
-        config = CONFIGS[name]
+        config = configs[name]
         missing = [n for n in config.needs() if not run_options.get(n)]
         if missing:
             skipped[name] = f"needs --{missing[0].replace('_', '-')}"
@@ -140,4 +143,20 @@ def select(names: list[str], run_options: dict[str, object],
         add(name)
     if not chosen:
         raise BenchError(f"no configuration can run: {'; '.join(f'{k} {v}' for k, v in skipped.items())}")
-    return [CONFIGS[n] for n in chosen], skipped
+    return [configs[n] for n in chosen], skipped
+
+
+def at_revision(name: str) -> Config:
+    """The configuration ``name``: one of ``CONFIGS``, or ``NAME@REV``, NAME as git revision REV's edgespec runs it
+    (its baselines stay this checkout's)."""
+    base, at, rev = name.partition("@")
+    config = CONFIGS[base]
+    if not at:
+        return config
+    if config.runner != "edgespec":
+        raise BenchError(f"{name}: only edgespec's configurations run at a revision ({base} runs {config.runner})")
+    try:
+        commit = commit_of(rev)
+    except ValueError as e:
+        raise BenchError(f"{name}: {e}") from None
+    return replace(config, name=name, revision=commit, description=f"{config.description}, at {rev} ({commit[:10]})")

@@ -4,6 +4,9 @@ The parent sends ``{"tokens", "max_tokens"}`` requests over a pipe; the worker a
 result dict (``Result``), or ``{"error": ...}``. ``None`` ends it. A chat request (``bench --chat``) also
 carries ``"messages"``: the runner continues its conversation (``ChatRunner``), or with ``"fresh"`` a new
 runner, opened for that one turn and closed after it, plays it with nothing cached.
+
+A configuration at a git revision (``NAME@REV``, configs.py) runs in a process that imports that revision's edgespec
+package, written to a scratch folder for the worker's life: its kernels build where their source is new here.
 """
 
 from __future__ import annotations
@@ -12,15 +15,20 @@ import contextlib
 import importlib
 import multiprocessing as mp
 import resource
+import shutil
+import sys
+import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Protocol
 
 from ..errors import EdgespecError
 from .configs import RUNNERS, Config
 from .questions import BenchError
+from .revision import write_package
 
 
 @dataclass(frozen=True)
@@ -144,14 +152,48 @@ def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connec
     runner.close()
 
 
+def _main_at(package: str, config: dict, options: dict[str, object], setup: dict, conn: Connection) -> None:
+    """``_main`` of the edgespec package under the folder ``package`` (another revision's): this process imported
+    this checkout's edgespec to get here, so it forgets it first; the revision's own classes carry the configuration
+    (the fields it knows)."""
+    try:
+        for name in [m for m in sys.modules if m.partition(".")[0] == "edgespec"]:
+            del sys.modules[name]
+        sys.path.insert(0, package)
+        other = importlib.import_module("edgespec.bench.worker")
+        if not Path(str(other.__file__)).resolve().is_relative_to(Path(package).resolve()):
+            raise BenchError(f"the revision's edgespec is not the one imported ({other.__file__})")
+        # Its kernels are built apart, in the scratch folder: a build removes the others in its folder, so one in the
+        # environment's would take this checkout's away (rebuilt at its next load, and so on, turn about).
+        kernels = importlib.import_module("edgespec.custom_ops")
+        kernels.kernels_dir = lambda: Path(package) / "kernels-build"
+        run_config, run_setup = (cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+                                 for cls, values in ((other.Config, config), (other.Setup, setup)))
+    except Exception as e:  # reported to the parent, which names the configuration
+        conn.send(_error(e))
+        return
+    other._main(run_config, options, run_setup, conn)
+
+
 class Worker:
     """The parent's handle on one configuration's process."""
 
     def __init__(self, config: Config, options: dict[str, object], setup: Setup) -> None:
         self.config = config
+        self._package: Path | None = None  # the revision's edgespec, for a configuration at one
+        target: Callable[..., None] = _main
+        args: tuple[object, ...] = (config, options, setup)
+        if config.revision:
+            self._package = Path(tempfile.mkdtemp(prefix="edgespec-at-"))
+            try:
+                write_package(config.revision, self._package)
+            except ValueError as e:
+                shutil.rmtree(self._package, ignore_errors=True)
+                raise BenchError(f"configuration {config.name}: {e}") from None
+            target, args = _main_at, (str(self._package), asdict(config), options, asdict(setup))
         self._conn, child = mp.get_context("spawn").Pipe()
-        self._process = mp.get_context("spawn").Process(target=_main, args=(config, options, setup, child),
-                                                        daemon=True, name=f"bench-{config.name}")
+        self._process = mp.get_context("spawn").Process(target=target, args=(*args, child), daemon=True,
+                                                        name=f"bench-{config.name}")
         self._process.start()
         child.close()
         self.info: dict = {}
@@ -193,3 +235,5 @@ class Worker:
             self._process.join(timeout=30)
             if self._process.is_alive():
                 self._process.kill()
+        if self._package is not None:
+            shutil.rmtree(self._package, ignore_errors=True)
