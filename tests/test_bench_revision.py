@@ -37,19 +37,22 @@ def test_a_configuration_at_a_revision_keeps_this_checkouts_baseline() -> None:
 
 def test_a_configuration_at_a_revision_runs_beside_this_checkouts(tmp_path: Path) -> None:
     """The default as HEAD's edgespec runs it (the worker checks that it imported the revision's package, written
-    apart), against this checkout's default target: the same tokens, the run says which commit ran, and the
-    revision's kernels were built apart (this environment's build is still there)."""
+    apart) beside this checkout's, against this checkout's default target: the same tokens, the run says which
+    commit ran and compares the two, and the revision's kernels were built apart (this environment's build is still
+    there)."""
     build = custom_ops.library()
     assert main(["bench", "--threads", "1", "--out", str(tmp_path), "--limit", "1", "--max-tokens", "8",
-                 "--no-plots", "--configs", "default@HEAD"]) == 0
+                 "--no-plots", "--configs", "default,default@HEAD"]) == 0
     (path,) = tmp_path.glob("spec_bench-*.json")
     result = json.loads(path.read_text())
-    assert [(c["name"], c["revision"]) for c in result["configs"]] == [("default-target", None),
+    assert [(c["name"], c["revision"]) for c in result["configs"]] == [("default-target", None), ("default", None),
                                                                       ("default@HEAD", _head())]
     at_head = [r for r in result["records"] if r["config"] == "default@HEAD"]
     assert at_head and all(r["same_as_baseline"] and r["n_tokens"] > 0 for r in at_head)
-    assert len(at_head) == len(result["records"]) / 2
+    assert len(at_head) == len(result["records"]) / 3
     assert custom_ops.library() == build
+    versions = result["versions"]["default@HEAD"]  # printed under the table: this checkout over the revision
+    assert versions["this_checkout"] == "default" and versions["revision"] == _head()
 
 
 def test_a_revision_that_is_not_there_or_a_peer_at_one_is_a_clear_error(tmp_path: Path,

@@ -154,7 +154,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.chat:
         return _bench_chat(args, out_dir)
     from .bandwidth import bytes_per_token, measure_bandwidth
-    from .report import bandwidth_bounds, head_to_head, summarize, table
+    from .report import bandwidth_bounds, head_to_head, summarize, table, versions
     from .run import BenchArgs, run
 
     on_cpu = args.device == "cpu"  # the bandwidth bound is the host memory's: it bounds decoding on the CPU only
@@ -163,6 +163,7 @@ def _bench(args: argparse.Namespace) -> int:
     result = run(BenchArgs(per_category=args.per_category, limit=args.limit, **_run_args(args, chat=False)))
     result["summary"] = summarize(result)
     result["head_to_head"] = head_to_head(result)
+    result["versions"] = versions(result)
     result["bandwidth"] = (bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),
                                             bytes_per_token(result["setup"]["model"])) if on_cpu else None)
     print(table(result))

@@ -191,6 +191,25 @@ def head_to_head(result: dict) -> dict[str, dict[str, object]]:
     return out
 
 
+def versions(result: dict) -> dict[str, dict[str, object]]:
+    """Each configuration run at a git revision (``NAME@REV``) against the same configuration of this checkout in the
+    same run, overall: this checkout's decode tok/s over the revision's, its 90% interval over the questions, and
+    both τ. Empty where the run has no such pair."""
+    configs = {c["name"]: c for c in result["configs"]}
+    summary = result["summary"]
+    out: dict[str, dict[str, object]] = {}
+    for name, config in configs.items():
+        base = name.partition("@")[0]
+        if not config.get("revision") or base not in summary or name not in summary:
+            continue
+        ours, theirs = summary[base][OVERALL], summary[name][OVERALL]
+        out[name] = {"this_checkout": base, "revision": config["revision"],
+                     "ratio": ours["decode_tok_s"] / theirs["decode_tok_s"],
+                     "ratio_90": ratio_interval(result.get("records", []), base, name, OVERALL),
+                     "tau": [ours["tau"], theirs["tau"]]}
+    return out
+
+
 def ratio_interval(records: list[dict], ours: str, peer: str, category: str, draws: int = 4000,
                     seed: int = 0) -> list[float] | None:
     """A 90% bootstrap interval of ours / peer decode tok/s over the category's questions.
@@ -282,6 +301,12 @@ def table(result: dict) -> str:
                 shares = "/".join(_fmt(v, ".2f") for v in d.get("lookup_share", [None, None]))
                 lines.append(f"{cat:<15}{d['edgespec']:<26}{d['edgespec_tok_s']:>7.1f}  {d['peer']:<14}"
                              f"{d['peer_tok_s']:>7.1f}{lossless:>9}{d['ratio']:>7.2f}{spread:>18}{shares:>14}")
+        lines.append("")
+    for name, v in result.get("versions", {}).items():  # this checkout against another revision of the same
+        spread = "" if v["ratio_90"] is None else " (90% of question draws: {:.3f}–{:.3f})".format(*v["ratio_90"])
+        lines.append(f"{v['this_checkout']} / {name} ({v['revision'][:10]}): {v['ratio']:.3f}× decode tok/s{spread}, "
+                     f"τ {_fmt(v['tau'][0], '.3f')} / {_fmt(v['tau'][1], '.3f')}")
+    if result.get("versions"):
         lines.append("")
     if bw:
         bound = bw["by_category"][OVERALL]["bound_tok_s"]
