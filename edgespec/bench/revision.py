@@ -40,8 +40,7 @@ def commit_of(rev: str) -> str:
 
 def write_package(commit: str, folder: Path) -> None:
     """The ``edgespec`` package as ``commit`` has it, written to ``folder / "edgespec"`` with what it reads beside it
-    in a checkout (the exporter, ``export/``, and the model manifests, ``models/``) and its kernels' sources: its
-    loads build them where this machine has no build of that source yet."""
+    in a checkout (the exporter, ``export/``, and the model manifests, ``models/``), its kernels' sources included."""
     done = _git("archive", "--format=tar", commit, "edgespec", "export", "models")
     if done.returncode != 0:
         raise ValueError(f"cannot read edgespec at {commit}: {done.stderr.decode().strip() or 'git failed'}")

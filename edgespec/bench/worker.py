@@ -6,7 +6,7 @@ carries ``"messages"``: the runner continues its conversation (``ChatRunner``), 
 runner, opened for that one turn and closed after it, plays it with nothing cached.
 
 A configuration at a git revision (``NAME@REV``, configs.py) runs in a process that imports that revision's edgespec
-package, written to a scratch folder for the worker's life: its kernels build where their source is new here.
+package, written to a scratch folder for the worker's life, its kernels built there (seconds).
 """
 
 from __future__ import annotations
