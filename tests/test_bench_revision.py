@@ -39,7 +39,8 @@ def test_a_configuration_at_a_revision_runs_beside_this_checkouts(tmp_path: Path
     """The default as HEAD's edgespec runs it (the worker checks that it imported the revision's package, written
     apart) beside this checkout's, against this checkout's default target: the same tokens, the run says which
     commit ran and compares the two, and the revision's kernels were built apart (this environment's build is still
-    there)."""
+    there). A working tree whose numerics differ from HEAD's (an uncommitted kernel change) fails the "same tokens"
+    check here until it is committed: HEAD's outputs are compared with this checkout's target."""
     build = custom_ops.library()
     assert main(["bench", "--threads", "1", "--out", str(tmp_path), "--limit", "1", "--max-tokens", "8",
                  "--no-plots", "--configs", "default,default@HEAD"]) == 0
