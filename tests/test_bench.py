@@ -350,3 +350,7 @@ def test_the_bench_reports_tree_size_and_accepted_depth_for_mode_tree(monkeypatc
     assert "dep" in printed[0] and "nodes" in printed[0]
     row = next(line for line in printed if line.startswith("tree-auto") and "overall" in line)
     assert f"{tree['depth_mean']:.2f}{tree['tree_size_mean']:>6.1f}" in row
+    # A name longer than the column (default-target, NAME@REV) widens it rather than running into the category.
+    renamed = table({**result, "summary": {"default-target@HEAD~1": result["summary"]["ngram-auto"]}}).splitlines()
+    assert renamed[1].split()[:2] == ["default-target@HEAD~1", "copying"]
+    assert renamed[0].index("category") == renamed[1].index("copying")

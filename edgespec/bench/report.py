@@ -261,7 +261,8 @@ def table(result: dict) -> str:
     the accepted draft tokens per pass (a tree's accepted depth), ``nodes`` a tree's size per pass (mode tree)."""
     summary, bw = result["summary"], result.get("bandwidth")
     categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
-    head = (f"{'config':<14}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'pf/s':>6}{'lat s':>7}"
+    width = max([14, *(len(name) + 1 for name in summary)])  # `default-target`, `default@HEAD~1` and the like
+    head = (f"{'config':<{width}}{'category':<15}{'tok/s':>7}{'×':>6}{'×e2e':>6}{'TTFT':>6}{'pf/s':>6}{'lat s':>7}"
             f"{'α':>6}{'τ':>6}{'γ':>5}{'dep':>5}{'nodes':>6}{'c':>5}"
             f"{'draft%':>7}{'bound':>7}{'vonly':>7}{'ach%':>5}{'same':>8}{'lossless':>9}{'RSS MB':>7}")
     lines = [head]
@@ -274,7 +275,7 @@ def table(result: dict) -> str:
             ach = None if s["bound_fraction"] is None else 100 * s["bound_fraction"]
             lossless = "-" if s["lossless"] is None else f"{s['lossless']}/{s['generations']}"
             lines.append(
-                f"{name:<14}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
+                f"{name:<{width}}{cat:<15}{s['decode_tok_s']:>7.1f}{_fmt(s['speedup'], '.2f'):>6}"
                 f"{_fmt(s['speedup_e2e'], '.2f'):>6}{s['ttft_s']:>6.2f}{_fmt(s['prefill_tok_s'], '.0f'):>6}"
                 f"{s['e2e_latency_s']:>7.2f}"
                 f"{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}{_fmt(s['gamma_mean'], '.1f'):>5}"
