@@ -58,6 +58,21 @@ def test_a_decode_loop_curve_result_is_replayed_as_its_loop_and_its_calibration(
     assert curves["loop@loop"] == pytest.approx({1: 1.0, 2: 1.175, 3: 1.175, 4: 1.5})  # (1.2·300 + 1.1·100) / 400
 
 
+def test_a_bench_result_is_replayed_as_each_model_files_timed_curve(tmp_path: Path) -> None:
+    """`--curve-file` takes an `edgespec bench` result (another machine's costs): each model file's timed curve once,
+    relative to one row, named after the first configuration on that file; a result without one is refused."""
+    curve = {"1": 0.008, "2": 0.0088, "3": 0.0088, "4": 0.0096}
+    result = {"summary": {}, "workers": {
+        "default": {"model_file": "/m/int8", "verify_curve": curve},
+        "default-target": {"model_file": "/m/int8", "verify_curve": curve},
+        "lcpp-plain": {"model_file": "/m/q4_1.gguf", "verify_curve": None}}}
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    assert measured_curves(tmp_path / "run.json") == {"default@run": pytest.approx({1: 1.0, 2: 1.1, 3: 1.1, 4: 1.2})}
+    (tmp_path / "peers.json").write_text(json.dumps({"summary": {}, "workers": {"lcpp-plain": {"verify_curve": None}}}))
+    with pytest.raises(BenchError, match="timed a verify curve"):
+        measured_curves(tmp_path / "peers.json")
+
+
 def _scripted_streams() -> list[Stream]:
     """Three kinds of text after a 300-token prompt (fixed seed): 'copying' repeats spans of the prompt, 'fresh'
     shares nothing with it (lookup matches only by chance), 'mixed' alternates copied spans and fresh stretches."""
@@ -218,7 +233,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["replay", str(tmp_path / "bad.jsonl"), "--curves", "gpu"]) == 2
     assert "unknown curves gpu" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "bad.jsonl"), "--curve-file", str(tmp_path / "bad.jsonl")]) == 2
-    assert "is not a verify_curve_sizes or decode_loop_curve result" in capsys.readouterr().err
+    assert "is not a verify_curve_sizes, decode_loop_curve or bench result" in capsys.readouterr().err
 
 
 def test_accepted_path_is_the_greedy_tree_rule_on_recorded_tokens() -> None:

@@ -109,7 +109,8 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--curve-file", action="append", default=[],
                    help="a benchmarks/verify_curve_sizes.py result (its curves, named MODEL@CONTEXT) or a "
                         "benchmarks/decode_loop_curve.py result (the loop's curve and the calibration, named loop@FILE "
-                        "and calibration@FILE) to replay on (repeatable)")
+                        "and calibration@FILE) or an `edgespec bench` result (each model file's curve it timed, named "
+                        "CONFIG@FILE: another machine's costs) to replay on (repeatable)")
     p.add_argument("--overhead", type=float, default=0.0,
                    help="time per step outside verifying, in single-token passes (default: %(default)s)")
     p.add_argument("--draft-overhead", type=float, default=0.0,

@@ -89,10 +89,14 @@ def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
     each model's at each context, named MODEL@CONTEXT (the GGUF's file name without .gguf), real model sizes' costs;
     from ``benchmarks/decode_loop_curve.py``, the curve its decode loop paid (each k's points pooled with its
     neighbours' by their passes where they dip) and its start-up calibration, named loop@FILE and calibration@FILE
-    (the result's file name without .json): one machine's costs, to replay real outputs on."""
+    (the result's file name without .json): one machine's costs, to replay real outputs on; from ``edgespec bench``
+    (a Spec-Bench result), the curve it timed for each model file (its passes' fastest times at the start and end of
+    the run), named after the first configuration on that file, CONFIG@FILE: another machine's costs, from its JSON."""
     path = Path(path)
     try:
         result = json.loads(path.read_text())
+        if "workers" in result and "summary" in result:
+            return _bench_curves(result, path.stem)
         if "loop_curve" in result:
             loop = sorted((int(k), float(row["relative"]), float(row["passes"]))
                           for k, row in result["loop_curve"].items())
@@ -102,8 +106,21 @@ def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
         return {f"{Path(m['path']).stem}@{context}": {int(k): float(row["relative"]) for k, row in curve.items()}
                 for m in result["models"] for context, curve in m["curves"].items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        raise BenchError(f"{path} is not a verify_curve_sizes or decode_loop_curve result "
+        raise BenchError(f"{path} is not a verify_curve_sizes, decode_loop_curve or bench result "
                          f"({type(e).__name__}: {e})") from e
+
+
+def _bench_curves(result: dict, stem: str) -> dict[str, dict[int, float]]:
+    curves: dict[str, dict[int, float]] = {}
+    files: set[str] = set()
+    for name, info in result["workers"].items():
+        curve, model = info.get("verify_curve"), str(info.get("model_file"))
+        if curve and model not in files:  # every configuration on a model file has that file's curve
+            files.add(model)
+            curves[f"{name}@{stem}"] = {int(k): float(v) / float(curve["1"]) for k, v in curve.items()}
+    if not curves:
+        raise ValueError("none of its configurations timed a verify curve (edgespec configurations do)")
+    return curves
 
 
 @dataclass(frozen=True)
