@@ -56,3 +56,14 @@ def test_the_onnx_path_never_loads_llama_cpp() -> None:
     loaded = _modules_after(f"import edgespec\ne = edgespec.load({folder!r}, n_ctx=64, n_threads=1, tuning=False)\n"
                             "assert e.generate('Hello', max_tokens=3, gamma=2).tokens")
     assert "edgespec.onnx_backend" in loaded and "llama_cpp" not in loaded and "edgespec.llama_backend" not in loaded
+
+
+def test_the_command_line_on_an_onnx_export_never_loads_llama_cpp() -> None:
+    """The CLI registers the export commands (whose quality report runs llama.cpp) without importing llama.cpp: a
+    `generate` on an ONNX export loads only onnxruntime, as the library does."""
+    folder = str(onnx_export_dir())
+    loaded = _modules_after("from edgespec.cli import main\nimport contextlib, io\n"
+                            "with contextlib.redirect_stdout(io.StringIO()):\n"
+                            f"    assert main(['generate', '--model', {folder!r}, '--max-tokens', '3', '--threads', '1',"
+                            " '--ctx', '64', '--raw', 'Hello']) == 0")
+    assert "edgespec.onnx_backend" in loaded and "llama_cpp" not in loaded and "edgespec.llama_backend" not in loaded
