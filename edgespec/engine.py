@@ -432,13 +432,18 @@ class Engine:
     def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
                   context: Sequence[int] | None = None) -> CostCurve:
         """Measure what one target pass over k tokens costs on this machine, k = 1..MAX_GAMMA+1, after
-        ``context`` (default: a ~100-token text; passes get dearer as the context grows)."""
+        ``context`` (default: a ~100-token text; passes get dearer as the context grows). In a context too small for
+        that text and the passes (a first use with a small n_ctx), less of the text; a pass that would not fit at all
+        is timed at the most tokens that do, which no step can exceed there either."""
         arena = self.arena
-        arena.reset(list(context) if context is not None else self.tokenize(_CALIBRATION_TEXT))
+        text = list(context) if context is not None else self.tokenize(_CALIBRATION_TEXT)
+        arena.reset(text[:max(1, arena.n_ctx - (MAX_GAMMA + 1))])
         arena.extend("target", [], 1)
         filler = arena.tokens[-1]
+        room = arena.n_ctx - len(arena.tokens)
 
         def run(k: int) -> None:
+            k = min(k, room)
             arena.extend("target", [filler] * k, k)
             arena.commit([])  # rolls the k tokens back
 

@@ -70,8 +70,9 @@ def test_all_drafts_rejected(clock: FakeClock) -> None:
     assert out.stats.drafted > 100 and out.stats.accepted == 0 and out.stats.steps == 39  # one token per pass
 
 
-@pytest.mark.parametrize("gamma", [0, 3, MAX_GAMMA])
-def test_context_exactly_full(clock: FakeClock, gamma: int) -> None:
+@pytest.mark.parametrize("gamma", [0, 3, MAX_GAMMA, "auto"])
+def test_context_exactly_full(clock: FakeClock, gamma: int | str) -> None:
+    """γ auto included: its first step calibrates the passes, after less text where the context is small."""
     n_ctx = 64
     engine = Engine(FakeModel(scripted(SEQUENCE), n_ctx=n_ctx, clock=clock), gamma=gamma)
     assert engine.n_ctx == n_ctx
@@ -81,6 +82,15 @@ def test_context_exactly_full(clock: FakeClock, gamma: int) -> None:
     assert last.tokens == [SEQUENCE[n_ctx - 1]] and last.finish_reason == "length"
     with pytest.raises(ContextOverflowError, match="context holds 64"):
         engine.generate(SEQUENCE[:n_ctx], max_tokens=5)
+
+
+def test_gamma_auto_in_a_context_smaller_than_its_calibration(clock: FakeClock) -> None:
+    """A context with no room for the calibration's text and its longest pass (a first use with a small n_ctx) still
+    generates, exactly, up to the end of the context."""
+    n_ctx = MAX_GAMMA // 2
+    model = FakeModel(scripted(SEQUENCE), n_ctx=n_ctx, clock=clock)
+    out = Engine(model, gamma="auto").generate(PROMPT[:3], max_tokens=500)
+    assert out.finish_reason == "length" and out.tokens == SEQUENCE[3:n_ctx]
 
 
 def test_eos_inside_an_accepted_draft(clock: FakeClock) -> None:
