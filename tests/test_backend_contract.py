@@ -64,6 +64,6 @@ def test_the_command_line_on_an_onnx_export_never_loads_llama_cpp() -> None:
     folder = str(onnx_export_dir())
     loaded = _modules_after("from edgespec.cli import main\nimport contextlib, io\n"
                             "with contextlib.redirect_stdout(io.StringIO()):\n"
-                            f"    assert main(['generate', '--model', {folder!r}, '--max-tokens', '3', '--threads', '1',"
-                            " '--ctx', '64', '--raw', 'Hello']) == 0")
+                            f"    assert main(['generate', '--model', {folder!r}, '--max-tokens', '3',"
+                            " '--threads', '1', '--ctx', '64', '--raw', 'Hello']) == 0")
     assert "edgespec.onnx_backend" in loaded and "llama_cpp" not in loaded and "edgespec.llama_backend" not in loaded
