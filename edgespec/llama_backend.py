@@ -17,17 +17,24 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp as lc
 import numpy as np
 
 from .arena import CacheState
 from .backend import GPU_DEVICES, ModelOptions, check_options, padded_pass_limit, split_batches
 from .cpu import physical_cores
 from .drafters.base import MAX_TREE_LEAVES
-from .errors import EdgespecError, InvalidParameterError, ModelLoadError
+from .errors import EdgespecError, InvalidParameterError, MissingExtraError, ModelLoadError
 from .gguf_header import check_gguf
 from .models import resolve
 from .vocab import check_same_vocab
+
+try:
+    import llama_cpp as lc
+except ModuleNotFoundError as e:  # a dependency, so a broken install: one line that says what runs without it
+    raise MissingExtraError(
+        "llama.cpp models (GGUF files, model names) need 'llama_cpp', which is not installed: `make setup` builds it "
+        "(llama-cpp-python at the version pyproject.toml pins, without llamafile's kernels: docs/exact-numerics.md); "
+        "ONNX exports run without it") from e
 
 log = logging.getLogger("edgespec.llama")
 

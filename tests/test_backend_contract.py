@@ -67,3 +67,14 @@ def test_the_command_line_on_an_onnx_export_never_loads_llama_cpp() -> None:
                             f"    assert main(['generate', '--model', {folder!r}, '--max-tokens', '3',"
                             " '--threads', '1', '--ctx', '64', '--raw', 'Hello']) == 0")
     assert "edgespec.onnx_backend" in loaded and "llama_cpp" not in loaded and "edgespec.llama_backend" not in loaded
+
+
+def test_a_gguf_without_llama_cpp_installed_is_one_clear_line() -> None:
+    """llama-cpp-python missing (a broken install): a llama.cpp model is refused with what to run, no traceback."""
+    code = ("import sys\nsys.modules['llama_cpp'] = None  # as if not installed\nfrom edgespec.cli import main\n"
+            "sys.exit(main(['generate', '--model', 'smollm2-135m:q4_1', '--max-tokens', '2', 'Hi']))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("edgespec: error: llama.cpp models") and "make setup" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
