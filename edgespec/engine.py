@@ -391,7 +391,9 @@ class Engine:
         curve = self.stored_curve.read() if self.stored_curve is not None else None
         if curve is None:
             curve = self.calibrate()
-            if self.stored_curve is not None:
+            # A calibration cut to a small context (less text, the longest passes not timed) is this process's
+            # only: the next one on this model, with room, measures the whole curve for every later process.
+            if self.stored_curve is not None and self._calibration_fits():
                 self.stored_curve.write(curve)
         view = cast("SelfDraft | None", self.arena.caches.get("layerskip"))  # the target's self_draft()
         estimate = view.calibrated if view is not None else None
@@ -428,6 +430,10 @@ class Engine:
         """After a request, what the untuned controller has learned, for the next process (``StoredCurve``)."""
         if controller is not None and self.tuning is None and self.stored_curve is not None:
             self.stored_curve.write_learned({**controller.learned(), "identities": self._identities()})
+
+    def _calibration_fits(self) -> bool:
+        """Whether this context holds the calibration's whole text and its longest pass."""
+        return len(self.tokenize(_CALIBRATION_TEXT)) + MAX_GAMMA + 1 <= self.arena.n_ctx
 
     def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
                   context: Sequence[int] | None = None) -> CostCurve:

@@ -84,13 +84,20 @@ def test_context_exactly_full(clock: FakeClock, gamma: int | str) -> None:
         engine.generate(SEQUENCE[:n_ctx], max_tokens=5)
 
 
-def test_gamma_auto_in_a_context_smaller_than_its_calibration(clock: FakeClock) -> None:
+def test_gamma_auto_in_a_context_smaller_than_its_calibration(clock: FakeClock, tmp_path: Path) -> None:
     """A context with no room for the calibration's text and its longest pass (a first use with a small n_ctx) still
-    generates, exactly, up to the end of the context."""
+    generates, exactly, up to the end of the context; its cut calibration is not kept for the processes after it
+    (they would price the long passes it could not time at the short ones'), and the next engine with room keeps its
+    own."""
     n_ctx = MAX_GAMMA // 2
+    stored = StoredCurve(tmp_path / "curve.json")
     model = FakeModel(scripted(SEQUENCE), n_ctx=n_ctx, clock=clock)
-    out = Engine(model, gamma="auto").generate(PROMPT[:3], max_tokens=500)
+    out = Engine(model, gamma="auto", stored_curve=stored).generate(PROMPT[:3], max_tokens=500)
     assert out.finish_reason == "length" and out.tokens == SEQUENCE[3:n_ctx]
+    assert stored.read() is None
+    roomy = Engine(FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock), stored_curve=stored)
+    roomy.generate(PROMPT, max_tokens=5)
+    assert stored.read() is not None
 
 
 def test_eos_inside_an_accepted_draft(clock: FakeClock) -> None:
