@@ -24,4 +24,5 @@ class InvalidParameterError(EdgespecError, ValueError):
 
 
 class MissingExtraError(EdgespecError):
-    """A command needs a package from one of edgespec's optional extras, and it is not installed."""
+    """A command needs a package that is not installed: one of edgespec's optional extras (``extras.require``), or
+    llama-cpp-python, a dependency, where a broken install lacks it (``llama_backend``)."""
