@@ -21,7 +21,7 @@ Free drafts (lookup) are judged whether they are verified or not: the tokens the
 much of a draft was right, at no cost. So γ = 0 teaches as much as drafting does: a stretch of misses switches
 speculation off without paying for the evidence, and it switches back on as soon as declined drafts start
 matching (a copied passage after a stretch of misses). Because evidence is free, there is nothing to gain from
-optimism: a free drafter's acceptance is taken one standard deviation below its posterior mean, so a key with
+optimism: a free drafter's acceptance is taken half a standard deviation below its posterior mean, so a key with
 little evidence is declined until its own drafts have been seen to match, and caution costs only a late start. A
 key well learned on an earlier text is believed on the next until that text's drafts contradict it (one controller
 serves every request): a lookup key right on copied text was verified twice more on the scripted fresh text after
@@ -58,8 +58,11 @@ _PRIOR_WEIGHT = 2.0
 _PRIOR = [_PRIOR_MEAN] * MAX_GAMMA
 _EMA = 0.1
 _CURVE_EMA = 0.2  # per verify of a k: its cost follows a change within ~5 verifies of it
-# A free drafter's acceptance is taken one standard deviation below its posterior mean (about the 16th percentile).
-_LOWER_Z = 1.0
+# A free drafter's acceptance is taken half a standard deviation below its posterior mean (about the 31st
+# percentile). Not more: with _DECAY a key's evidence never passes ~33 observations, so the margin is not only a late
+# start but a lasting discount (~0.08 at one deviation for a rate near 0.5), which cut well-learned drafts short;
+# replayed on every recorded stream set and cost curve (docs/controller.md), half a deviation was faster than one.
+_LOWER_Z = 0.5
 # Every this many declined drafts of a key, verify one token anyway: estimates of a key that is never tried
 # would never recover from an unlucky start, and speculation would stay off for good. Costs ≤ ~1.5%. Not for
 # a drafter so dear that even a draft accepted whole would not pay (a layer-skip draft at c ≈ 1).

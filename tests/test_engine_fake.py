@@ -310,7 +310,7 @@ def test_sampled_output_follows_the_target_distribution_with_the_heads_second_op
             seen[i][token] += 1
         sources.update(out.stats.draft_steps)
     assert second_opinions > RUNS  # the second opinion was asked on most requests
-    assert sources["head"] > 100 and sources["ngram"] > 100, sources  # and both drafters' drafts were verified
+    assert sources["head"] > 50 and sources["ngram"] > 50, sources  # and both drafters' drafts were verified, often
     for i, expected in enumerate(_marginals(target, prompt[-1], params, 4)):
         support = [t for t in SUPPORT if expected[t] > 0]
         assert set(seen[i]) <= set(support)
