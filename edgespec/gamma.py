@@ -22,7 +22,8 @@ much of a draft was right, at no cost. So γ = 0 teaches as much as drafting doe
 speculation off without paying for the evidence, and it switches back on as soon as declined drafts start
 matching (a copied passage after a stretch of misses). Because evidence is free, there is nothing to gain from
 optimism: a free drafter's acceptance is taken half a standard deviation below its posterior mean, so a key with
-little evidence is declined until its own drafts have been seen to match, and caution costs only a late start. A
+little evidence is declined until its own drafts have been seen to match: caution costs a late start, and, the
+evidence being decayed, a lasting discount (hence half a deviation, not one: _LOWER_Z). A
 key well learned on an earlier text is believed on the next until that text's drafts contradict it (one controller
 serves every request): a lookup key right on copied text was verified twice more on the scripted fresh text after
 it in tests/test_replay.py, ~0.3% of that text's time. A model drafter's declined draft is never made, so for it
