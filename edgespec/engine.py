@@ -393,7 +393,7 @@ class Engine:
             curve = self.calibrate()
             # A calibration cut to a small context (less text, the longest passes not timed) is this process's
             # only: the next one on this model, with room, measures the whole curve for every later process.
-            if self.stored_curve is not None and self._calibration_fits():
+            if self.stored_curve is not None and self._calibration_text()[1]:
                 self.stored_curve.write(curve)
         view = cast("SelfDraft | None", self.arena.caches.get("layerskip"))  # the target's self_draft()
         estimate = view.calibrated if view is not None else None
@@ -431,9 +431,12 @@ class Engine:
         if controller is not None and self.tuning is None and self.stored_curve is not None:
             self.stored_curve.write_learned({**controller.learned(), "identities": self._identities()})
 
-    def _calibration_fits(self) -> bool:
-        """Whether this context holds the calibration's whole text and its longest pass."""
-        return len(self.tokenize(_CALIBRATION_TEXT)) + MAX_GAMMA + 1 <= self.arena.n_ctx
+    def _calibration_text(self, context: Sequence[int] | None = None) -> tuple[list[int], bool]:
+        """The tokens the calibration runs after (``context``, default a ~100-token text), cut to leave room for its
+        longest pass where the context is small, and whether they are all of them."""
+        text = list(context) if context is not None else self.tokenize(_CALIBRATION_TEXT)
+        kept = text[:max(1, self.arena.n_ctx - (MAX_GAMMA + 1))]
+        return kept, len(kept) == len(text)
 
     def calibrate(self, rounds: int = 3, statistic: Callable[[list[float]], float] = np.median,
                   context: Sequence[int] | None = None) -> CostCurve:
@@ -442,8 +445,7 @@ class Engine:
         that text and the passes (a first use with a small n_ctx), less of the text; a pass that would not fit at all
         is timed at the most tokens that do, which no step can exceed there either."""
         arena = self.arena
-        text = list(context) if context is not None else self.tokenize(_CALIBRATION_TEXT)
-        arena.reset(text[:max(1, arena.n_ctx - (MAX_GAMMA + 1))])
+        arena.reset(self._calibration_text(context)[0])
         arena.extend("target", [], 1)
         filler = arena.tokens[-1]
         room = arena.n_ctx - len(arena.tokens)
