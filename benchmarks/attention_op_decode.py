@@ -20,7 +20,8 @@ import numpy as np
 from edgespec.export.onnx_export import export_onnx
 
 from edgespec.bench.plots import line_chart
-from edgespec.models import DEFAULT_MODEL, cache_dir, families
+from edgespec.home import home_dir
+from edgespec.models import DEFAULT_MODEL, families
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
 from edgespec.tuning import cpu_identity
 
@@ -31,7 +32,7 @@ PREFILL, CHUNK = 1024, 256
 
 def export(op: str) -> Path:
     family = families()[DEFAULT_MODEL]
-    out = cache_dir().parent / "onnx" / f"bench-{family.name}-int8-{op}"
+    out = home_dir("onnx") / f"bench-{family.name}-int8-{op}"
     if not (out / "edgespec-onnx.json").is_file():
         export_onnx(family.variant_path(family.source_quant), out, quant="int8", attention=op, progress=False)
     return out

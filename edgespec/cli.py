@@ -272,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgespecError as e:
         print(f"edgespec: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file the command was asked to write or read: a full disk, a read-only folder
+        print(f"edgespec: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -107,7 +107,7 @@ def ensure(say: Callable[[str], None] | None = None) -> Path | None:
     say = say or (lambda line: print(line, file=sys.stderr))
     try:
         return build(say)
-    except KernelBuildError as e:
+    except (KernelBuildError, OSError) as e:  # OSError: a home that cannot take the library (read-only, full)
         _unbuildable = str(e)
         say(f"edgespec: kernels not built ({e}); ONNX exports will use GroupQueryAttention and MatMulNBits")
         return None
@@ -254,11 +254,9 @@ def build(say=print) -> Path:
     target = library_path()
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
     say(f"building {target.name}: {' '.join(FLAGS + _cpu_flags())}")
-    compile_library(staging, say=say)
-    staging.replace(target)
+    with staged(target) as staging:
+        compile_library(staging, say=say)
     for older in [*target.parent.glob(f"{LIBRARY}-*"), *target.parent.glob("exact_attention-*")]:
         if older != target:  # earlier builds (another source, flags or CPU; before the library had two ops)
             older.unlink(missing_ok=True)

@@ -20,7 +20,6 @@ flags and CPU) when the export uses it.
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -33,8 +32,9 @@ from . import custom_ops
 from .arena import TreeCache
 from .backend import GPU_DEVICES
 from .errors import EdgespecError
+from .files import write_text
 from .gamma import MAX_GAMMA
-from .models import cache_dir
+from .home import fields_of, home_dir, keep, read_record
 from .tuning import cpu_identity, key_digest
 
 FORMAT = 4  # 2: verdicts name the padded pass size they chose; 3: and whether trees are exact at it; 4: and reuse
@@ -242,7 +242,7 @@ def build_key(model: object, device: str, exact_numerics: bool) -> dict[str, obj
 
 
 def _path(key: dict[str, object]) -> Path:
-    return cache_dir().parent / "exactness" / f"{key['backend']}-{key_digest(key)}.json"
+    return home_dir("exactness") / f"{key['backend']}-{key_digest(key)}.json"
 
 
 def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
@@ -256,17 +256,13 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
     key = build_key(model, device, exact_numerics)
     path = _path(key)
     pad = getattr(model, "set_pass_rows", None)
-    try:
-        d = json.loads(path.read_text())
-        if d.get("format") == FORMAT and d.get("key") == key:
-            cached = Exactness(**{k: v for k, v in d.items() if k != "format"} | {"cached": True})
-            if cached.pass_rows and pad is not None:
-                pad(cached.pass_rows)
-            _apply_trees(model, cached.exact_trees)
-            _apply_reuse(model, cached.reuse_max_abs_diff)
-            return cached
-    except (OSError, ValueError, TypeError):
-        pass  # missing or unreadable: probe again
+    cached = read_record(path, lambda d: _cached(d, key))
+    if cached is not None:
+        if cached.pass_rows and pad is not None:
+            pad(cached.pass_rows)
+        _apply_trees(model, cached.exact_trees)
+        _apply_reuse(model, cached.reuse_max_abs_diff)
+        return cached
     started = time.perf_counter()
     worst, agree, n = probe(model)
     unpadded, rows = worst, 0
@@ -286,11 +282,15 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
     result = Exactness(key, worst == 0.0, worst, agree, n, round(time.perf_counter() - started, 3),
                        pass_rows=rows, unpadded_max_abs_diff=unpadded, exact_trees=tree_worst == 0.0,
                        tree_max_abs_diff=tree_worst, reuse_max_abs_diff=reuse)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"format": FORMAT, **asdict(result)} | {"cached": False}, indent=1))
-    tmp.replace(path)
+    keep(path, lambda p: write_text(p, json.dumps({"format": FORMAT, **asdict(result)} | {"cached": False}, indent=1)))
     return result
+
+
+def _cached(d: dict[str, object], key: dict[str, object]) -> Exactness | None:
+    """A stored verdict for ``key``; None for another format or key (probed again, not damaged)."""
+    if d.pop("format", None) != FORMAT or d.get("key") != key:
+        return None
+    return fields_of(Exactness, d | {"cached": True})
 
 
 def _verifies_trees(model: object) -> bool:

@@ -20,7 +20,7 @@ from . import discovery
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .files import staged
 from .gguf_header import check_gguf
-from .home import edgespec_home
+from .home import home_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,9 +36,8 @@ DEFAULT_MAX_KL = 0.01
 
 
 def cache_dir() -> Path:
-    path = edgespec_home() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where prepared variants live (created by what writes there)."""
+    return home_dir("models")
 
 
 def _manifest_dir() -> Path:
@@ -138,6 +137,7 @@ class ModelFamily:
         if not target.exists():
             from importlib import import_module
 
+            target.parent.mkdir(parents=True, exist_ok=True)
             import_module(self.package.replace("-", "_")).assemble(target)
         return target
 

@@ -106,6 +106,8 @@ def read_manifest(folder: Path) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read {path}: {e}") from e
+    if not isinstance(manifest, dict):
+        raise ModelLoadError(f"{path}: a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format") != FORMAT:
         raise ModelLoadError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}")
     missing = [k for k in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size", "context_length",
@@ -114,8 +116,9 @@ def read_manifest(folder: Path) -> dict:
         raise ModelLoadError(f"{path}: missing {', '.join(missing)}")
     if manifest.get("kv_dtype", "float32") not in KV_DTYPES:
         raise ModelLoadError(f"{path}: kv_dtype {manifest['kv_dtype']!r} is not supported ({' or '.join(KV_DTYPES)})")
-    if len(manifest["layers"]) != manifest["num_layers"]:
-        raise ModelLoadError(f"{path}: {len(manifest['layers'])} layer files for num_layers={manifest['num_layers']}")
+    layers = manifest["layers"]
+    if not isinstance(layers, list) or len(layers) != manifest["num_layers"]:
+        raise ModelLoadError(f"{path}: layers {str(layers)[:60]} for num_layers={manifest['num_layers']}")
     return manifest
 
 

@@ -14,6 +14,7 @@ CPU (edgespec/default_model.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,17 +25,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from .errors import EdgespecError
 from .files import write_text
 from .gamma import MAX_GAMMA, CostCurve
-from .models import cache_dir
+from .home import fields_of, home_dir, keep, read_record, relative, resolve
 
 FORMAT = 1
 R = TypeVar("R", "Tuning", "DefaultChoice")
-
-
-class TuningError(EdgespecError):
-    """A tuning file is unreadable or was written for another model, thread count or device."""
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -66,7 +62,7 @@ def tuning_key(target: str | os.PathLike[str], draft: str | os.PathLike[str] | N
 
 
 def tuning_dir() -> Path:
-    return cache_dir().parent / "tuning"
+    return home_dir("tuning")
 
 
 def key_digest(key: dict[str, object]) -> str:
@@ -99,26 +95,23 @@ class Tuning:
         return CostCurve(shape=np.array(self.curve_shape, dtype=float), scale=self.curve_scale)
 
     def save(self) -> Path:
-        return _write(tuning_path(self.key), self)
+        """Written where ``edgespec tune`` was asked to write it: a home that cannot take it is an error."""
+        path = tuning_path(self.key)
+        _write(path, self)
+        return path
 
     @classmethod
-    def read(cls, path: Path) -> Tuning:
+    def read(cls, path: Path) -> Tuning | None:
         return _read(cls, path)
 
 
-def _write(path: Path, record: Tuning | DefaultChoice) -> Path:
+def _write(path: Path, record: Tuning | DefaultChoice) -> None:
     write_text(path, json.dumps({"format": FORMAT, **asdict(record)}, indent=1))
-    return path
 
 
-def _read(cls: type[R], path: Path) -> R:
-    try:
-        d = json.loads(path.read_text())
-        if d.pop("format", None) != FORMAT:
-            raise TuningError(f"{path} has another tuning format; run `edgespec tune` again")
-        return cls(**d)
-    except (OSError, ValueError, TypeError) as e:
-        raise TuningError(f"unreadable tuning file {path}: {e}") from e
+def _read(cls: type[R], path: Path) -> R | None:
+    """A stored record; None when there is none, it is damaged (said once) or of another format."""
+    return read_record(path, lambda d: fields_of(cls, d) if d.pop("format", None) == FORMAT else None)
 
 
 def tuning_enabled() -> bool:
@@ -130,8 +123,7 @@ def find_tuning(target: str | os.PathLike[str], draft: str | os.PathLike[str] | 
     """The tuning for exactly this model file (and draft), thread count and device, if one was written."""
     if not tuning_enabled():
         return None
-    path = tuning_path(tuning_key(target, draft, threads, device))
-    return Tuning.read(path) if path.exists() else None
+    return Tuning.read(tuning_path(tuning_key(target, draft, threads, device)))
 
 
 @dataclass(frozen=True)
@@ -164,8 +156,8 @@ class StoredCurve:
         return CostCurve(shape=shape, scale=scale)
 
     def write(self, curve: CostCurve) -> None:
-        write_text(self.path, json.dumps({"format": FORMAT, "shape": [0.0, *curve.shape[1:].tolist()],
-                                          "scale": curve.scale}))
+        text = json.dumps({"format": FORMAT, "shape": [0.0, *curve.shape[1:].tolist()], "scale": curve.scale})
+        keep(self.path, lambda p: write_text(p, text))
 
     @property
     def learned_path(self) -> Path:
@@ -180,7 +172,8 @@ class StoredCurve:
         return d.get("learned") if isinstance(d, dict) and d.get("format") == FORMAT else None
 
     def write_learned(self, learned: dict[str, object]) -> None:
-        write_text(self.learned_path, json.dumps({"format": FORMAT, "learned": learned}))
+        text = json.dumps({"format": FORMAT, "learned": learned})
+        keep(self.learned_path, lambda p: write_text(p, text))
 
 
 @dataclass
@@ -198,8 +191,12 @@ class DefaultChoice:
     skipped: dict[str, str]  # candidate → why it was not raced (quality, exactness, a missing extra)
     details: dict[str, object] = field(default_factory=dict)  # prompts, tokens, seconds, date
 
-    def save(self) -> Path:
-        return _write(default_choice_path(self.key), self)
+    def save(self) -> Path | None:
+        """Kept for the next process where the home can take it (else None: measured again next time). The export
+        it names is recorded relative to the home, so that a home copied elsewhere uses its own."""
+        path = default_choice_path(self.key)
+        record = dataclasses.replace(self, target=relative(self.target))
+        return path if keep(path, lambda p: _write(p, record)) else None
 
 
 def cpu_identity() -> str:
@@ -235,5 +232,7 @@ def default_choice_path(key: dict[str, object]) -> Path:
 
 
 def find_default_choice(key: dict[str, object]) -> DefaultChoice | None:
-    path = default_choice_path(key)
-    return _read(DefaultChoice, path) if path.exists() else None
+    """The choice stored for ``key`` (None when there is none or it is damaged, said once), its export resolved in
+    this home."""
+    choice = _read(DefaultChoice, default_choice_path(key))
+    return None if choice is None else dataclasses.replace(choice, target=resolve(choice.target))

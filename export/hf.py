@@ -20,7 +20,8 @@ from edgespec.discovery import is_store_name
 from edgespec.errors import InvalidParameterError, ModelLoadError
 from edgespec.files import staged
 from edgespec.gguf_header import check_gguf
-from edgespec.models import cache_dir, prepare_named, resolve
+from edgespec.home import home_dir
+from edgespec.models import prepare_named, resolve
 
 from . import UnsupportedArchitectureError, require
 from .ggufio import reader
@@ -131,7 +132,7 @@ def hf_folder(src: str | os.PathLike[str], dtype: str = "float32") -> Path:
         return path
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}".encode()).hexdigest()[:12]
-    out = cache_dir().parent / "hf" / f"{path.stem}-{dtype}-{key}"
+    out = home_dir("hf") / f"{path.stem}-{dtype}-{key}"
     if not (out / "config.json").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         gguf_to_hf(path, out, dtype)

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgespec.errors import ModelLoadError
 from edgespec.files import staged
-from edgespec.models import cache_dir
+from edgespec.home import home_dir
 
 from . import UnsupportedArchitectureError, require
 from .files import ensure_space
@@ -255,5 +255,5 @@ def convert_cached(folder: Path) -> Path:
     for p in sorted(folder.iterdir()):
         if p.is_file():
             h.update(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}".encode())
-    out = cache_dir().parent / "hf-gguf" / f"{folder.name}-{h.hexdigest()[:12]}-f16.gguf"
+    out = home_dir("hf-gguf") / f"{folder.name}-{h.hexdigest()[:12]}-f16.gguf"
     return out if out.exists() else convert(folder, out)

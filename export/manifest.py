@@ -16,7 +16,7 @@ from typing import Any
 
 from edgespec.errors import EdgespecError
 from edgespec.files import write_text
-from edgespec.models import cache_dir
+from edgespec.home import home_dir, keep, read_record
 
 FORMAT = "edgespec-artefact/1"
 KINDS = ("gguf", "draft", "onnx")
@@ -80,7 +80,7 @@ def manifest_path(artefact: Path) -> Path:
 
 
 def registry_path() -> Path:
-    return cache_dir().parent / "exports.json"
+    return home_dir("exports.json")
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -88,16 +88,9 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _read_registry() -> dict[str, Any]:
-    path = registry_path()
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ManifestError(f"the export registry {path} is not valid JSON ({e}); delete it to start afresh") from e
-    if not isinstance(data, dict):
-        raise ManifestError(f"the export registry {path} is not a JSON object; delete it to start afresh")
-    return data
+    """The home's list of exports; empty when there is none, or it is damaged (said once: the next export writes a
+    new one)."""
+    return read_record(registry_path(), lambda d: d) or {}
 
 
 def save(manifest: dict[str, Any]) -> Path:
@@ -108,7 +101,7 @@ def save(manifest: dict[str, Any]) -> Path:
     _write_json(path, manifest)
     registry = _read_registry()
     registry[str(artefact)] = manifest
-    _write_json(registry_path(), registry)
+    keep(registry_path(), lambda p: _write_json(p, registry))  # the artefact is made; the list is the home's cache
     return path
 
 

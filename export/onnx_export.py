@@ -27,6 +27,7 @@ import numpy as np
 
 from edgespec import custom_ops
 from edgespec.errors import EdgespecError, InvalidParameterError
+from edgespec.files import staged
 from edgespec.onnx_backend import MANIFEST
 
 from . import block_int8, require
@@ -250,19 +251,12 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
 def replacing(out: Path) -> Iterator[Path]:
     """A scratch directory beside ``out`` to write into; once the block ends without error it replaces ``out``
     whole (a reader never sees half an export), else it is removed. Disk errors become ``OnnxExportError``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir()
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.replace(out)
+        with staged(out) as tmp:
+            tmp.mkdir()
+            yield tmp
     except OSError as e:
         raise OnnxExportError(f"could not write {out}: {e}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _chat_template(folder: Path) -> str | None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import InvalidParameterError
-from edgespec.models import DEFAULT_MODEL, LAYER_SKIP, Pairing, cache_dir, families
+from edgespec.home import home_dir
+from edgespec.models import DEFAULT_MODEL, LAYER_SKIP, Pairing, families
 
 from .common import Steps, add_common_args, resolve_source
 from .draft import export_draft, run_search
@@ -38,7 +39,7 @@ def export_pair(src: str, out: Path | None, index: int = 0, n_prompts: int = 4, 
         raise InvalidParameterError(f"pairing {index} of {family} uses mode {pairing.mode!r}, no draft to export")
     source = resolve_source(src)
     stem = (family or source.path.stem).replace(":", "-")
-    out = out or cache_dir().parent / "exports" / f"{stem}-pair"
+    out = out or home_dir("exports") / f"{stem}-pair"
     with Steps(9, f"export pair {stem}") as steps:
         target_path = out / f"{stem}-{pairing.target}.gguf"
         target = export_gguf(source, pairing.target, target_path, n_prompts, n_tokens, True, threads, steps)

@@ -35,9 +35,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def building() -> Iterator[None]:
     """Workers share the edgespec cache: one builds a shared artefact (an export) while the others wait for it,
     then find it built."""
-    from edgespec.models import cache_dir
+    from edgespec.home import home_dir
 
-    lock = cache_dir().parent / ".tests-building.lock"
+    lock = home_dir(".tests-building.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with lock.open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -94,10 +94,10 @@ def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options:
     from edgespec.export.onnx_export import export_onnx
     from edgespec.export.onnx_graphs import GRAPHS_REVISION
 
-    from edgespec.models import cache_dir
+    from edgespec.home import home_dir
 
     suffix = "".join(f"-{k}{v}" for k, v in sorted(options.items()))
-    out = cache_dir().parent / "onnx" / f"{model}-{quant}{suffix}"
+    out = home_dir("onnx") / f"{model}-{quant}{suffix}"
     manifest = out / "edgespec-onnx.json"
     with building():
         if not manifest.is_file() or json.loads(manifest.read_text())["source"].get("graphs") != GRAPHS_REVISION:
