@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from . import _preload  # noqa: F401  (first: it loads llama.cpp's library before anything imports numpy)
 from .backends import BACKENDS
 from .cpu import physical_cores
-from .default_model import default_choice
+from .default_model import open_default
 from .engine import MODES, Completion, Engine, StreamChunk
 from .errors import (
     ContextOverflowError,
@@ -71,11 +71,10 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     """
     if target is None:
         if draft is None and backend == "auto" and layer_skip is None and exact_numerics and tuning:
-            chosen = default_choice(n_threads or physical_cores(), device)
-            target, backend = chosen.target, chosen.backend
-            mode, gamma = mode or chosen.mode, chosen.gamma if gamma is None else gamma
-        else:
-            target = DEFAULT_MODEL
+            return open_default(n_threads or physical_cores(), device, lambda chosen: open_engine(
+                chosen.target, None, mode or chosen.mode, chosen.gamma if gamma is None else gamma, n_ctx, device,
+                n_threads, exact_numerics, chosen.backend, None, tuning, require_exact))
+        target = DEFAULT_MODEL
     return open_engine(target, draft, mode, gamma, n_ctx, device, n_threads, exact_numerics, backend, layer_skip,
                        tuning, require_exact)
 

@@ -17,6 +17,7 @@ The choice is stored keyed by the shipped file, candidates, threads, device and 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -30,8 +31,9 @@ from .engine import Engine
 from .errors import EdgespecError, InvalidParameterError, ModelLoadError
 from .exactness import NotExactError
 from .extras import install_command
+from .home import home_dir
 from .loading import open_engine
-from .models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, DEFAULT_MODEL, ModelFamily, cache_dir, families
+from .models import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, DEFAULT_MODEL, ModelFamily, families
 from .tune import CALIBRATION_PROMPTS, MARGIN, race
 from .tuning import (
     DefaultChoice,
@@ -215,23 +217,58 @@ def onnx_export_path(family: ModelFamily) -> Path:
     """Where the default's ONNX export lives: one folder per attention op, so that an export made while edgespec's
     kernels could not be built (GroupQueryAttention) never overwrites the kernel's, which a stored choice names."""
     suffix = "" if custom_ops.default_attention() == "exact" else "-gqa"
-    return cache_dir().parent / "onnx" / f"{family.name}-{family.source_quant}-int8{suffix}"
+    return home_dir("onnx") / f"{family.name}-{family.source_quant}-int8{suffix}"
 
 
 def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:
-    """The INT8 ONNX export of the shipped GGUF (built and cached on first use) and its quality line, or None and
-    why it cannot be a candidate."""
+    """The INT8 ONNX export of the shipped GGUF (built and cached on first use; exported again where the cached one
+    cannot be opened) and its quality line, or None and why it cannot be a candidate. ``OSError``: the export could
+    not be written (a full disk), which may pass."""
+    out = onnx_export_path(family)
+    try:
+        return _checked_export(family, out, threads, say)
+    except ModelLoadError as e:  # a file of the cached export damaged: it is the cache's to make again
+        say(f"  {out} cannot be opened ({e}): exporting it again")
+        discard_export(out)
+        try:
+            return _checked_export(family, out, threads, say)
+        except ModelLoadError as again:
+            return None, f"the ONNX export cannot be opened: {again}"
+
+
+def discard_export(export: Path) -> None:
+    """Remove the default's cached export that cannot be opened, and the shipped draft head beside it (written again
+    from the shipped weights; a head the user trained is kept)."""
+    shutil.rmtree(export, ignore_errors=True)
+    head = _head_manifest(export).parent
+    if head.is_dir() and _shipped_or_unreadable(head):
+        shutil.rmtree(head, ignore_errors=True)
+
+
+def _shipped_or_unreadable(head: Path) -> bool:
+    from .onnx_backend import read_manifest
+
+    try:
+        info = read_manifest(head).get("draft_head")
+    except EdgespecError:
+        return True
+    return not isinstance(info, dict) or bool(info.get("shipped"))
+
+
+def _checked_export(family: ModelFamily, out: Path, threads: int, say: Callable[[str], None]
+                    ) -> tuple[str | None, str]:
     from edgespec.export import quality
 
     source = family.variant_path(family.source_quant)
-    out = onnx_export_path(family)
     if not current_export(out):
         say(f"  exporting {source.name} to ONNX INT8 (once per exporter revision) into {out}")
         try:
             from edgespec.export.onnx_export import export_onnx
 
             export_onnx(source, out, quant="int8", progress=True)
-        except (EdgespecError, OSError) as e:  # a missing extra (torch today), disk, an unsupported model
+        except EdgespecError as e:  # a missing extra, an unsupported model; a disk error is raised as it is
+            if isinstance(e.__cause__, OSError):
+                raise e.__cause__ from e
             return None, f"the ONNX export could not be built: {e}"
     write_shipped_head(family, out, say)
     from .onnx_backend import OnnxModel, OnnxOptions  # only when an export is measured
@@ -258,20 +295,27 @@ def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]
 
 
 def choose_default(family: ModelFamily, key: dict[str, object], threads: int, device: str,
-                   budget: Budget = Budget(), onnx: bool = True,
-                   say: Callable[[str], None] = _stderr) -> DefaultChoice:
-    """Measure the candidates (module docstring), store the choice and print it as a short table."""
+                   budget: Budget = Budget(), onnx: bool = True, say: Callable[[str], None] = _stderr,
+                   why: str = "first use on this machine") -> DefaultChoice:
+    """Measure the candidates (module docstring), store the choice and print it as a short table. ``why`` the
+    measurement runs now (first use, a stored choice that cannot be used). A choice made while a candidate could not
+    be written to disk (a full disk) serves this process only: stored, it would keep that candidate out for good."""
     started = time.perf_counter()
     candidates = [(f"{family.name}:{q}", "llamacpp") for q in key["candidates"]]  # type: ignore[union-attr]
     on_gpu = races_on_gpu(device)  # the export's exact kernels run on the CPU: it is not exported for nothing
     say(first_use_line(family, len(candidates), bool(onnx and key["onnx"] and not on_gpu), budget,
-                       default_choice_path(key)))
+                       default_choice_path(key), why))
     skipped: dict[str, str] = {}
+    transient: list[str] = []  # candidates left out for a reason that may pass
     if onnx and on_gpu:
         where = device if device in GPU_DEVICES else "the GPU (device auto)"
         skipped["onnx int8"] = f"its exact kernels run on the CPU only, and this race is on {where}"
     elif onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
-        path, note = onnx_candidate(family, threads, say)
+        try:
+            path, note = onnx_candidate(family, threads, say)
+        except OSError as e:
+            path, note = None, f"the ONNX export could not be written: {e}"
+            transient.append("onnx int8")
         if path is None:
             skipped["onnx int8"] = note
         else:
@@ -290,6 +334,10 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                 continue
             except (ModelLoadError, InvalidParameterError) as e:  # it cannot run here (a device its build lacks)
                 skipped[name] = str(e)
+                continue
+            except OSError as e:  # its variant could not be written (a full disk)
+                skipped[name] = f"could not be prepared: {e}"
+                transient.append(name)
                 continue
             # Raced free of any tuning, but its γ-auto run's calibration is kept: the winner's first reply after
             # the race then starts from it instead of calibrating again (~3 s).
@@ -331,19 +379,23 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                            {"date": datetime.now(timezone.utc).isoformat(), "edgespec": __version__,
                             "texts": budget.prompts, "max_tokens": budget.max_tokens, "rounds": budget.rounds,
                             "seconds": seconds})
-    path = choice.save()
     for line in table(choice):
         say(line)
-    say(f"edgespec: stored in {path} ({seconds} s); `edgespec tune --default` measures again")
+    if transient:
+        say(f"edgespec: not stored ({seconds} s): {', '.join(transient)} could not be prepared now; the next run "
+            "measures again")
+    elif (path := choice.save()) is not None:
+        say(f"edgespec: stored in {path} ({seconds} s); `edgespec tune --default` measures again")
     return choice
 
 
-def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, kept: Path) -> str:
-    """Said before the measurement starts: that it happens once, what it does, about how long, where it is kept.
+def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, kept: Path,
+                   why: str = "first use on this machine") -> str:
+    """Said before the measurement starts: why now, what it does, about how long, where it is kept.
     The time is the range seen on 2 cores: 54 s on a quiet machine, 308 s on a busy one (ONNX export included)."""
     export = "an ONNX export of its shipped weights and a quality check of it, then " if onnx else ""
     models = ggufs + onnx
-    return (f"edgespec: first use on this machine: measuring which build of {family.name} answers quickest here "
+    return (f"edgespec: {why}: measuring which build of {family.name} answers quickest here "
             f"({export}a race of {models} model{'s' if models > 1 else ''} × {len(RACED_MODES)} modes on "
             f"{budget.prompts} texts); once, about 1–5 minutes on 2 cores; the result is kept in {kept}")
 

@@ -110,7 +110,7 @@ class Engine:
         self.modes["tree"] = (self.tree_drafter,)
         self.mode = mode or ("draft" if draft is not None else "ngram")
         self._check_mode(self.mode)
-        self.gamma = _check_gamma(gamma)
+        self.gamma = check_gamma(gamma)
         self._controller: GammaController | None = None
         # Reusing cached prompt tokens is only done where it is exact (see KVArena); the prompt cache keeps
         # other conversations' states when a request replaces the arena's.
@@ -164,7 +164,7 @@ class Engine:
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         mode = mode or self.mode
         self._check_mode(mode)
-        gamma = self.gamma if gamma is None else _check_gamma(gamma)
+        gamma = self.gamma if gamma is None else check_gamma(gamma)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if isinstance(stop, str):
@@ -488,7 +488,7 @@ def collect(chunks: Iterable[StreamChunk], on_text: Callable[[str], None] | None
     return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
 
 
-def _check_gamma(gamma: int | str) -> int | str:
+def check_gamma(gamma: int | str) -> int | str:
     if gamma == "auto":
         return gamma
     if isinstance(gamma, str) and gamma.isdigit():
