@@ -88,9 +88,12 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         return HTMLResponse(page, headers=page_headers)
 
     async def health(_: Request) -> Response:
-        models = {w.name: {"ready": w.ready.is_set(), "queue_depth": w.depth} for w in pool.workers}
-        ready = bool(models) and all(m["ready"] for m in models.values())
-        return JSONResponse({"status": "ok" if ready else "loading", "models": models}, 200 if ready else 503)
+        models = {w.name: {"ready": w.ready.is_set(), "queue_depth": w.depth,
+                           **({"error": w.failure} if w.failure else {})} for w in pool.workers}
+        failed = any("error" in m for m in models.values())
+        ready = bool(models) and all(m["ready"] for m in models.values()) and not failed
+        status = "ok" if ready else "error" if failed else "loading"
+        return JSONResponse({"status": status, "models": models}, 200 if ready else 503)
 
     async def metrics(_: Request) -> Response:
         return PlainTextResponse(pool.metrics.prometheus(pool.queue_depths()),

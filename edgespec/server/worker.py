@@ -58,6 +58,7 @@ class EngineWorker:
         self._stopping = False
         self._cond = threading.Condition()
         self._mean_job_s = 1.0  # running mean of job durations, for Retry-After
+        self.failure: str | None = None  # why the worker thread stopped serving, if it did
         self._thread = threading.Thread(target=self._serve, name=f"edgespec-{name}", daemon=True)
         self._thread.start()
 
@@ -69,6 +70,8 @@ class EngineWorker:
 
     def submit(self, job: Job) -> None:
         with self._cond:
+            if self.failure is not None:
+                raise InternalError(f"model {self.name!r} cannot serve: {self.failure}; see the server log")
             if self._stopping:
                 raise EdgespecError(f"model {self.name!r} is shutting down")
             if len(self._pending) >= self.max_queue:
@@ -87,6 +90,14 @@ class EngineWorker:
         if waiting:  # never started: end it here; a running job ends in the worker after this step
             self.metrics.count_request(self.name, CANCELLED)
             job.on_end(CANCELLED, None)
+
+    def _fail_pending(self) -> None:
+        with self._cond:
+            jobs, self._running = [*self._pending, *([self._running] if self._running else [])], None
+            self._pending.clear()
+        for job in jobs:
+            self.metrics.count_request(self.name, FAILED)
+            job.on_end(FAILED, InternalError(f"model {self.name!r} cannot serve: {self.failure}"))
 
     def cancel_all(self) -> None:
         with self._cond:
@@ -108,15 +119,20 @@ class EngineWorker:
     def _serve(self) -> None:
         try:
             # The first generation with γ "auto" measures the verify-cost curve (seconds): do it now,
-            # not on a client's time.
+            # not on a client's time. A failure here is the first request's to meet, not the worker's end.
             self.engine.generate("Hello", max_tokens=2)
-        except EdgespecError as e:
+        except Exception as e:  # logged; the worker serves on
             log.warning("warm-up of %s failed: %s", self.name, e)
         self.ready.set()
-        while (job := self._next()) is not None:
-            started = time.perf_counter()
-            self._run(job)
-            self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+        try:
+            while (job := self._next()) is not None:
+                started = time.perf_counter()
+                self._run(job)
+                self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (time.perf_counter() - started)
+        except BaseException as e:  # a bug outside any one job's handling: say so, never leave requests waiting
+            log.exception("the worker of %s stopped", self.name)
+            self.failure = f"the worker stopped: {type(e).__name__}: {e}"
+            self._fail_pending()
 
     def _next(self) -> Job | None:
         with self._cond:
