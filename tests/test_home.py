@@ -37,7 +37,7 @@ from edgespec.tuning import (
     find_default_choice,
 )
 from tests.fake_backend import BOS, FakeModel, encode, scripted
-from tests.live import LiveServer
+from tests.live import ROOT, LiveServer, child_env, edgespec_command
 
 SEQUENCE = [BOS, *encode("the home is a cache. " * 8)]
 
@@ -143,6 +143,17 @@ def test_serve_on_a_read_only_home_answers(tmp_path: Path, monkeypatch: pytest.M
             server.stop()
             log = server.log()
     assert log.count("cannot write to") == 1 and "Traceback" not in log
+
+
+def test_generate_on_a_read_only_home_exits_cleanly(tmp_path: Path) -> None:
+    """`generate` printed its reply, then a traceback, and exited 1."""
+    with read_only(tmp_path / "home") as ro:
+        env = child_env() | {"EDGESPEC_HOME": str(ro), "EDGESPEC_TUNING": "on"}
+        done = subprocess.run(edgespec_command("generate", "--max-tokens", "4", "--ctx", "256", "Hello"), cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and "Traceback" not in done.stderr
+    assert done.stderr.count("cannot be written") + done.stderr.count("cannot write to") >= 1
 
 
 # -- damaged or hand-edited records -------------------------------------------------------------------------------
