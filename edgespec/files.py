@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .home import sweep
+
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
@@ -22,6 +24,7 @@ def staged(dst: Path, tag: str = "tmp") -> Iterator[Path]:
     """A temporary path next to ``dst`` that becomes ``dst`` (a file, or a folder replaced whole) only if the
     block succeeds; the block creates it."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    sweep(dst.parent, dst.name)  # what a killed writer of the same file left
     tmp = dst.with_name(f".{dst.name}.{tag}{os.getpid()}")
     _remove(tmp)
     try:

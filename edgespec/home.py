@@ -156,16 +156,16 @@ def resolve(recorded: str) -> str:
     return os.fspath(edgespec_home() / recorded[len(_IN_HOME):]) if recorded.startswith(_IN_HOME) else recorded
 
 
-def sweep(folder: Path) -> None:
-    """Remove what processes that died mid-write left in ``folder``: ``files.staged``'s temporaries whose process is
-    gone (a killed export's folder can be hundreds of MB)."""
+def sweep(folder: Path, name: str | None = None) -> None:
+    """Remove what processes that died mid-write left in ``folder`` (of ``name`` only, if given): ``files.staged``'s
+    temporaries whose process is gone (a killed export's folder can be hundreds of MB)."""
     try:
-        entries = list(folder.iterdir())
+        entries = list(folder.glob(f".{name}.*") if name else folder.iterdir())
     except OSError:
         return
     for entry in entries:
         match = _STAGED.match(entry.name)
-        if match and not _alive(int(match["pid"])):
+        if match and (name is None or match["name"] == name) and not _alive(int(match["pid"])):
             with contextlib.suppress(OSError):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)

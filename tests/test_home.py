@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from edgespec.default_race import choice_key
 from edgespec.engine import Engine
 from edgespec.errors import ModelLoadError
 from edgespec.exactness import _cached
-from edgespec.files import write_text
+from edgespec.files import staged, write_text
 from edgespec.gamma import MAX_GAMMA
 from edgespec.models import families
 from edgespec.onnx_backend import read_manifest
@@ -281,6 +282,29 @@ def test_sweep_removes_what_dead_processes_left_half_written(tmp_path: Path) -> 
     home.sweep(tmp_path)
     assert not any(p.exists() for p in leftovers)
     assert mine.exists() and all(p.exists() for p in kept)
+
+
+def test_a_write_killed_midway_is_cleaned_up_by_the_next_write_of_the_same_file(tmp_path: Path) -> None:
+    """An export killed with kill -9 left its staging folder beside the export forever; the next write of the same
+    export removes it (another file's, or a live writer's, is not touched)."""
+    code = ("import os, sys, time\nfrom pathlib import Path\nfrom edgespec.files import staged\n"
+            "with staged(Path(sys.argv[1])) as tmp:\n    tmp.mkdir(); (tmp / 'layer.onnx').write_bytes(b'x')\n"
+            "    print('writing', flush=True); time.sleep(60)\n")
+    export = tmp_path / "m-int8"
+    writer = subprocess.Popen([sys.executable, "-c", code, str(export)], cwd=ROOT, env=child_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+    writer.kill()
+    writer.wait()
+    left = tmp_path / f".m-int8.tmp{writer.pid}"
+    other = tmp_path / f".other.tmp{writer.pid}"
+    other.write_text("")
+    assert left.is_dir() and not export.exists()
+    write_text(export.with_name("unrelated.json"), "{}")
+    assert left.exists()
+    with staged(export) as tmp:
+        tmp.mkdir()
+    assert not left.exists() and export.is_dir() and other.exists()
 
 
 def test_two_processes_never_measure_the_same_thing_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
