@@ -88,16 +88,16 @@ def keep(path: Path, write: Callable[[Path], None]) -> bool:
     return True
 
 
-def read_record(path: Path, parse: Callable[[dict], T]) -> T | None:
-    """A JSON record of the home parsed by ``parse``: None when there is none, and None too, with one line saying so,
-    when it cannot be read or ``parse`` refuses its shape (``ValueError``, ``TypeError``, ``KeyError``,
-    ``AttributeError``): the caller measures it again and overwrites it."""
+def read_record(path: Path, parse: Callable[[dict], T], then: str = "measuring again") -> T | None:
+    """A JSON record of the home parsed by ``parse``: None when there is none, and None too, with one line saying so
+    and what happens ``then``, when it cannot be read or ``parse`` refuses its shape (``ValueError``, ``TypeError``,
+    ``KeyError``, ``AttributeError``): the caller measures it again and overwrites it."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
-        say_once(f"unreadable {path}", f"cannot read {path} ({e.strerror or e}): measuring again")
+        say_once(f"unreadable {path}", f"cannot read {path} ({e.strerror or e}): {then}")
         return None
     try:
         value = json.loads(text)
@@ -105,7 +105,7 @@ def read_record(path: Path, parse: Callable[[dict], T]) -> T | None:
             raise TypeError(f"a JSON {type(value).__name__}, not an object")
         return parse(value)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        say_once(f"damaged {path}", f"{path} is damaged ({str(e)[:120]}): measuring again")
+        say_once(f"damaged {path}", f"{path} is damaged ({str(e)[:120]}): {then}")
         return None
 
 

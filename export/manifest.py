@@ -90,7 +90,7 @@ def _write_json(path: Path, data: Any) -> None:
 def _read_registry() -> dict[str, Any]:
     """The home's list of exports; empty when there is none, or it is damaged (said once: the next export writes a
     new one)."""
-    return read_record(registry_path(), lambda d: d) or {}
+    return read_record(registry_path(), lambda d: d, "the next export writes a new one") or {}
 
 
 def save(manifest: dict[str, Any]) -> Path:
