@@ -119,10 +119,16 @@ def choose_draft(model: str, threads: int | None, device: str) -> DraftChoice:
     races = []
     for candidate in candidates:
         path = tuning_path(tuning_key(target_path, candidate.path, n_threads, device))
-        if not path.exists():  # read directly: EDGESPEC_TUNING=off only stops load() from applying tunings
+        # Read directly: EDGESPEC_TUNING=off only stops load() from applying tunings. None: never measured, or
+        # damaged (said once), so measured now.
+        tuned = Tuning.read(path)
+        if tuned is None:
             with contextlib.redirect_stdout(sys.stderr):
                 tune(model, str(candidate.path), threads, device, quick=True, as_json=False)
-        races.append(_race_result(candidate, Tuning.read(path)))
+            tuned = Tuning.read(path)
+            if tuned is None:
+                raise EdgespecError(f"`edgespec tune` wrote no readable tuning at {path}")
+        races.append(_race_result(candidate, tuned))
     best = max(races, key=lambda r: r.draft_speedup)
     if best.draft_pays:
         return DraftChoice(str(best.candidate.path), "draft",
