@@ -36,6 +36,13 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._models: defaultdict[str, _ModelCounters] = defaultdict(_ModelCounters)
+        # HTTP error replies by (status, code): labelled by our own codes only, never by what a client sent (a
+        # model name it made up), so that no client can grow the label set.
+        self._errors: Counter[tuple[int, str]] = Counter()
+
+    def count_error(self, status: int, code: str | None) -> None:
+        with self._lock:
+            self._errors[status, code or ""] += 1
 
     def count_request(self, model: str, outcome: str) -> None:
         with self._lock:
@@ -87,6 +94,14 @@ class Metrics:
         for name, s in snap.items():
             ttft = s["time_to_first_token_s"]
             lines += [f'{metric}_{part}{{model="{_esc(name)}"}} {ttft[part]}' for part in ("sum", "count")]  # type: ignore[index]
+        with self._lock:
+            errors = sorted(self._errors.items())
+        lines += ["# HELP edgespec_error_responses_total HTTP error replies by status and code: requests refused "
+                  "(bad JSON or parameters, unknown model or path, the guard, the API key, a full queue) and "
+                  "server errors. A generation refused by the engine also counts in edgespec_requests_total.",
+                  "# TYPE edgespec_error_responses_total counter"]
+        lines += [f'edgespec_error_responses_total{{status="{status}",code="{_esc(code)}"}} {n}'
+                  for (status, code), n in errors]
         lines += ["# HELP edgespec_queue_depth Generations waiting or running.", "# TYPE edgespec_queue_depth gauge"]
         lines += [f'edgespec_queue_depth{{model="{_esc(name)}"}} {s["queue_depth"]}' for name, s in snap.items()]
         lines += ["# HELP edgespec_draft_acceptance Fraction of draft tokens accepted at each draft position "
