@@ -93,6 +93,7 @@ def test_models_health_and_metrics(client: openai.OpenAI, server: LiveServer) ->
     assert all(sample.match(line) for line in text.splitlines() if not line.startswith("# ")), text
     for name in ("edgespec_requests_total", "edgespec_generated_tokens_total", "edgespec_drafts_total",
                  "edgespec_draft_tokens_total", "edgespec_accepted_tokens_total", "edgespec_queue_depth",
+                 'edgespec_prompt_cache_bytes{model="smollm2-135m"}',
                  'edgespec_draft_acceptance{model="smollm2-135m",position="1"}'):
         assert name in text
     assert server.metric('edgespec_requests_total{model="smollm2-135m",outcome="done"}') >= 1

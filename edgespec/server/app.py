@@ -94,7 +94,7 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         return JSONResponse({"status": "ok" if ready else "loading", "models": models}, 200 if ready else 503)
 
     async def metrics(_: Request) -> Response:
-        return PlainTextResponse(pool.metrics.prometheus(pool.queue_depths()),
+        return PlainTextResponse(pool.metrics.prometheus(pool.gauges()),
                                  media_type="text/plain; version=0.0.4")
 
     async def models(_: Request) -> Response:

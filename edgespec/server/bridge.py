@@ -333,7 +333,7 @@ class Session:
 
     def stats(self, rid: object, _: dict[str, Any]) -> None:
         self.send({"id": rid, "event": "metrics", "models": self.bridge.pool.metrics.snapshot(
-            self.bridge.pool.queue_depths())})
+            self.bridge.pool.gauges())})
 
     def shutdown(self, rid: object, _: dict[str, Any]) -> None:
         self.cancel_all()
