@@ -150,7 +150,7 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-               stop: Sequence[str] = (), mode: str | None = None, gamma: int | str | None = None,
+               stop: str | Sequence[str] | None = (), mode: str | None = None, gamma: int | str | None = None,
                cache_prompt: bool = True, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         """Generate token by token, yielding one chunk per verify step.
 
@@ -167,8 +167,7 @@ class Engine:
         gamma = self.gamma if gamma is None else check_gamma(gamma)
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        if isinstance(stop, str):
-            stop = [stop]
+        stop = _check_stop(stop)
         if not isinstance(cache_prompt, bool):
             raise InvalidParameterError(f"cache_prompt must be true or false, got {cache_prompt!r}")
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -496,6 +495,17 @@ def check_gamma(gamma: int | str) -> int | str:
     if not isinstance(gamma, int) or isinstance(gamma, bool) or not 0 <= gamma <= MAX_GAMMA:
         raise InvalidParameterError(f"gamma must be 'auto' or an integer in 0..{MAX_GAMMA}, got {gamma!r}")
     return gamma
+
+
+def _check_stop(stop: object) -> list[str]:
+    """Stop strings: one string, a sequence of them, or None for none (as a null ``stop`` in a request)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise InvalidParameterError(f"stop must be a string or a sequence of strings, got {stop!r:.80}")
+    return list(stop)
 
 
 def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

@@ -11,6 +11,7 @@ from .engine import MODES
 from .errors import EdgespecError
 from .extras import needed
 from .prompt_cache import DEFAULT_CACHE_MB
+from .server.bridge import MAX_SESSIONS, Bridge
 from .server.limits import ConnectionLimits
 from .server.pool import EngineSpec, ModelPool
 
@@ -60,6 +61,9 @@ def add_service_commands(sub: argparse._SubParsersAction, add_model_args: Callab
     where.add_argument("--socket", metavar="PATH", help="listen on this unix socket instead of stdin/stdout")
     where.add_argument("--port", type=int, help="listen on 127.0.0.1:PORT instead of stdin/stdout")
     b.add_argument("--max-queue", type=int, default=16, help="requests that may wait per model")
+    b.add_argument("--max-connections", type=int, default=MAX_SESSIONS,
+                   help="with --socket/--port: connections served at once; one beyond them gets an error line and "
+                        "is closed (default %(default)s)")
     b.add_argument("--cache-mb", type=float, default=DEFAULT_CACHE_MB, help=_CACHE_HELP)
     b.set_defaults(func=_bridge)
 
@@ -92,14 +96,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bridge(args: argparse.Namespace) -> int:
-    from .server.bridge import Bridge
-
     pool = ModelPool(args.max_queue)
     bridge = Bridge(pool, _spec(args))
     if not args.no_preload:
         pool.load(_spec(args))
     if args.socket:
-        return bridge.serve_unix(args.socket)
+        return bridge.serve_unix(args.socket, args.max_connections)
     if args.port is not None:
-        return bridge.serve_tcp(args.port)
+        return bridge.serve_tcp(args.port, args.max_connections)
     return bridge.serve_stdio()

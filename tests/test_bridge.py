@@ -152,8 +152,13 @@ def test_malformed_lines_get_errors_and_the_bridge_keeps_running(
 
     lines.send_raw(b"this is not json")
     error("bad_json")
+    # A line refused as bad JSON still names its request when its id can be read.
     lines.send_raw(b'{"id": 0, "cmd": "generate", "prompt": "\\udfff"}')
-    assert "surrogate" in error("bad_json")
+    assert "surrogate" in error("bad_json", 0)
+    lines.send_raw(b'{"id": "latin-1", "cmd": "generate", "prompt": "caf\xe9"}')
+    error("bad_json", "latin-1")
+    lines.send_raw(b'{"id": 0, "cmd": "generate", "prompt": NaN}')
+    error("bad_json", 0)
     lines.send_raw(b'["generate"]')
     error("bad_request")
     lines.send(cmd="generate", prompt="no id")
@@ -177,6 +182,18 @@ def test_malformed_lines_get_errors_and_the_bridge_keeps_running(
     lines.send(id=7, cmd="generate", prompt="1, 2, 3,", max_tokens=3000)
     lines.send(id=7, cmd="generate", prompt="again")
     error("duplicate_id", 7)
+    lines.send(id=7, cmd="stats")  # any command: its events would be mistaken for the generation's
+    error("duplicate_id", 7)
+    lines.send(id=7, cmd="cancel", target=7)
+    error("duplicate_id", 7)
+    for rid, request in enumerate([{"cmd": "load", "model": "smollm2-135m", "ctxx": 2048},
+                                   {"cmd": "stats", "verbose": True}, {"cmd": "cancel", "target": 7, "force": True},
+                                   {"cmd": "shutdown", "now": 1}, {"cmd": "generate", "prompt": "x", "temprature": 0}]):
+        lines.send(id=f"unknown-{rid}", **request)
+        name = next(iter(set(request) - {"cmd", "model", "target", "prompt"}))
+        assert repr(name) in error("unknown_parameter", f"unknown-{rid}")
+    lines.send(id=12, cmd="stats", verbose=None)  # a null is the key left out, on every command
+    assert lines.until(12, {"metrics", "error"})[-1]["event"] == "metrics"
     lines.send_raw(b"x" * (1 << 20) + b"y\n")  # longer than a line may be
     error("line_too_long")
     lines.send(id=8, cmd="load", model="no-such-model")
@@ -188,6 +205,106 @@ def test_malformed_lines_get_errors_and_the_bridge_keeps_running(
     assert lines.until(10, ENDINGS)[-1]["event"] == "cancelled"
     assert lines.until(11, {"bye"}) == [{"id": 11, "event": "bye"}]
     assert proc.wait(timeout=30) == 0
+
+
+def test_a_pipe_is_a_client(solo_engine: Engine) -> None:
+    """`echo REQUESTS | edgespec bridge`: at the end of its input the bridge finishes each generation, writes its
+    events and exits 0."""
+    requests = [{"id": 1, "cmd": "generate", "prompt": PROMPT, "max_tokens": 8},
+                {"id": 2, "cmd": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}]
+    run = subprocess.run(edgespec_command(*BRIDGE), cwd=ROOT, env=child_env(), capture_output=True, timeout=120,
+                         input=b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    assert run.returncode == 0, run.stderr.decode()
+    events = [json.loads(line) for line in run.stdout.splitlines()]
+    assert events[0]["event"] == "ready"
+    text, _ = _streamed([e for e in events if e.get("id") == 1])
+    assert text == solo_engine.generate(PROMPT, max_tokens=8, mode="none", gamma=0).text
+    assert _streamed([e for e in events if e.get("id") == 2])[1]["stats"]["generated_tokens"] <= 4
+
+
+def test_closing_stdin_during_a_generation_lets_it_end_with_its_event(
+        bridge: tuple[subprocess.Popen[bytes], Lines]) -> None:
+    proc, lines = bridge
+    lines.send(id="running", cmd="generate", prompt=PROMPT, max_tokens=32)
+    lines.send(id="queued", cmd="generate", prompt=PROMPT, max_tokens=4)
+    first = lines.until("running", {"token"})
+    lines.writer.close()
+    assert _streamed(first + lines.until("running", ENDINGS))[1]["stats"]["generated_tokens"] == 32
+    assert _generation(lines, "queued")[1]["stats"]["generated_tokens"] == 4
+    assert proc.wait(timeout=30) == 0
+
+
+def test_end_of_input_with_the_output_gone_cancels_and_exits() -> None:
+    proc = subprocess.Popen(edgespec_command(*BRIDGE), cwd=ROOT, env=child_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps({"id": 1, "cmd": "generate", "prompt": "1, 2, 3,", "max_tokens": 4000}).encode()
+                         + b"\n")
+        proc.stdin.flush()
+        while json.loads(proc.stdout.readline()).get("event") != "token":
+            pass
+        proc.stdout.close()  # the client has gone: nobody reads the rest of a 4000-token generation
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(60)
+    sock.connect(str(path))
+    return sock
+
+
+def test_unix_socket_takes_a_burst_of_connects_and_caps_its_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.sock"
+    with listening_bridge("--socket", str(path), "--no-preload", "--max-connections", "2", address=f"unix:{path}"):
+        # A burst of connects waits in the listen backlog; none is refused by the kernel.
+        burst = [socket.socket(socket.AF_UNIX) for _ in range(40)]
+        refused = 0
+        for sock in burst:
+            sock.setblocking(False)
+            try:
+                sock.connect(str(path))
+            except BlockingIOError:
+                refused += 1
+        for sock in burst:
+            sock.close()
+        assert refused == 0
+        held = []
+        deadline = time.monotonic() + 30
+        while len(held) < 2:  # the burst's sessions end as their clients are found gone
+            assert time.monotonic() < deadline, "the burst's sessions never ended"
+            sock = _connect(path)
+            if json.loads(sock.makefile("rb").readline())["event"] == "ready":
+                held.append(sock)
+            else:
+                sock.close()
+                time.sleep(0.1)
+        # One beyond the cap gets one error line, and the connection is closed.
+        with _connect(path) as extra:
+            events = [json.loads(line) for line in extra.makefile("rb")]
+        assert [(e["event"], e["code"], e["id"]) for e in events] == [("error", "too_many_connections", None)]
+        assert "2" in events[0]["message"]
+        held.pop().close()  # frees a place
+        deadline = time.monotonic() + 30
+        while json.loads(_connect(path).makefile("rb").readline())["event"] != "ready":
+            assert time.monotonic() < deadline, "a closed session's place was not freed"
+            time.sleep(0.1)
+
+
+def test_a_socket_client_that_half_closes_gets_its_events(tmp_path: Path) -> None:
+    """End of a connection's input is the end of a pipe's: its generations finish and write their events."""
+    path = tmp_path / "bridge.sock"
+    with listening_bridge("--socket", str(path), address=f"unix:{path}"), _connect(path) as sock:
+        sock.sendall(json.dumps({"id": 1, "cmd": "generate", "prompt": PROMPT, "max_tokens": 8}).encode() + b"\n")
+        sock.shutdown(socket.SHUT_WR)
+        events = [json.loads(line) for line in sock.makefile("rb")]  # until the bridge closes the connection
+    assert events[0]["event"] == "ready"
+    assert _streamed(events[1:])[1]["stats"]["generated_tokens"] == 8
 
 
 def test_load_a_second_model_and_serve_sessions_on_a_unix_socket(tmp_path: Path, solo_engine: Engine) -> None:

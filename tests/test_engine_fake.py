@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 from edgespec import proposal
 from edgespec.drafters import Draft
 from edgespec.engine import Completion, Engine
-from edgespec.errors import ContextOverflowError
+from edgespec.errors import ContextOverflowError, InvalidParameterError
 from edgespec.gamma import MAX_GAMMA, GammaController
 from edgespec.sampling import SamplingParams
 from edgespec.tuning import StoredCurve
@@ -111,6 +111,15 @@ def test_eos_inside_an_accepted_draft(clock: FakeClock) -> None:
     last = chunks[-1]
     assert last.finish_reason == "stop" and last.tokens == encode("d") and last.drafted > 3
     assert last.stats is not None and last.stats.accepted == 2  # "d" and EOS, in the one verify step
+
+
+def test_stop_none_is_no_stop_strings_and_a_bad_stop_is_a_clear_error(clock: FakeClock) -> None:
+    """None is no stop strings (as the server reads a null); anything but strings is an InvalidParameterError."""
+    model = FakeModel(scripted(SEQUENCE), n_ctx=1024, clock=clock)
+    assert target_only(model, PROMPT, max_tokens=8, stop=None).tokens == target_only(model, PROMPT, max_tokens=8).tokens
+    for bad in (3, [b"the"], ["the", None]):
+        with pytest.raises(InvalidParameterError, match="stop"):
+            target_only(model, PROMPT, max_tokens=8, stop=bad)
 
 
 def test_stop_string_inside_accepted_draft_tokens(clock: FakeClock) -> None:

@@ -93,6 +93,7 @@ def test_models_health_and_metrics(client: openai.OpenAI, server: LiveServer) ->
     assert all(sample.match(line) for line in text.splitlines() if not line.startswith("# ")), text
     for name in ("edgespec_requests_total", "edgespec_generated_tokens_total", "edgespec_drafts_total",
                  "edgespec_draft_tokens_total", "edgespec_accepted_tokens_total", "edgespec_queue_depth",
+                 'edgespec_prompt_cache_bytes{model="smollm2-135m"}',
                  'edgespec_draft_acceptance{model="smollm2-135m",position="1"}'):
         assert name in text
     assert server.metric('edgespec_requests_total{model="smollm2-135m",outcome="done"}') >= 1
@@ -111,6 +112,15 @@ def test_bad_requests_get_openai_error_bodies(server: LiveServer) -> None:
     url = server.url + "/v1/chat/completions"
     # Greedy: at OpenAI's default temperature 1 the reply may end within 4 tokens, and the last check reads "length".
     ok = {"model": "smollm2-135m", "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    # Each refusal is counted in /metrics by status and code (the server is shared: count what this test adds).
+    refusals = [(400, "invalid_json", 2), (404, "model_not_found", 1), (400, "invalid_value", 1),
+                (400, "invalid_type", 2), (400, "unsupported", 1), (400, "context_length_exceeded", 1),
+                (413, "request_too_large", 1), (404, "not_found", 1)]
+
+    def counted(status: int, code: str) -> float:
+        return server.metric(f'edgespec_error_responses_total{{status="{status}",code="{code}"}}')
+
+    before = [counted(status, code) for status, code, _ in refusals]
     _error(httpx.post(url, content=b'{"messages": [', headers={"content-type": "application/json"}), 400,
            "invalid_json")
     _error(httpx.post(url, content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
@@ -125,6 +135,8 @@ def test_bad_requests_get_openai_error_bodies(server: LiveServer) -> None:
     _error(httpx.post(url, content=b"{" + b" " * (2 << 20) + b"}", headers={"content-type": "application/json"}),
            413, "request_too_large")
     _error(httpx.get(server.url + "/v1/nothing"), 404, "not_found")
+    assert [counted(status, code) - n for (status, code, _), n in zip(refusals, before, strict=True)] == \
+        [added for _, _, added in refusals]
     # After all that the server still serves.
     assert httpx.post(url, json=ok, timeout=30).json()["choices"][0]["finish_reason"] == "length"
 

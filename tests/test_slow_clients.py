@@ -254,8 +254,8 @@ def test_a_client_gone_during_upload_is_no_server_error(strict_server: LiveServe
 
 
 def test_a_bridge_client_that_resets_its_connection_is_no_error(tmp_path: Path) -> None:
-    """A client closing with answers unread resets the connection: its session ends as at the end of its input,
-    without a traceback, and the bridge serves the next one."""
+    """A client closing with answers unread resets the connection: the client has gone both ways, so its session
+    ends and its generation is cancelled, without a traceback, and the bridge serves the next one."""
     port, stderr = free_port(), tmp_path / "stderr"
     with stderr.open("wb") as err:
         proc = subprocess.Popen(edgespec_command(*BRIDGE, "--port", str(port)), cwd=ROOT, env=child_env(),

@@ -37,6 +37,7 @@ from ..engine import StreamChunk
 from ..errors import EdgespecError
 from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
 from .limits import ConnectionLimits, limited_protocol
+from .metrics import Metrics
 from .openai_api import (
     ApiError,
     GenerationRequest,
@@ -96,7 +97,7 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         return JSONResponse({"status": status, "models": models}, 200 if ready else 503)
 
     async def metrics(_: Request) -> Response:
-        return PlainTextResponse(pool.metrics.prometheus(pool.queue_depths()),
+        return PlainTextResponse(pool.metrics.prometheus(pool.gauges()),
                                  media_type="text/plain; version=0.0.4")
 
     async def models(_: Request) -> Response:
@@ -134,16 +135,19 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
     # The guard first (a foreign Host or Origin learns nothing, not even CORS headers); CORS outside the key
     # check, so that a browser can read a 401 too.
     cors_origins = list(cors_origins)
-    middleware = [Middleware(RequestGuard, hosts=hosts, cors_origins=cors_origins)]
+    middleware = [Middleware(RequestGuard, hosts=hosts, cors_origins=cors_origins, metrics=pool.metrics)]
     if cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
                                      allow_headers=["Authorization", "Content-Type"]))
     if api_key:
-        middleware.append(Middleware(ApiKeyMiddleware, key=api_key))
+        middleware.append(Middleware(ApiKeyMiddleware, key=api_key, metrics=pool.metrics))
+
+    async def refuse(_: Request, e: Exception) -> Response:
+        return error_response(_as_api_error(e), pool.metrics)
+
     return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
-                     exception_handlers={ApiError: _api_error, EdgespecError: _engine_error,
-                                         HTTPException: _http_error, ClientDisconnect: _client_gone,
-                                         Exception: _internal_error})
+                     exception_handlers={ApiError: refuse, EdgespecError: refuse, HTTPException: refuse,
+                                         ClientDisconnect: _client_gone, Exception: refuse})
 
 
 def _page_headers(page: str) -> dict[str, str]:
@@ -284,8 +288,8 @@ async def _read_json(request: Request, limit: int) -> object:
 class ApiKeyMiddleware:
     """``Authorization: Bearer KEY`` on the API and metrics; the page and /health stay open."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app, self.key = app, key.encode()
+    def __init__(self, app: ASGIApp, key: str, metrics: Metrics) -> None:
+        self.app, self.key, self.metrics = app, key.encode(), metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -298,38 +302,29 @@ class ApiKeyMiddleware:
                 error = ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
                                  type="authentication_error", code="invalid_api_key",
                                  headers={"WWW-Authenticate": 'Bearer realm="edgespec"'})
-                await error_response(error)(scope, receive, send)
+                await error_response(error, self.metrics)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-async def _api_error(_: Request, e: Exception) -> Response:
-    assert isinstance(e, ApiError)
-    return error_response(e)
-
-
-async def _engine_error(_: Request, e: Exception) -> Response:
-    assert isinstance(e, EdgespecError)
-    return error_response(ApiError.from_engine(e))
-
-
-async def _http_error(_: Request, e: Exception) -> Response:
-    assert isinstance(e, HTTPException)
-    # e.headers: a 405's Allow, naming the methods the path takes.
-    return error_response(ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None,
-                                   headers=dict(e.headers or {})))
+def _as_api_error(e: Exception) -> ApiError:
+    """The error reply to what a route raised."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, EdgespecError):
+        return ApiError.from_engine(e)
+    if isinstance(e, HTTPException):
+        # e.headers: a 405's Allow, naming the methods the path takes.
+        return ApiError(e.status_code, e.detail, code="not_found" if e.status_code == 404 else None,
+                        headers=dict(e.headers or {}))
+    log.error("unhandled error", exc_info=e)
+    return ApiError(500, "internal server error; see the server log", type="server_error", code="internal_error")
 
 
 async def _client_gone(_: Request, e: Exception) -> Response:
     """The client went away while sending its request (or took longer than --body-timeout): nobody reads an
     answer, and it is not a server error."""
     return Response(status_code=499)
-
-
-async def _internal_error(_: Request, e: Exception) -> Response:
-    log.error("unhandled error", exc_info=e)
-    return error_response(ApiError(500, "internal server error; see the server log", type="server_error",
-                                   code="internal_error"))
 
 
 def _lifespan(pool: ModelPool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:

@@ -3,7 +3,8 @@
 One JSON object per line in each direction, over stdin/stdout or a local socket; the protocol is
 specified in docs/bridge-protocol.md. Requests carry ids so that several generations can be in flight;
 their events interleave, each tagged with its request's id. A bad line gets an error event and the
-bridge reads on.
+bridge reads on. The end of a client's input is not a cancel: what it started still finishes and is
+written, so that a pipe (``echo REQUEST | edgespec bridge``) is a client like any other.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import socketserver
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,8 +27,9 @@ from ..engine import StreamChunk
 from ..errors import EdgespecError
 from .openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
 from .outbox import Outbox
+from .parameters import refused_key
 from .pool import EngineSpec, ModelPool
-from .worker import CANCELLED, DONE, EngineWorker, Job
+from .worker import CANCELLED, FAILED, Job
 
 log = logging.getLogger("edgespec.bridge")
 PROTOCOL = 1
@@ -36,9 +38,13 @@ MAX_LINE = 1 << 20  # bytes; a longer line is an error, not a memory problem
 # events are ~0.6 MB): a client that stops reading costs this much memory, and nobody else any time.
 MAX_BACKLOG = 4 << 20
 DRAIN_S = 10.0  # how long a closing session waits for its last events to be written
+MAX_SESSIONS = 64  # connections served at once on a socket (--max-connections); each holds two threads
 # A browser made to POST to the TCP port sends an HTTP request whose body could hold valid request lines.
 _HTTP_REQUEST_LINE = re.compile(rb"^[A-Z]+ \S+ HTTP/\d")
 _LOAD_FIELDS = {"model": str, "draft": str, "mode": str, "gamma": (str, int), "ctx": int, "cache_mb": (int, float)}
+# Each command's keys besides "id" and "cmd"; generate and chat take the OpenAI request's, which its parser checks.
+_KEYS = {"load": frozenset(_LOAD_FIELDS), "cancel": frozenset({"target"}), "stats": frozenset(),
+         "shutdown": frozenset()}
 
 
 class Bridge:
@@ -64,21 +70,19 @@ class Bridge:
         self.pool.close()
         return 0
 
-    def serve_unix(self, path: str) -> int:
+    def serve_unix(self, path: str, max_sessions: int = MAX_SESSIONS) -> int:
         Path(path).unlink(missing_ok=True)
-        server = socketserver.ThreadingUnixStreamServer(path, self._handler())
+        server = _UnixServer(path, self._handler(), max_sessions)
         try:
             return self._serve(server, f"unix:{path}")
         finally:
             Path(path).unlink(missing_ok=True)
 
-    def serve_tcp(self, port: int) -> int:
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        server = socketserver.ThreadingTCPServer(("127.0.0.1", port), self._handler())
+    def serve_tcp(self, port: int, max_sessions: int = MAX_SESSIONS) -> int:
+        server = _TcpServer(("127.0.0.1", port), self._handler(), max_sessions)
         return self._serve(server, f"tcp:127.0.0.1:{server.server_address[1]}")
 
     def _serve(self, server: socketserver.BaseServer, address: str) -> int:
-        server.daemon_threads = True  # type: ignore[attr-defined]
         # shutdown() waits for serve_forever to return, so it must run on another thread.
         self._on_stop.append(lambda: threading.Thread(target=server.shutdown, daemon=True).start())
         print(json.dumps({"event": "listening", "address": address, "protocol": PROTOCOL}), flush=True)
@@ -103,6 +107,58 @@ class Bridge:
         return Handler
 
 
+class _Sessions(socketserver.ThreadingMixIn):
+    """Each connection a session on threads of its own, at most ``max_sessions`` at once: one beyond them is
+    told so in one error line and closed, before a thread is spent on it."""
+
+    daemon_threads = True
+    request_queue_size = socket.SOMAXCONN  # a burst of connects waits to be accepted rather than fail (EAGAIN)
+
+    def __init__(self, address: Any, handler: type[socketserver.BaseRequestHandler], max_sessions: int) -> None:
+        if max_sessions < 1:
+            raise EdgespecError(f"--max-connections must be >= 1, got {max_sessions}")
+        self.max_sessions = max_sessions
+        self._slots = threading.BoundedSemaphore(max_sessions)
+        super().__init__(address, handler)  # type: ignore[call-arg]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self._slots.acquire(blocking=False):
+            try:
+                super().process_request(request, client_address)
+            except BaseException:  # no thread started (none left?): nothing will free the place
+                self._slots.release()
+                raise
+            return
+        line = json.dumps({"id": None, "event": "error", "code": "too_many_connections",
+                           "message": f"the bridge serves at most {self.max_sessions} connections at once "
+                                      "(--max-connections); this one is closed"}) + "\n"
+        with contextlib.suppress(OSError):  # a new connection's empty send buffer takes one line without blocking
+            request.setblocking(False)
+            request.send(line.encode())
+        self.shutdown_request(request)  # type: ignore[attr-defined]
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _UnixServer(_Sessions, socketserver.UnixStreamServer):
+    pass
+
+
+class _TcpServer(_Sessions, socketserver.TCPServer):
+    allow_reuse_address = True
+
+
+@dataclass(eq=False)
+class _Request:
+    """A request of a session that has not ended yet (its final event not queued): a generation or a load."""
+
+    cancel: Callable[[], None] | None = None  # None: it cannot be stopped (a load)
+
+
 class Session:
     """One client: reads its request lines, writes its events, owns its in-flight generations."""
 
@@ -111,12 +167,16 @@ class Session:
         self.bridge, self._drop = bridge, drop
         # Events are written by the session's own thread: the engine's worker never waits on this client.
         self.outbox = Outbox(out, MAX_BACKLOG, self._lost, f"edgespec-bridge-writer-{id(self):x}")
-        self._inflight: dict[object, tuple[EngineWorker, Job]] = {}
-        self._lock = threading.Condition()  # notified when a generation ends
+        self._running: dict[object, _Request] = {}  # by id; added only by the reader thread
+        self._lock = threading.Condition()  # notified when a request ends or the client is lost
         self._gone = False
+        self._commands: dict[str, Callable[[object, dict[str, Any]], None]] = {
+            "load": self.load, "generate": self.generate, "chat": self.generate, "cancel": self.cancel,
+            "stats": self.stats, "shutdown": self.shutdown}
 
     def run(self, lines: IO[bytes]) -> None:
         self.send({"event": "ready", "protocol": PROTOCOL, "models": [w.name for w in self.bridge.pool.workers]})
+        input_ended = False
         try:
             for n, line in enumerate(_lines(lines)):
                 if n == 0 and line is not None and _HTTP_REQUEST_LINE.match(line):
@@ -124,47 +184,79 @@ class Session:
                                                  "the connection is closed")
                     break
                 if line is None:
-                    self.send({"id": None, "event": "error", "code": "line_too_long",
-                               "message": f"a request line may hold at most {MAX_LINE} bytes"})
+                    self.error(None, "line_too_long", f"a request line may hold at most {MAX_LINE} bytes")
                 elif line.strip():
                     self.handle(line)
                 if self.bridge.stopped.is_set() or self._gone:
                     break
+            else:
+                input_ended = True
+        except OSError:  # the connection was reset: the client has gone both ways
+            self._gone = True
         finally:
-            self.cancel_all()  # the client has gone: nobody will read these
+            if input_ended:
+                self._wait_for_requests()
+            self.cancel_all()  # the client has gone (or the bridge is stopping): nobody will read these
+            self._wait_for_generations(DRAIN_S)
             self.outbox.close(DRAIN_S)
+
+    def _wait_for_requests(self) -> None:
+        """At the end of the input: until every request has ended and queued its final event, unless the client
+        turns out to be gone (its events cannot be written) or the bridge stops meanwhile."""
+        def settled() -> bool:
+            return not self._running or self._gone or self.bridge.stopped.is_set()
+
+        with self._lock:
+            while not self._lock.wait_for(settled, timeout=1.0):  # a stop by another session notifies nobody here
+                pass
+
+    def _wait_for_generations(self, timeout: float) -> None:
+        """Until no generation is running (a cancelled one ends within a decode step); loads are not waited for."""
+        with self._lock:
+            self._lock.wait_for(lambda: not any(r.cancel for r in self._running.values()), timeout)
 
     def send(self, event: dict[str, object]) -> None:
         self.outbox.put(json.dumps(event, ensure_ascii=False) + "\n")
 
     def _lost(self) -> None:
         """The client went away or fell MAX_BACKLOG behind: stop its generations and disconnect it."""
-        self._gone = True
+        with self._lock:
+            self._gone = True
+            self._lock.notify_all()
         self.cancel_all()
         self._drop()
 
     def error(self, rid: object, code: str, message: str) -> None:
-        self.send({"id": rid, "event": "error", "code": code, "message": message})
+        self.send(_error(rid, code, message))
 
     def handle(self, line: bytes) -> None:
         try:
             request = load_json(line)
         except ValueError as e:
-            self.error(None, "bad_json", f"not a JSON line: {e}")
+            self.error(_readable_id(line), "bad_json", f"not a JSON line: {e}")
             return
         rid = request.get("id") if isinstance(request, dict) else None
-        if not isinstance(request, dict) or not isinstance(rid, str | int) or isinstance(rid, bool):
+        if not isinstance(request, dict) or not _is_id(rid):
             self.error(rid, "bad_request", "a request is an object with an 'id' (string or integer) and a 'cmd'")
             return
-        commands: dict[str, Callable[[object, dict[str, Any]], None]] = {
-            "load": self.load, "generate": self.generate, "chat": self.generate, "cancel": self.cancel,
-            "stats": self.stats, "shutdown": self.shutdown}
+        request = {key: value for key, value in request.items() if value is not None}  # a null is the key left out
         cmd = request.get("cmd")
-        command = commands.get(cmd) if isinstance(cmd, str) else None
+        command = self._commands.get(cmd) if isinstance(cmd, str) else None
         if command is None:
-            self.error(rid, "unknown_command", f"unknown cmd {request.get('cmd')!r}; one of {', '.join(commands)}")
+            self.error(rid, "unknown_command", f"unknown cmd {request.get('cmd')!r}; one of "
+                                               f"{', '.join(self._commands)}")
+            return
+        with self._lock:
+            running = rid in self._running
+        if running:  # any command: its events would be taken for the running request's
+            self.error(rid, "duplicate_id", f"request id {rid!r} is still running; choose another")
             return
         try:
+            refused = refused_key(request, _KEYS[cmd] | {"id", "cmd"}, unsupported={}, inert=()) \
+                if cmd in _KEYS else None
+            if refused is not None:
+                name, code, message = refused
+                raise ApiError(400, message, param=name, code=code)
             command(rid, request)
         except ApiError as e:
             self.error(rid, _code(e), e.message)
@@ -180,20 +272,21 @@ class Session:
             if key in request and not isinstance(request[key], kind):
                 raise ApiError(400, f"'{key}' has the wrong type", code="bad_request")
         spec = replace(self.bridge.defaults, **{k: request[k] for k in _LOAD_FIELDS if k in request})
+        running = self._start(rid, _Request())
 
         def run() -> None:  # loading takes seconds: keep reading (cancel, stats) meanwhile
             try:
                 worker = self.bridge.pool.load(spec)
+                worker.ready.wait()
+                event: dict[str, object] = {
+                    "id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.n_ctx,
+                    "mode": worker.engine.mode, "modes": list(worker.engine.modes)}
             except EdgespecError as e:
-                self.error(rid, "load_failed", str(e))
-                return
+                event = _error(rid, "load_failed", str(e))
             except Exception as e:  # llama.cpp or the file system may fail in ways we did not name
                 log.exception("loading %s failed", spec.name)
-                self.error(rid, "load_failed", f"could not load {spec.name!r}: {e}")
-                return
-            worker.ready.wait()
-            self.send({"id": rid, "event": "loaded", "model": worker.name, "n_ctx": worker.engine.n_ctx,
-                       "mode": worker.engine.mode, "modes": list(worker.engine.modes)})
+                event = _error(rid, "load_failed", f"could not load {spec.name!r}: {e}")
+            self._end(rid, running, event)
 
         threading.Thread(target=run, name=f"edgespec-load-{rid}", daemon=True).start()
 
@@ -209,67 +302,74 @@ class Session:
             self.send({"id": rid, "event": "token", "text": chunk.text, "tokens": chunk.tokens,
                        "drafted": chunk.drafted, "accepted": chunk.accepted,
                        "draft_chars": draft_chars(chunk, piece)})
-            if chunk.stats is not None:
-                self.send({"id": rid, "event": "stats", "finish_reason": chunk.finish_reason,
-                           "text": "".join(pieces), "stats": chunk.stats.to_dict()})
+            if chunk.stats is not None:  # the last chunk: its stats event ends the request
+                self._end(rid, running, {"id": rid, "event": "stats", "finish_reason": chunk.finish_reason,
+                                         "text": "".join(pieces), "stats": chunk.stats.to_dict()})
 
         def on_end(outcome: str, error: EdgespecError | None) -> None:
-            with self._lock:
-                self._inflight.pop(rid, None)
-                self._lock.notify_all()
             if outcome == CANCELLED:
-                self.send({"id": rid, "event": "cancelled"})
-            elif outcome != DONE:
+                self._end(rid, running, {"id": rid, "event": "cancelled"})
+            elif outcome == FAILED:
                 assert error is not None
-                self.error(rid, _code(error), str(error))
+                self._end(rid, running, _error(rid, _code(error), str(error)))
 
         job = Job(req.start, on_chunk, on_end)
-        with self._lock:
-            if rid in self._inflight:
-                raise ApiError(400, f"request id {rid!r} is already in flight", code="duplicate_id")
-            self._inflight[rid] = (worker, job)
+        running = self._start(rid, _Request(lambda: worker.cancel(job)))
         try:
             worker.submit(job)
         except EdgespecError:
             with self._lock:
-                self._inflight.pop(rid, None)
+                del self._running[rid]
             raise
 
     def cancel(self, rid: object, request: dict[str, Any]) -> None:
         target = request.get("target")
         with self._lock:
-            entry = self._inflight.get(target) if isinstance(target, str | int) else None
-        if entry is None:
-            raise ApiError(400, f"no request {target!r} is in flight", code="unknown_id")
-        worker, job = entry
+            running = self._running.get(target) if _is_id(target) else None
+        if running is None or running.cancel is None:
+            raise ApiError(400, f"no generation {target!r} is running", code="unknown_id")
         self.send({"id": rid, "event": "ok", "target": target})
-        worker.cancel(job)  # the target's own "cancelled" event follows, within one decode step
+        running.cancel()  # the target's own "cancelled" event follows, within one decode step
 
     def stats(self, rid: object, _: dict[str, Any]) -> None:
         self.send({"id": rid, "event": "metrics", "models": self.bridge.pool.metrics.snapshot(
-            self.bridge.pool.queue_depths())})
+            self.bridge.pool.gauges())})
 
     def shutdown(self, rid: object, _: dict[str, Any]) -> None:
         self.cancel_all()
-        with self._lock:  # let each cancelled generation say so before "bye" (one decode step each)
-            self._lock.wait_for(lambda: not self._inflight, timeout=10)
+        self._wait_for_generations(10)  # let each cancelled generation say so before "bye" (one decode step each)
         self.send({"id": rid, "event": "bye"})
         self.bridge.stop()
 
     def cancel_all(self) -> None:
         with self._lock:
-            entries = list(self._inflight.values())
-        for worker, job in entries:
-            worker.cancel(job)
+            cancels = [r.cancel for r in self._running.values() if r.cancel is not None]
+        for cancel in cancels:
+            cancel()
+
+    def _start(self, rid: object, request: _Request) -> _Request:
+        """Record a request as running (on the reader thread, after ``handle`` found the id free)."""
+        with self._lock:
+            self._running[rid] = request
+        return request
+
+    def _end(self, rid: object, request: _Request, event: dict[str, object]) -> None:
+        """Queue ``request``'s final event and forget it, in one step: whoever waits for the session's requests to
+        end finds the event queued, and a client may reuse the id as soon as it reads it. Only the first call counts:
+        a request has exactly one final event."""
+        with self._lock:
+            if self._running.get(rid) is not request:
+                return
+            del self._running[rid]
+            self.send(event)
+            self._lock.notify_all()
 
 
 def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
-    """Request lines; None for a line longer than MAX_LINE (whose rest is skipped)."""
+    """Request lines; None for a line longer than MAX_LINE (whose rest is skipped). A reset connection raises
+    OSError."""
     while True:
-        try:
-            line = stream.readline(MAX_LINE + 1)
-        except OSError:  # the connection was reset: the client has gone, as at the end of its input
-            return
+        line = stream.readline(MAX_LINE + 1)
         if not line:
             return
         if len(line) > MAX_LINE and not line.endswith(b"\n"):
@@ -278,6 +378,27 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
             yield None
         else:
             yield line
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def _readable_id(line: bytes) -> object:
+    """The id of a line refused as bad JSON, read leniently (bytes that are not UTF-8 replaced, NaN allowed, no
+    depth limit) so that the client learns which request was refused; None where even that finds none. The line
+    stays refused."""
+    try:
+        request = json.loads(line.decode("utf-8", "replace"))
+        rid = request.get("id") if isinstance(request, dict) else None
+        json.dumps(rid, ensure_ascii=False).encode("utf-8")  # an id spelling a lone surrogate cannot be sent back
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return None
+    return rid if _is_id(rid) else None
+
+
+def _error(rid: object, code: str, message: str) -> dict[str, object]:
+    return {"id": rid, "event": "error", "code": code, "message": message}
 
 
 def _code(e: EdgespecError | ApiError) -> str:

@@ -22,6 +22,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .metrics import Metrics
 from .openai_api import ApiError
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -64,20 +65,23 @@ def _same_origin(origin: str, host: str) -> bool:
         return False
 
 
-def error_response(e: ApiError) -> Response:
+def error_response(e: ApiError, metrics: Metrics) -> Response:
+    """The reply to a refused or failed request; every one is counted in /metrics by status and code."""
+    metrics.count_error(e.status, e.code)
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
 
 class RequestGuard:
     """ASGI middleware: the Host, Origin and content-type checks described above."""
 
-    def __init__(self, app: ASGIApp, hosts: Collection[str] | None, cors_origins: Collection[str]) -> None:
-        self.app, self.hosts, self.cors_origins = app, hosts, frozenset(cors_origins)
+    def __init__(self, app: ASGIApp, hosts: Collection[str] | None, cors_origins: Collection[str],
+                 metrics: Metrics) -> None:
+        self.app, self.hosts, self.cors_origins, self.metrics = app, hosts, frozenset(cors_origins), metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = self.check(scope["method"], scope["path"], Headers(scope=scope)) if scope["type"] == "http" else None
         if error is not None:
-            await error_response(error)(scope, receive, send)
+            await error_response(error, self.metrics)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

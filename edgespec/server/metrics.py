@@ -19,6 +19,11 @@ _COUNTERS = {  # snapshot key → (Prometheus name, help)
     "cache_hits": ("edgespec_prompt_cache_hits_total", "Finished generations that reused cached prompt tokens."),
     "cached_tokens": ("edgespec_prompt_cached_tokens_total", "Prompt tokens reused from the cache, not computed."),
 }
+_GAUGES = {  # snapshot key → (Prometheus name, help); their values are read from the pool when asked
+    "queue_depth": ("edgespec_queue_depth", "Generations waiting or running."),
+    "prompt_cache_bytes": ("edgespec_prompt_cache_bytes", "Bytes of saved conversation states (bounded by "
+                           "--cache-mb; approximate while a generation runs)."),
+}
 _TTFT = ("edgespec_time_to_first_token_seconds", "Time from a finished generation's start to its first token "
          "(prompt processing), not counting the queue.")
 
@@ -36,6 +41,13 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._models: defaultdict[str, _ModelCounters] = defaultdict(_ModelCounters)
+        # HTTP error replies by (status, code): labelled by our own codes only, never by what a client sent (a
+        # model name it made up), so that no client can grow the label set.
+        self._errors: Counter[tuple[int, str]] = Counter()
+
+    def count_error(self, status: int, code: str | None) -> None:
+        with self._lock:
+            self._errors[status, code or ""] += 1
 
     def count_request(self, model: str, outcome: str) -> None:
         with self._lock:
@@ -60,20 +72,22 @@ class Metrics:
                 m.position_trials[j] += stats.position_trials[j]
                 m.position_accepts[j] += stats.position_accepts[j]
 
-    def snapshot(self, queue_depths: Mapping[str, int]) -> dict[str, dict[str, object]]:
+    def snapshot(self, gauges: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, object]]:
+        """``gauges``: each loaded model's current values of the _GAUGES keys."""
         with self._lock:
-            names = sorted(set(self._models) | set(queue_depths))
-            return {name: self._model_snapshot(self._models[name], queue_depths.get(name, 0)) for name in names}
+            names = sorted(set(self._models) | set(gauges))
+            return {name: self._model_snapshot(self._models[name], gauges.get(name, {})) for name in names}
 
     @staticmethod
-    def _model_snapshot(m: _ModelCounters, depth: int) -> dict[str, object]:
-        return {"requests": dict(m.requests), **{k: m.totals[k] for k in _COUNTERS}, "queue_depth": depth,
+    def _model_snapshot(m: _ModelCounters, gauges: Mapping[str, int]) -> dict[str, object]:
+        return {"requests": dict(m.requests), **{k: m.totals[k] for k in _COUNTERS},
+                **{k: gauges.get(k, 0) for k in _GAUGES},
                 "time_to_first_token_s": {"sum": round(m.ttft_sum, 6), "count": m.ttft_count},
                 "acceptance_by_position": [round(a / t, 6) if t else None
                                            for a, t in zip(m.position_accepts, m.position_trials, strict=True)]}
 
-    def prometheus(self, queue_depths: Mapping[str, int]) -> str:
-        snap = self.snapshot(queue_depths)
+    def prometheus(self, gauges: Mapping[str, Mapping[str, int]]) -> str:
+        snap = self.snapshot(gauges)
         lines = ["# HELP edgespec_requests_total Generations by outcome (done, cancelled, error, client_error: "
                  "refused as a bad request, rejected: queue full).",
                  "# TYPE edgespec_requests_total counter"]
@@ -87,8 +101,17 @@ class Metrics:
         for name, s in snap.items():
             ttft = s["time_to_first_token_s"]
             lines += [f'{metric}_{part}{{model="{_esc(name)}"}} {ttft[part]}' for part in ("sum", "count")]  # type: ignore[index]
-        lines += ["# HELP edgespec_queue_depth Generations waiting or running.", "# TYPE edgespec_queue_depth gauge"]
-        lines += [f'edgespec_queue_depth{{model="{_esc(name)}"}} {s["queue_depth"]}' for name, s in snap.items()]
+        with self._lock:
+            errors = sorted(self._errors.items())
+        lines += ["# HELP edgespec_error_responses_total HTTP error replies by status and code: requests refused "
+                  "(bad JSON or parameters, unknown model or path, the guard, the API key, a full queue) and "
+                  "server errors. A generation refused by the engine also counts in edgespec_requests_total.",
+                  "# TYPE edgespec_error_responses_total counter"]
+        lines += [f'edgespec_error_responses_total{{status="{status}",code="{_esc(code)}"}} {n}'
+                  for (status, code), n in errors]
+        for key, (metric, text) in _GAUGES.items():
+            lines += [f"# HELP {metric} {text}", f"# TYPE {metric} gauge"]
+            lines += [f'{metric}{{model="{_esc(name)}"}} {s[key]}' for name, s in snap.items()]
         lines += ["# HELP edgespec_draft_acceptance Fraction of draft tokens accepted at each draft position "
                   "(1 = first), among those verified there.", "# TYPE edgespec_draft_acceptance gauge"]
         for name, s in snap.items():

@@ -108,8 +108,10 @@ class ModelPool:
         with self._lock:
             return list(self._workers.values())
 
-    def queue_depths(self) -> dict[str, int]:
-        return {w.name: w.depth for w in self.workers}
+    def gauges(self) -> dict[str, dict[str, int]]:
+        """Each model's current values for /metrics and the bridge's stats (metrics._GAUGES)."""
+        return {w.name: {"queue_depth": w.depth, "prompt_cache_bytes": w.engine.prompt_cache.nbytes}
+                for w in self.workers}
 
     def cancel_all(self) -> None:
         for w in self.workers:
