@@ -267,7 +267,8 @@ class Engine:
             # (a tree's nodes all take a cell, so they must fit too).
             room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA,
                        self._pass_room(trees))
-            forced = rules.forced()[:max(room, 0)] if rules is not None else []
+            # Mode none stays the target alone, one token a pass: the reference speculation is checked against.
+            forced = rules.forced()[:max(room, 0)] if rules is not None and drafters else []
             if forced:
                 accepted, drafted, next_token, rows = self._force(forced, controller, params, rng, stats, rules)
             elif mode == "tree":
