@@ -292,12 +292,13 @@ def _penalties(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's presence and frequency penalties; the repetition penalty under vLLM's name (over the whole sequence)
     or llama.cpp's (``repeat_penalty`` over its ``repeat_last_n`` window, 64 unless given, as llama.cpp's server)."""
     kw: dict[str, Any] = {key: _number(body, key) for key in ("presence_penalty", "frequency_penalty") if key in body}
-    if "repetition_penalty" in body and "repeat_penalty" in body:
-        raise ApiError(400, "'repetition_penalty' and 'repeat_penalty' are one penalty; send one of them",
+    if "repetition_penalty" in body and "repeat_penalty" in body and body["repetition_penalty"] != body[
+            "repeat_penalty"]:
+        raise ApiError(400, "'repetition_penalty' and 'repeat_penalty' disagree; send one of them",
                        param="repeat_penalty", code="invalid_value")
     windows = [key for key in ("repeat_last_n", "penalty_last_n") if key in body]
-    if len(windows) > 1:
-        raise ApiError(400, "'repeat_last_n' and 'penalty_last_n' are one window; send one of them",
+    if len(windows) > 1 and body["repeat_last_n"] != body["penalty_last_n"]:
+        raise ApiError(400, "'repeat_last_n' and 'penalty_last_n' disagree; send one of them",
                        param="penalty_last_n", code="invalid_value")
     if "repetition_penalty" in body:
         kw["repetition_penalty"] = _number(body, "repetition_penalty")
