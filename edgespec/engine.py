@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from .arena import Cache, KVArena, TreeCache, common_prefix
 from .backend import Backend, SelfDraft
 from .chat import ChatTemplate, Message
+from .constraints import Constraint, guidance_tokenizer
 from .drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter, OutputStore, RecycledDrafter, SuffixDrafter
 from .drafters.base import MAX_TREE_LEAVES
 from .drafters.tree import TreeDrafter
@@ -26,11 +27,15 @@ from .errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .gamma import MAX_GAMMA, CostCurve, GammaController
 from .prompt_cache import PromptCache
 from .proposal import agreed, propose
+from .rules import Penalties, Rules, TokenLogprob, check_top_logprobs
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
 from .tuning import StoredCurve, Tuning
 from .verify import verify_greedy, verify_sampled, verify_tree_greedy, verify_tree_sampled
+
+if TYPE_CHECKING:
+    import llguidance
 
 log = logging.getLogger("edgespec.engine")
 
@@ -52,6 +57,7 @@ class StreamChunk:
     accepted: int  # of those, how many the target kept: tokens[:accepted] came from the drafter
     finish_reason: str | None = None  # "stop" or "length" on the last chunk
     stats: GenerationStats | None = None  # on the last chunk
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
 
 
 @dataclass
@@ -60,6 +66,7 @@ class Completion:
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:
@@ -112,6 +119,7 @@ class Engine:
         self._check_mode(self.mode)
         self.gamma = check_gamma(gamma)
         self._controller: GammaController | None = None
+        self._guidance: llguidance.LLTokenizer | None = None  # the constraints' vocabulary, built at first use
         # Reusing cached prompt tokens is only done where it is exact (see KVArena); the prompt cache keeps
         # other conversations' states when a request replaces the arena's.
         self.prompt_cache = PromptCache()
@@ -151,7 +159,9 @@ class Engine:
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: str | Sequence[str] | None = (), mode: str | None = None, gamma: int | str | None = None,
-               cache_prompt: bool = True, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
+               cache_prompt: bool = True, cancel: threading.Event | None = None, constraint: Constraint | None = None,
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+               repeat_last_n: int = -1, logprobs: bool = False, top_logprobs: int = 0) -> Iterator[StreamChunk]:
         """Generate token by token, yielding one chunk per verify step.
 
         Greedy (temperature 0) output is identical to the target decoding alone; sampled output follows
@@ -160,6 +170,13 @@ class Engine:
         the output is the same, only the prefill is shorter; False prefills the whole prompt. ``cancel``, set from
         another thread, stops a long prompt's prefill between two of its chunks (the stream then ends without a
         chunk), where closing the generator could only stop it after the whole prompt.
+
+        ``constraint`` (``edgespec.constraints``: a JSON schema, JSON object, regex, choice or grammar) masks every
+        token the constraint does not allow; the penalties are OpenAI's presence and frequency penalties (over the
+        output) and the repetition penalty over the last ``repeat_last_n`` tokens of prompt and output (-1: all);
+        ``logprobs`` puts each token's log-probability on the chunks (``top_logprobs``: and that many of the likeliest
+        tokens), taken from the target's logits after the penalties and the constraint, before temperature and
+        truncation (edgespec/rules.py). All of them stay exact under speculation.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         mode = mode or self.mode
@@ -180,70 +197,108 @@ class Engine:
         bad = [t for t in tokens if not 0 <= t < self.target.n_vocab]
         if bad:
             raise InvalidParameterError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.n_vocab - 1})")
+        rules = self._rules(tokens, constraint, Penalties(presence_penalty, frequency_penalty, repetition_penalty,
+                                                          repeat_last_n), logprobs, top_logprobs)
         drafters = self.modes[mode]
         # Plain decoding (mode none) has nothing to choose: no controller, so no cost calibration either.
         controller = self._get_controller() if gamma == "auto" and drafters else None
-        return self._run(tokens, params, max_tokens, stop, drafters, gamma, controller, mode, cache_prompt, cancel)
+        return self._run(tokens, params, max_tokens, stop, drafters, gamma, controller, mode, cache_prompt, cancel,
+                         rules)
+
+    def _rules(self, prompt: list[int], constraint: Constraint | None, penalties: Penalties, logprobs: bool,
+               top_logprobs: int) -> Rules | None:
+        """The request's row processing; None when it asks for none (the loop then does no extra work)."""
+        if not isinstance(logprobs, bool):
+            raise InvalidParameterError(f"logprobs must be true or false, got {logprobs!r}")
+        check_top_logprobs(top_logprobs)
+        if constraint is not None and not isinstance(constraint, Constraint):
+            raise InvalidParameterError("constraint must be made by edgespec.constraints (json_schema, json_object, "
+                                        f"regex, choice, grammar or response_format), got {type(constraint).__name__}")
+        if constraint is None and not penalties.active and not logprobs:
+            return None
+        if constraint is not None and self._guidance is None:
+            self._guidance = guidance_tokenizer(self.target)
+        matcher = constraint.matcher(self._guidance) if constraint is not None else None
+        return Rules(self.target.n_vocab, prompt, matcher, penalties, top_logprobs if logprobs else None)
 
     # -- the loop -------------------------------------------------------------------------------------
     def _run(self, prompt: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
              drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
-             mode: str, cache_prompt: bool, cancel: threading.Event | None) -> Iterator[StreamChunk]:
+             mode: str, cache_prompt: bool, cancel: threading.Event | None,
+             rules: Rules | None = None) -> Iterator[StreamChunk]:
         """prefill → (accept → stream → draft → verify)*: one chunk per verify step."""
         rng = params.rng()
         stats = GenerationStats(mode=mode, prompt_tokens=len(prompt))
         text = TextStream(self.target.piece, stop)
         out: list[int] = []
         start = time.perf_counter()
-        next_token = self._prefill(prompt, cache_prompt, drafters, controller, params, rng, stats, cancel)
-        if next_token is None:  # cancelled during the prefill
+        first = self._prefill(prompt, cache_prompt, drafters, controller, params, rng, stats, cancel, rules)
+        if first is None:  # cancelled during the prefill
             return
+        next_token, rows = first
         stats.prefill_s = time.perf_counter() - start
         accepted: list[int] = []
         drafted = 0
         # Trees where the target's tree rows were measured exact (the self-check); else mode tree verifies chains.
-        trees = mode == "tree" and bool(getattr(self.target, "exact_trees", False))
+        # A constraint or a penalty makes a row depend on the path before it (a matcher state, counts per branch):
+        # then mode tree verifies lookup's chain, its spine, and the grammar cuts and forces it like any chain.
+        trees = mode == "tree" and rules is None and bool(getattr(self.target, "exact_trees", False))
+        if mode == "tree" and rules is not None:
+            mode, drafters = "ngram", (self.drafters["ngram"],)
         while True:
             bookkeeping_start = time.perf_counter()
             new, piece, finish = self._accept(accepted + [next_token], out, text, max_tokens)
             from_draft = min(len(accepted), len(new))
+            logprobs = None
+            if rules is not None:
+                logprobs = rules.logprobs(rows, new)
+                rules.commit(new)
             if finish is not None:
                 stats.generated_tokens = len(out)
                 stats.decode_s = time.perf_counter() - start - stats.prefill_s
                 self._keep_learned(controller)
-                yield StreamChunk(piece + text.flush(), new, drafted, from_draft, finish, stats)
+                yield StreamChunk(piece + text.flush(), new, drafted, from_draft, finish, stats, logprobs)
                 return
             if controller is not None:
                 controller.observe_overhead(time.perf_counter() - bookkeeping_start)
-            yield StreamChunk(piece, new, drafted, from_draft)
+            yield StreamChunk(piece, new, drafted, from_draft, logprobs=logprobs)
             # Accepted draft plus the target's own token must fit the context: target-only stops when it is full
             # (a tree's nodes all take a cell, so they must fit too).
             room = min(max_tokens - len(out) - 1, self.arena.n_ctx - len(self.arena.tokens) - 1, MAX_GAMMA,
                        self._pass_room(trees))
-            if mode == "tree":
-                accepted, drafted, next_token = self._speculate_tree(gamma, controller, room, params, rng, stats,
-                                                                     trees)
+            # Mode none stays the target alone, one token a pass: the reference speculation is checked against.
+            forced = rules.forced()[:max(room, 0)] if rules is not None and drafters else []
+            if forced:
+                accepted, drafted, next_token, rows = self._force(forced, controller, params, rng, stats, rules)
+            elif mode == "tree":
+                accepted, drafted, next_token, rows = self._speculate_tree(gamma, controller, room, params, rng,
+                                                                           stats, trees)
             else:
-                accepted, drafted, next_token = self._speculate(drafters, gamma, controller, room, params, rng,
-                                                                stats)
+                accepted, drafted, next_token, rows = self._speculate(drafters, gamma, controller, room, params,
+                                                                      rng, stats, rules)
 
     def _prefill(self, prompt: list[int], cache_prompt: bool, drafters: tuple[Drafter, ...],
                  controller: GammaController | None, params: SamplingParams, rng: np.random.Generator,
-                 stats: GenerationStats, cancel: threading.Event | None) -> int | None:
-        """Start the sequence (reusing cached tokens), tell the drafters and the controller; the first token, or
-        None when ``cancel`` was set before the prompt was in. A draft model's cache is prefilled here too (its
-        drafter's ``begin`` then finds it caught up), in cancellable chunks like the target's."""
+                 stats: GenerationStats, cancel: threading.Event | None,
+                 rules: Rules | None) -> tuple[int, np.ndarray] | None:
+        """Start the sequence (reusing cached tokens), tell the drafters and the controller; the first token and
+        its row of logits (processed by ``rules``), or None when ``cancel`` was set before the prompt was in. A draft
+        model's cache is prefilled here too (its drafter's ``begin`` then finds it caught up), in cancellable chunks
+        like the target's."""
         stats.cached_tokens = self._start_sequence(prompt, cache_prompt)
         caches = ["target", *(d.cache for d in drafters if isinstance(d, DraftModelDrafter))]
         if not all(self.arena.prefill(name, cancel) for name in caches):
             return None
-        token = _pick(self.arena.extend("target", [], 1)[0], params, rng)
+        rows = self.arena.extend("target", [], 1)
+        if rules is not None:
+            rows, _ = rules.rows(rows, [])
+        token = _pick(rows[0], params, rng)
         # After the whole prompt is in: a drafter reading the target's state (the draft head) finds all of it.
         for drafter in drafters:
             drafter.begin(self.arena.tokens)
         if controller is not None:
             controller.begin()
-        return token
+        return token, rows
 
     def _accept(self, tokens: list[int], out: list[int], text: TextStream,
                 max_tokens: int) -> tuple[list[int], str, str | None]:
@@ -272,37 +327,72 @@ class Engine:
         return new, "".join(pieces), finish
 
     def _speculate(self, drafters: tuple[Drafter, ...], gamma: int | str, controller: GammaController | None,
-                   room: int, params: SamplingParams, rng: np.random.Generator,
-                   stats: GenerationStats) -> tuple[list[int], int, int]:
-        """One speculative step: draft (cut to the chosen γ), verify the draft and one more position in one target
-        pass, let the controller learn. Returns the draft tokens the target accepted, how many were drafted, and the
-        target's own next token."""
+                   room: int, params: SamplingParams, rng: np.random.Generator, stats: GenerationStats,
+                   rules: Rules | None = None) -> tuple[list[int], int, int, np.ndarray]:
+        """One speculative step: draft (cut to the chosen γ, and to what ``rules``' grammar allows), verify the draft
+        and one more position in one target pass, let the controller learn. Returns the draft tokens the target
+        accepted, how many were drafted, the target's own next token, and the pass's rows (processed by ``rules``)."""
         step_start = time.perf_counter()
         draft = propose(drafters, self.arena.tokens, gamma, controller, room, params, rng)  # as replay plays it
+        passes = draft.passes
+        if rules is not None and draft.tokens:
+            allowed = rules.valid_prefix(draft.tokens)
+            if allowed < len(draft):
+                # No row is spent on a token the grammar refuses; to the controller the refused position counts as
+                # tried and rejected (as the target would have rejected it), as a confidence stop's does.
+                passes = max(passes or 0, allowed + 1)
+                draft = Draft(draft.tokens[:allowed], None if draft.probs is None else draft.probs[:allowed],
+                              draft.key, passes, draft.source)
         drafted_at = time.perf_counter()
-        _, n_accepted, next_token = self._verify_chain(draft, params, rng)
+        logits, n_accepted, next_token = self._verify_chain(draft, params, rng, rules)
         verified_at = time.perf_counter()
         stats.record_step(len(draft), n_accepted, (draft.source,) if draft.source else ())
         stats.draft_s += drafted_at - step_start
         stats.verify_s += verified_at - drafted_at
         if controller is not None:
             controller.observe(draft.source or None, draft.key, len(draft), n_accepted,
-                               drafted_at - step_start, verified_at - drafted_at, draft.passes,
+                               drafted_at - step_start, verified_at - drafted_at, passes,
                                committed=draft.tokens[:n_accepted] + [next_token])
-        return draft.tokens[:n_accepted], len(draft), next_token
+        return draft.tokens[:n_accepted], len(draft), next_token, logits
 
-    def _verify_chain(self, draft: Draft, params: SamplingParams,
-                      rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
-        """One target pass over a chain draft and the position after it: the pass's logits, how many draft tokens
-        the target accepts (greedy: its argmax; else speculative sampling), and its own next token."""
+    def _force(self, forced: list[int], controller: GammaController | None, params: SamplingParams,
+               rng: np.random.Generator, stats: GenerationStats,
+               rules: Rules) -> tuple[list[int], int, int, np.ndarray]:
+        """A step whose draft is the tokens the grammar forces (jump-forward, at no drafting cost), verified like any
+        draft: where the mask leaves the target one token, it is accepted whatever the logits; where it leaves others
+        (another tokenization of the same text), the target's own choice decides, as in target-only decoding. No
+        drafter is credited: the controller learns the pass's cost only, the stats count the tokens as forced.
+        Reported as drafted 0 (no draft text on the chat page)."""
+        start = time.perf_counter()
+        logits, n_accepted, next_token = self._verify_chain(Draft(forced), params, rng, rules)
+        seconds = time.perf_counter() - start
+        stats.record_forced(n_accepted)
+        stats.verify_s += seconds
+        if controller is not None:
+            controller.observe(None, 0, len(forced), n_accepted, 0.0, seconds)
+        return forced[:n_accepted], 0, next_token, logits
+
+    def _verify_chain(self, draft: Draft, params: SamplingParams, rng: np.random.Generator,
+                      rules: Rules | None = None) -> tuple[np.ndarray, int, int]:
+        """One target pass over a chain draft and the position after it: the pass's logits (processed by
+        ``rules``), how many draft tokens the target accepts (greedy: its argmax; else speculative sampling), and its
+        own next token."""
         logits = self.arena.extend("target", draft.tokens, len(draft) + 1)
+        probs = draft.probs
+        if rules is not None:
+            logits, allowed = rules.rows(logits, draft.tokens)
+            if probs is not None and allowed is not None:
+                # The draft was cut where the grammar refuses a token: the tokens verified are the drafter's draws
+                # given that they are allowed, i.e. draws from q masked and renormalized, the q the rule must use.
+                probs = np.where(allowed[:len(draft)], probs, 0.0)
+                probs /= probs.sum(axis=1, keepdims=True)
         if params.greedy:
             return logits, *verify_greedy(draft.tokens, logits)
-        return logits, *verify_sampled(draft.tokens, draft.probs, logits, params, rng)
+        return logits, *verify_sampled(draft.tokens, probs, logits, params, rng)
 
     def _speculate_tree(self, gamma: int | str, controller: GammaController | None, room: int,
                         params: SamplingParams, rng: np.random.Generator, stats: GenerationStats,
-                        trees: bool) -> tuple[list[int], int, int]:
+                        trees: bool) -> tuple[list[int], int, int, np.ndarray]:
         """``_speculate`` for mode tree: one pass verifies a token tree where ``trees`` (the target's rows are exact
         for trees: greedy or sampled); elsewhere the tree is shaped as a chain (one leaf) and verified as one.
         The rows of the committed tokens refill the recycled table (not the rejected nodes': what the target would
@@ -336,7 +426,7 @@ class Engine:
         if controller is not None:  # the lookup spine is judged from the committed tokens, as in mode ngram
             controller.observe(None, 0, len(tree), len(path), drafted_at - step_start, verified_at - drafted_at,
                                committed=[*accepted, next_token])
-        return accepted, len(tree), next_token
+        return accepted, len(tree), next_token, logits
 
     def _pass_room(self, trees: bool) -> int:
         """Draft tokens (tree nodes where ``trees``) the target's next pass can verify exactly: that pass also
@@ -478,13 +568,16 @@ def collect(chunks: Iterable[StreamChunk], on_text: Callable[[str], None] | None
     """Gather a stream into one Completion, handing each piece of text to ``on_text`` as it arrives."""
     pieces: list[str] = []
     tokens: list[int] = []
+    logprobs: list[TokenLogprob] | None = None
     for chunk in chunks:
         if on_text is not None:
             on_text(chunk.text)
         pieces.append(chunk.text)
         tokens.extend(chunk.tokens)
+        if chunk.logprobs is not None:
+            logprobs = (logprobs or []) + chunk.logprobs
     assert chunk.finish_reason is not None and chunk.stats is not None  # the last chunk always has both
-    return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats)
+    return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats, logprobs)
 
 
 def check_gamma(gamma: int | str) -> int | str:

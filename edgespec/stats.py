@@ -31,6 +31,7 @@ class GenerationStats:
     steps: int = 0  # target passes after the first token
     drafted: int = 0  # draft tokens sent to verification
     accepted: int = 0  # of those, accepted
+    forced: int = 0  # tokens a constraint forced, verified in passes of their own: no drafter's, not in drafted
     gamma_sum: int = 0
     # Verify steps whose draft came from each drafter (mode head: "ngram" or "head"; mode tree: each drafter with a
     # node in the step's tree, so its shares can sum past 1): which one the controller uses, where τ alone cannot tell
@@ -39,6 +40,11 @@ class GenerationStats:
     # per draft position j: how often it was verified and how often accepted
     position_trials: list[int] = field(default_factory=lambda: [0] * MAX_GAMMA)
     position_accepts: list[int] = field(default_factory=lambda: [0] * MAX_GAMMA)
+
+    def record_forced(self, accepted: int) -> None:
+        """A pass over the tokens a constraint forced, ``accepted`` of them kept."""
+        self.steps += 1
+        self.forced += accepted
 
     def record_step(self, drafted: int, accepted: int, sources: Collection[str] = ()) -> None:
         self.steps += 1
@@ -75,8 +81,8 @@ class GenerationStats:
 
     @property
     def mean_accepted_per_step(self) -> float:
-        """τ: tokens each target pass after the first token produced (1.0 = no speculation)."""
-        return tokens_per_step(self.accepted, self.steps)
+        """τ: tokens each target pass after the first token produced (1.0 = no speculation), forced ones too."""
+        return tokens_per_step(self.accepted + self.forced, self.steps)
 
     @property
     def gamma_mean(self) -> float:

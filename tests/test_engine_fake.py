@@ -390,10 +390,10 @@ def test_a_drafters_own_confidence_keys_what_is_verified(clock: FakeClock) -> No
     verified: Counter[int] = Counter()
     verify = engine._verify_chain
 
-    def counting(draft: Draft, params: SamplingParams, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
+    def counting(draft: Draft, *args: object) -> tuple[np.ndarray, int, int]:
         if draft.tokens:
             verified[draft.key] += 1
-        return verify(draft, params, rng)
+        return verify(draft, *args)  # type: ignore[arg-type]
 
     engine._verify_chain = counting  # type: ignore[method-assign]
     out = engine.generate(PROMPT, max_tokens=500, mode="head")
@@ -420,9 +420,9 @@ def test_lookup_and_a_model_drafter_that_agree_are_verified_together(clock: Fake
     sources: Counter[str] = Counter()
     verify = engine._verify_chain
 
-    def counting(draft: Draft, params: SamplingParams, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
+    def counting(draft: Draft, *args: object) -> tuple[np.ndarray, int, int]:
         sources[draft.source] += bool(draft.tokens)
-        return verify(draft, params, rng)
+        return verify(draft, *args)  # type: ignore[arg-type]
 
     engine._verify_chain = counting  # type: ignore[method-assign]
     prompt = RANDOM[:40]

@@ -21,7 +21,7 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Iterable
 from importlib.resources import files
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -41,9 +41,11 @@ from .metrics import Metrics
 from .openai_api import (
     ApiError,
     GenerationRequest,
+    LogprobsFormat,
     chunk_body,
     completion_body,
     draft_chars,
+    join_logprobs,
     load_json,
     new_id,
     parse_chat,
@@ -55,7 +57,8 @@ from .worker import CANCELLED, FAILED, EngineWorker, Job
 
 log = logging.getLogger("edgespec.server")
 T = TypeVar("T")
-_Event = tuple[StreamChunk, int] | tuple[str, EdgespecError | None]  # (chunk, draft chars) or (outcome, error)
+# (chunk, (draft chars, its logprobs in OpenAI's shape)) or (outcome, error)
+_Event = tuple[StreamChunk, tuple[int, dict[str, list[Any]] | None]] | tuple[str, EdgespecError | None]
 
 
 class ClientGone(Exception):
@@ -70,8 +73,10 @@ class _Generation:
         self.events: asyncio.Queue[_Event] = asyncio.Queue()
         self.worker = worker
         piece = worker.engine.target.piece
+        logprobs = LogprobsFormat(req.chat, piece)
         self.job = Job(req.start,
-                       lambda c: loop.call_soon_threadsafe(self.events.put_nowait, (c, draft_chars(c, piece))),
+                       lambda c: loop.call_soon_threadsafe(self.events.put_nowait,
+                                                           (c, (draft_chars(c, piece), logprobs(c.logprobs)))),
                        lambda outcome, err: loop.call_soon_threadsafe(self.events.put_nowait, (outcome, err)))
         worker.submit(self.job)
 
@@ -164,15 +169,18 @@ def _page_headers(page: str) -> dict[str, str]:
 
 async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
     pieces: list[str] = []
+    logprobs: list[dict[str, list[Any]] | None] = []
     while True:
         event = await gen.events.get()
         _raise_if_ended(event, req.prompt_param)
-        chunk = event[0]
+        chunk, (_, chunk_logprobs) = event
         assert isinstance(chunk, StreamChunk)
         pieces.append(chunk.text)
+        logprobs.append(chunk_logprobs)
         if chunk.stats is not None:
             assert chunk.finish_reason is not None
-            return completion_body(req, rid, model, "".join(pieces), chunk.finish_reason, chunk.stats)
+            return completion_body(req, rid, model, "".join(pieces), chunk.finish_reason, chunk.stats,
+                                   join_logprobs(logprobs))
 
 
 def _raise_if_ended(event: _Event, prompt_param: str) -> None:
@@ -192,10 +200,9 @@ async def _sse(gen: _Generation, req: GenerationRequest, rid: str, model: str,
         yield _data(chunk_body(req, rid, model, None, first=True))
     event, stats = first, None
     while isinstance(event[0], StreamChunk):
-        chunk, n_draft = event
-        assert isinstance(n_draft, int)
+        chunk, (n_draft, logprobs) = event
         stats = chunk.stats or stats
-        yield _data(chunk_body(req, rid, model, chunk, n_draft))
+        yield _data(chunk_body(req, rid, model, chunk, n_draft, logprobs=logprobs))
         event = await gen.events.get()
     try:
         _raise_if_ended(event, req.prompt_param)

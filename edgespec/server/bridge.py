@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from ..engine import StreamChunk
 from ..errors import EdgespecError
-from .openai_api import ApiError, draft_chars, load_json, parse_chat, parse_completion
+from .openai_api import ApiError, LogprobsFormat, draft_chars, load_json, parse_chat, parse_completion
 from .outbox import Outbox
 from .parameters import refused_key
 from .pool import EngineSpec, ModelPool
@@ -296,12 +296,15 @@ class Session:
         worker = self.bridge.pool.get(req.model)
         piece = worker.engine.target.piece
         pieces: list[str] = []
+        logprobs = LogprobsFormat(True, piece)  # chat's shape for both commands: one entry per token
 
         def on_chunk(chunk: StreamChunk) -> None:
             pieces.append(chunk.text)
-            self.send({"id": rid, "event": "token", "text": chunk.text, "tokens": chunk.tokens,
-                       "drafted": chunk.drafted, "accepted": chunk.accepted,
-                       "draft_chars": draft_chars(chunk, piece)})
+            event = {"id": rid, "event": "token", "text": chunk.text, "tokens": chunk.tokens,
+                     "drafted": chunk.drafted, "accepted": chunk.accepted, "draft_chars": draft_chars(chunk, piece)}
+            if chunk.logprobs is not None:
+                event["logprobs"] = logprobs(chunk.logprobs)["content"]  # type: ignore[index]
+            self.send(event)
             if chunk.stats is not None:  # the last chunk: its stats event ends the request
                 self._end(rid, running, {"id": rid, "event": "stats", "finish_reason": chunk.finish_reason,
                                          "text": "".join(pieces), "stats": chunk.stats.to_dict()})

@@ -2,8 +2,8 @@
 
 This is the one validation layer of the HTTP server and the bridge: a body is parsed (bounded nesting,
 finite numbers, real text), its JSON types are checked, the API's documented ranges (temperature in
-[0, 2]) and the parameters edgespec cannot honour (tools, JSON mode, penalties: parameters.py says what every
-key gets) are refused by name.
+[0, 2]) and the parameters edgespec cannot honour (tools, logit biases: parameters.py says what every key gets)
+are refused by name. A constraint under any of its names becomes an ``edgespec.constraints.Constraint`` here.
 The engine's own ranges (max_tokens >= 1, top_p in (0, 1], mode, γ) stay the engine's to check, so
 the server and the library reject exactly the same things.
 """
@@ -19,14 +19,17 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import constraints
 from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from ..rules import TokenLogprob
 from ..stats import GenerationStats
 from .parameters import CHAT, COMPLETION, INERT, MESSAGE, MESSAGE_UNSUPPORTED, UNSUPPORTED, refused_key
 from .pool import ModelNotFoundError
 from .worker import InternalError, QueueFullError
 
-_ENGINE_PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "mode", "gamma")
+_ENGINE_PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "mode", "gamma",
+                  "presence_penalty", "frequency_penalty", "repetition_penalty", "top_logprobs")
 MAX_DEPTH = 32  # nesting of a request body; OpenAI's own bodies need about 5
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -255,7 +258,77 @@ def _sampling(body: dict[str, Any], default_temperature: float) -> dict[str, Any
         if spec.get("gamma") is not None:
             gamma = spec["gamma"]
             kw["gamma"] = gamma if gamma == "auto" else _typed(gamma, int, "speculative.gamma")
+    constraint = _constraint(body)
+    if constraint is not None:
+        kw["constraint"] = constraint
+    return kw | _penalties(body) | _logprobs(body)
+
+
+# A constraint's names (OpenAI's, llama.cpp's, vLLM's) → how its value becomes a Constraint.
+_CONSTRAINTS: dict[str, Callable[..., constraints.Constraint | None]] = {
+    "response_format": constraints.response_format, "json_schema": constraints.json_schema,
+    "grammar": constraints.grammar, "guided_json": constraints.json_schema, "guided_regex": constraints.regex,
+    "guided_choice": constraints.choice, "guided_grammar": constraints.grammar}
+
+
+def _constraint(body: dict[str, Any]) -> constraints.Constraint | None:
+    """The request's constraint: at most one of its names, the neutral values (llama.cpp's empty grammar, OpenAI's
+    {"type": "text"}) left out."""
+    given = {key: body[key] for key in _CONSTRAINTS if key in body and body[key] != ""
+             and not (key == "response_format" and body[key] == {"type": "text"})}
+    if len(given) > 1:
+        first, second = list(given)[:2]
+        raise ApiError(400, f"'{first}' and '{second}' each constrain the output; send one of them", param=second,
+                       code="invalid_value")
+    for key, value in given.items():
+        try:
+            return _CONSTRAINTS[key](value, param=key)
+        except InvalidParameterError as e:
+            raise ApiError(400, str(e), param=key, code="invalid_value") from None
+    return None
+
+
+def _penalties(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's presence and frequency penalties; the repetition penalty under vLLM's name (over the whole sequence)
+    or llama.cpp's (``repeat_penalty`` over its ``repeat_last_n`` window, 64 unless given, as llama.cpp's server)."""
+    kw: dict[str, Any] = {key: _number(body, key) for key in ("presence_penalty", "frequency_penalty") if key in body}
+    if "repetition_penalty" in body and "repeat_penalty" in body and body["repetition_penalty"] != body[
+            "repeat_penalty"]:
+        raise ApiError(400, "'repetition_penalty' and 'repeat_penalty' disagree; send one of them",
+                       param="repeat_penalty", code="invalid_value")
+    windows = [key for key in ("repeat_last_n", "penalty_last_n") if key in body]
+    if len(windows) > 1 and body["repeat_last_n"] != body["penalty_last_n"]:
+        raise ApiError(400, "'repeat_last_n' and 'penalty_last_n' disagree; send one of them",
+                       param="penalty_last_n", code="invalid_value")
+    if "repetition_penalty" in body:
+        kw["repetition_penalty"] = _number(body, "repetition_penalty")
+    elif "repeat_penalty" in body:
+        kw["repetition_penalty"] = _number(body, "repeat_penalty")
+        kw["repeat_last_n"] = 64
+    if windows:
+        kw["repeat_last_n"] = _typed(body[windows[0]], int, windows[0])
     return kw
+
+
+def _logprobs(body: dict[str, Any]) -> dict[str, Any]:
+    """Chat's ``logprobs`` (true/false) and ``top_logprobs``; completions' ``logprobs`` (the number of top ones);
+    llama.cpp's ``n_probs`` (the same number)."""
+    value = body.get("logprobs", False)
+    top = body.get("top_logprobs", body.get("n_probs"))
+    if "top_logprobs" in body and "n_probs" in body and body["top_logprobs"] != body["n_probs"]:
+        raise ApiError(400, "'top_logprobs' and 'n_probs' disagree; send one of them", param="n_probs",
+                       code="invalid_value")
+    if not isinstance(value, bool):  # the legacy completions form: how many of the likeliest tokens
+        top = _typed(value, int, "logprobs") if top is None else top
+        value = True
+    if top is not None:
+        top = _typed(top, int, "top_logprobs" if "top_logprobs" in body else "n_probs")
+        value = value or "n_probs" in body
+    if not value:
+        if top:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs", code="invalid_value")
+        return {}
+    return {"logprobs": True, "top_logprobs": top or 0}
 
 
 _MAX_TOKENS = ("max_completion_tokens", "max_tokens", "n_predict", "num_predict")  # OpenAI's, llama.cpp's, Ollama's
@@ -303,9 +376,47 @@ def usage(stats: GenerationStats) -> dict[str, object]:
             "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}, "speculative": stats.to_dict()}
 
 
+class LogprobsFormat:
+    """A request's log-probabilities in OpenAI's shapes, chunk by chunk: chat's ``{"content": [{token, logprob,
+    bytes, top_logprobs}]}``, completions' ``{tokens, token_logprobs, top_logprobs, text_offset}`` (whose offsets run
+    on across chunks). Called on the engine's worker thread, where the vocabulary may be read."""
+
+    def __init__(self, chat: bool, piece: Callable[[int], bytes]) -> None:
+        self.chat, self.piece = chat, piece
+        self.offset = 0
+
+    def __call__(self, logprobs: list[TokenLogprob] | None) -> dict[str, list[Any]] | None:
+        if logprobs is None:
+            return None
+        if self.chat:
+            return {"content": [{**self._token(lp.token, lp.logprob),
+                                 "top_logprobs": [self._token(t, p) for t, p in lp.top]} for lp in logprobs]}
+        out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in logprobs:
+            text = self.piece(lp.token).decode("utf-8", "replace")
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({self.piece(t).decode("utf-8", "replace"): p for t, p in lp.top})
+            out["text_offset"].append(self.offset)
+            self.offset += len(text)
+        return out
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        data = self.piece(token)
+        return {"token": data.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(data)}
+
+
+def join_logprobs(parts: list[dict[str, list[Any]] | None]) -> dict[str, list[Any]] | None:
+    """One response's log-probabilities from its chunks' (``LogprobsFormat``); None when none were asked for."""
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    return {key: [item for p in present for item in p[key]] for key in present[0]}
+
+
 def completion_body(req: GenerationRequest, rid: str, model: str, text: str, finish: str,
-                    stats: GenerationStats) -> dict[str, object]:
-    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+                    stats: GenerationStats, logprobs: dict[str, list[Any]] | None = None) -> dict[str, object]:
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if req.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -315,7 +426,7 @@ def completion_body(req: GenerationRequest, rid: str, model: str, text: str, fin
 
 
 def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk | None, draft_chars: int = 0,
-               first: bool = False) -> dict[str, object]:
+               first: bool = False, logprobs: dict[str, list[Any]] | None = None) -> dict[str, object]:
     """One SSE event. ``chunk`` None: the chat stream's opening event (role only). The last one carries usage,
     unless the client asked for it in a chunk of its own (``usage_chunk``).
 
@@ -324,7 +435,7 @@ def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk 
     """
     text = chunk.text if chunk else ""
     finish = chunk.finish_reason if chunk else None
-    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if req.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
     else:

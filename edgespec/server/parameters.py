@@ -7,8 +7,8 @@ A key of a request body (or of a chat message) is one of:
 - a parameter of OpenAI's API or of another server (llama.cpp's, Ollama's, vLLM's) that edgespec does not
   implement (``UNSUPPORTED``): accepted at the values that change nothing (what clients send by default), else a
   400 naming it and saying why (code ``unsupported``);
-- a field that changes no output (``INERT``: ``user``, ``metadata``; a penalty's window, which does nothing
-  while the penalty is off, and a penalty that is on is refused): accepted;
+- a field that changes no output (``INERT``: ``user``, ``metadata``; a refused sampler's rate or window, which
+  does nothing while that sampler is off): accepted;
 - anything else: a 400 naming it (code ``unknown_parameter``), as OpenAI's API answers an unrecognized argument,
   since a misspelt parameter that is ignored gives output the client did not ask for.
 
@@ -22,27 +22,32 @@ from typing import Any
 
 COMMON = frozenset({"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict",
                     "num_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "cache_prompt",
-                    "speculative"})
+                    "speculative",
+                    # constraints (edgespec/constraints.py), under OpenAI's, llama.cpp's and vLLM's names
+                    "response_format", "grammar", "json_schema", "guided_json", "guided_regex", "guided_choice",
+                    "guided_grammar",
+                    # penalties (edgespec/rules.py), OpenAI's, vLLM's and llama.cpp's
+                    "presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n",
+                    "penalty_last_n",
+                    # log-probabilities: OpenAI's (completions: logprobs is the number of top ones), llama.cpp's
+                    "logprobs", "top_logprobs", "n_probs"})
 CHAT = COMMON | {"messages"}
 COMPLETION = COMMON | {"prompt"}
 MESSAGE = frozenset({"role", "content"})
 
-_PENALTY = ("penalties and biases change the target's distribution, so speculative verification would have to "
-            "apply them too; not implemented")
-_CONSTRAINED = "constrained decoding (JSON mode, grammars, schemas, regexes, choices) is not implemented"
+_PENALTY = "this sampler is not implemented (edgespec has presence, frequency and repetition penalties)"
+_CONSTRAINED = ("Ollama's API is not served here: send response_format, json_schema, grammar or guided_* "
+                "(vLLM's names)")
 _SAMPLER = "edgespec samples with temperature, top_k, top_p and min_p only"
 _TOOLS = "tool and function calling is not implemented"
-_LOGPROBS = "log probabilities are not returned"
 _REASONING = "edgespec's models have no reasoning setting"
 
 # key → (the values that change nothing, why any other value is refused)
 UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
     # OpenAI
-    "response_format": (({"type": "text"},), _CONSTRAINED),
     "tools": (([],), _TOOLS), "tool_choice": (("none",), _TOOLS),
     "functions": (([],), _TOOLS), "function_call": (("none",), _TOOLS), "parallel_tool_calls": ((True, False), _TOOLS),
-    "frequency_penalty": ((0,), _PENALTY), "presence_penalty": ((0,), _PENALTY), "logit_bias": (({},), _PENALTY),
-    "logprobs": ((False, 0), _LOGPROBS), "top_logprobs": ((0,), _LOGPROBS),
+    "logit_bias": (({},), "logit biases are not implemented"),
     "best_of": ((1,), "one completion per request: send several requests"),
     "echo": ((False,), "echoing the prompt is not implemented"),
     "suffix": (("",), "completing text before a suffix is not implemented"),
@@ -52,15 +57,12 @@ UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
                        "lookup)"),
     "web_search_options": ((), "web search is not implemented"),
     # llama.cpp's server
-    "repeat_penalty": ((1,), _PENALTY), "dry_multiplier": ((0,), _PENALTY),
-    "grammar": (("",), _CONSTRAINED), "json_schema": (({},), _CONSTRAINED),
+    "dry_multiplier": ((0,), _PENALTY),
     "mirostat": ((0,), _SAMPLER), "typical_p": ((1,), _SAMPLER), "tfs_z": ((1,), _SAMPLER),
     "xtc_probability": ((0,), _SAMPLER), "top_n_sigma": ((-1,), _SAMPLER), "dynatemp_range": ((0,), _SAMPLER),
-    "min_keep": ((0,), _SAMPLER), "n_probs": ((0,), _LOGPROBS),
+    "min_keep": ((0,), _SAMPLER),
     "ignore_eos": ((False,), "generation always ends at the end of the text"),
     # vLLM, Hugging Face TGI
-    "repetition_penalty": ((1,), _PENALTY), "guided_json": ((), _CONSTRAINED), "guided_regex": ((), _CONSTRAINED),
-    "guided_choice": ((), _CONSTRAINED), "guided_grammar": ((), _CONSTRAINED),
     "use_beam_search": ((False,), "beam search is not implemented"),
     "length_penalty": ((1,), "beam search is not implemented"),
     "min_tokens": ((0,), "a minimum length is not implemented"),
@@ -75,7 +77,7 @@ UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
 INERT = frozenset({
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "keep_alive", "id_slot",
     # The windows and rates of samplers refused above unless off: they do nothing while those are off.
-    "repeat_last_n", "penalty_last_n", "mirostat_tau", "mirostat_eta", "dry_base", "dry_allowed_length",
+    "mirostat_tau", "mirostat_eta", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold", "dynatemp_exponent"})
 # Chat message fields: what OpenAI's clients send back with an assistant's earlier reply.
 MESSAGE_UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
