@@ -4,6 +4,7 @@ server: the same request gives the same tokens on both."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -15,6 +16,7 @@ from tests.live import LiveServer
 MODEL = "smollm2-135m"
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 PROMPT = "List the days of the week, one per line:\nMonday\nTuesday\n"
+COUNTING = "1, 2, 3, 4, 5,"  # greedy, it counts on for thousands of tokens
 N = 24
 GREEDY = {"temperature": 0, "num_predict": N}
 
@@ -146,23 +148,41 @@ def test_unknown_model_overflow_and_bad_json(client: ollama.Client, server: Live
 
 
 def test_a_client_that_goes_away_cancels_its_generation(server: LiveServer) -> None:
-    cancelled = 'edgespec_requests_total{model="smollm2-135m",outcome="cancelled"}'
+    cancelled = f'edgespec_requests_total{{model="{MODEL}",outcome="cancelled"}}'
     before = server.metric(cancelled)
-    body = {"model": MODEL, "prompt": PROMPT, "raw": True, "options": {"temperature": 0, "num_predict": 4000}}
+    body = {"model": MODEL, "prompt": COUNTING, "raw": True, "options": {"temperature": 0, "num_predict": 3000}}
     with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=60) as reply:
-        assert not json.loads(next(reply.iter_lines()))["done"]
+        lines = reply.iter_lines()
+        assert not json.loads(next(lines))["done"]
+    # Out of the block the connection closes while the generation runs: it is cancelled.
     deadline = time.monotonic() + 30
     while server.metric(cancelled) == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert server.metric(cancelled) == before + 1
 
 
-def test_the_api_key_guards_the_ollama_api() -> None:
+def test_the_api_key_and_a_full_queue() -> None:
     # A fixed γ needs no cost calibration, so this second server is ready in about a second.
-    with LiveServer.start("--api-key", "s3cret", "--gamma", "4") as s:
+    with LiveServer.start("--api-key", "s3cret", "--gamma", "4", "--max-queue", "1") as s:
         assert "API key" in _error(httpx.get(s.url + "/api/tags"), 401)
         with pytest.raises(ollama.ResponseError) as e:
             ollama.Client(host=s.url).generate(model=MODEL, prompt=PROMPT, raw=True, options=GREEDY)
         assert e.value.status_code == 401
-        keyed = ollama.Client(host=s.url, headers={"Authorization": "Bearer s3cret"}, timeout=120)
-        assert keyed.generate(model=MODEL, prompt=PROMPT, raw=True, options=GREEDY).eval_count == N
+        key = {"Authorization": "Bearer s3cret"}
+        assert ollama.Client(host=s.url, headers=key, timeout=120).generate(
+            model=MODEL, prompt=PROMPT, raw=True, options=GREEDY).eval_count == N
+        # One generation running (counting goes on for long), one waiting: a third is turned away.
+        body = {"model": MODEL, "prompt": COUNTING, "raw": True, "options": {"temperature": 0, "num_predict": 3000}}
+        with httpx.stream("POST", s.url + "/api/generate", json=body, headers=key, timeout=60) as running:
+            lines = running.iter_lines()  # held: an iterator dropped closes the response, which cancels it
+            next(lines)
+            waiting = threading.Thread(target=httpx.post, args=(s.url + "/api/generate",),
+                                       kwargs={"json": {**body, "stream": False, "options": GREEDY}, "headers": key,
+                                               "timeout": 60})
+            waiting.start()
+            deadline = time.monotonic() + 30
+            while s.metric(f'edgespec_queue_depth{{model="{MODEL}"}}', key) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            full = httpx.post(s.url + "/api/generate", json=body, headers=key, timeout=60)
+            assert "queue" in _error(full, 429) and int(full.headers["retry-after"]) >= 1
+        waiting.join(60)

@@ -28,7 +28,7 @@ from ..model_info import describe
 from ..onnx_backend import read_manifest
 from ..stats import GenerationStats
 from ..version import __version__
-from .openai_api import ApiError, GenerationRequest, _model, _object, _typed, parse_chat, parse_completion
+from .openai_api import ApiError, GenerationRequest, _flag, _model, _object, _typed, parse_chat, parse_completion
 from .parameters import (
     OLLAMA_CHAT,
     OLLAMA_GENERATE,
@@ -133,6 +133,7 @@ def parse_show(body: object) -> str | None:
     """A body of /api/show: the model's name (``name`` is its older spelling). ``verbose`` asks for the
     vocabulary's arrays too, which model_info never holds."""
     body = _object(body, {"model", "name", "verbose"}, unsupported={}, inert={})
+    _flag(body, "verbose")
     model, name = _model(body), _typed(body.get("name", ""), str, "name")
     if model and name and model != name:
         raise ApiError(400, "'model' and 'name' disagree; send one of them", param="model", code="invalid_value")
