@@ -122,6 +122,25 @@ def test_bad_parameters_are_named(server: LiveServer, body: dict, named: str) ->
     assert named in _error(reply, 400)
 
 
+@pytest.mark.parametrize(("path", "body", "named"), [
+    ("generate", [], "request body"),
+    ("generate", {"prompt": 5}, "prompt"),
+    ("generate", {"prompt": "Hi", "raw": "yes"}, "raw"),
+    ("generate", {"prompt": "Hi", "system": ["Be brief."]}, "system"),
+    ("generate", {"prompt": "Hi", "model": 7}, "model"),
+    ("generate", {"prompt": "Hi", "options": [1]}, "options"),
+    ("generate", {"prompt": "Hi", "options": {"num_ctx": 0}}, "num_ctx"),
+    ("generate", {"prompt": "Hi", "options": {"num_ctx": 2.5}}, "num_ctx"),
+    ("chat", {"messages": "Hi"}, "messages"),
+    ("chat", {"messages": [{"role": "tool", "content": "42"}]}, "role"),
+    ("show", {"model": MODEL, "name": "other"}, "disagree"),
+    ("show", {"model": MODEL, "verbose": "yes"}, "verbose"),
+    ("show", {"model": MODEL, "colour": 1}, "colour"),
+])
+def test_odd_values_get_a_400_naming_them(server: LiveServer, path: str, body: object, named: str) -> None:
+    assert named in _error(httpx.post(f"{server.url}/api/{path}", json=body, timeout=60), 400)
+
+
 def test_generate_refusals_and_neutral_values(client: ollama.Client, server: LiveServer) -> None:
     for body, named in (({"template": "{{ .Prompt }}"}, "template"), ({"context": [1, 2]}, "context"),
                         ({"raw": True, "system": "Be brief."}, "system"), ({"suffix": "end"}, "suffix")):

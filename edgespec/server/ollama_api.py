@@ -24,7 +24,7 @@ from typing import Any
 from .. import gguf_header
 from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, InvalidParameterError
-from ..model_info import describe
+from ..model_info import quant_name
 from ..onnx_backend import read_manifest
 from ..stats import GenerationStats
 from ..version import __version__
@@ -239,9 +239,8 @@ def _read_facts(path: Path, size: int, mtime_ns: int) -> _Facts:
                                    f"{arch}.attention.head_count_kv": manifest["num_kv_heads"]}
         fmt, parameter_size = "onnx", ""
     else:
-        model = describe(path)
         meta = gguf_header.read_metadata(path)
-        arch, quant = model.architecture, model.quant
+        arch, quant = gguf_header.text(meta, "general.architecture"), quant_name(meta)
         # The header's scalars (arrays, the vocabulary among them, are left out; the template is /api/show's own).
         info = {key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
                 for key, value in meta.items()
