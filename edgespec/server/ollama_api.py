@@ -122,6 +122,9 @@ def _common(body: object, known: Collection[str]) -> tuple[dict[str, Any], dict[
     if num_ctx is not None and _typed(num_ctx, int, "options.num_ctx") < 1:
         raise ApiError(400, f"options.num_ctx must be a positive integer, got {num_ctx}", param="options.num_ctx",
                        code="invalid_value")
+    # Ollama's fields become the OpenAI body's here. Constrained decoding hooks in here: ``format`` ("json" → a
+    # response_format json_object, a schema → json_schema), once parse_chat takes it and it leaves
+    # OLLAMA_UNSUPPORTED; so do ``tools`` (OpenAI's function format already), whose tool_calls the replies then carry.
     common = {**DEFAULTS, **{key: value for key, value in options.items() if key in OLLAMA_OPTIONS},
               "stream": body.get("stream", True)}
     if "model" in body:
