@@ -38,13 +38,17 @@ class ModelInfo:
 def describe(path: Path) -> ModelInfo:
     meta = gguf_header.read_metadata(path)
     arch = gguf_header.text(meta, "general.architecture")
-    file_type = meta.get("general.file_type")
     context = meta.get(f"{arch}.context_length")
     # Llama 3.x RoPE factors do not survive transformers' GGUF loader: the exporter refuses such files
     rope_factors = "rope_freqs.weight" in meta[gguf_header.TENSORS]  # type: ignore[operator]
-    return ModelInfo(arch, _file_types().get(file_type) if isinstance(file_type, int) else None,
-                     int(context) if isinstance(context, int) else None, llamacpp_knows(path),
-                     onnx_exportable(arch) and not rope_factors)
+    return ModelInfo(arch, quant_name(meta), int(context) if isinstance(context, int) else None,
+                     llamacpp_knows(path), onnx_exportable(arch) and not rope_factors)
+
+
+def quant_name(meta: dict[str, object]) -> str | None:
+    """The quantization a GGUF header (``gguf_header.read_metadata``) names, as llama.cpp calls it (``q4_1``)."""
+    file_type = meta.get("general.file_type")
+    return _file_types().get(file_type) if isinstance(file_type, int) else None
 
 
 def llamacpp_knows(path: Path) -> bool:

@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP server (Starlette): /v1/chat/completions, /v1/completions, /v1/models,
-/health, /metrics and the chat page at /.
+/health, /metrics and the chat page at /; and Ollama's API beside it (/api/chat, /api/generate, /api/tags,
+/api/show, /api/ps, /api/version: ollama_api.py).
 
 A request is parsed, queued on its model's worker and answered from the worker's chunks, which cross
 from the worker thread into the event loop through an asyncio queue. The HTTP status is decided by the
 first event (so a prompt too long for the context is a 400 even when streaming); after that the reply
-streams as server-sent events. A client that goes away cancels its job, queued or running.
+streams as server-sent events (Ollama's: JSON lines). A client that goes away cancels its job, queued or
+running.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from uvicorn import Config, Server
 
 from ..engine import StreamChunk
 from ..errors import EdgespecError
+from ..stats import GenerationStats
+from . import ollama_api as ollama
 from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
 from .limits import ConnectionLimits, limited_protocol
 from .metrics import Metrics
@@ -119,24 +123,53 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
 
     async def _generate(request: Request, req: GenerationRequest) -> Response:
         worker = pool.get(req.model)
-        gen = _Generation(worker, req)
         rid, name = new_id(req.chat), worker.name
-        try:
-            if not req.stream:
-                return JSONResponse(await _unless_disconnected(request, _collect(gen, req, rid, name)))
-            first = await _unless_disconnected(request, gen.events.get())
-        except ClientGone:
-            gen.cancel()
-            return Response(status_code=499)  # nobody reads it: the client has gone
-        except BaseException:
-            gen.cancel()
-            raise
-        _raise_if_ended(first, req.prompt_param)
-        return EventStream(_sse(gen, req, rid, name, first), on_disconnect=gen.cancel)
+        return await _reply(request, _Generation(worker, req), req,
+                            lambda text, finish, stats, logprobs: completion_body(req, rid, name, text, finish, stats,
+                                                                                  logprobs),
+                            lambda gen, first: _sse(gen, req, rid, name, first), "text/event-stream")
 
+    # -- Ollama's API: the same generation path, Ollama's request and reply shapes ------------------------
+    def _ollama_worker(model: str | None) -> EngineWorker:
+        return pool.get(ollama.model_name(model, [w.name for w in pool.workers]))
+
+    async def ollama_chat(request: Request) -> Response:
+        return await _ollama_generate(request, ollama.parse_chat_request(await _read_json(request, max_body)))
+
+    async def ollama_generate(request: Request) -> Response:
+        return await _ollama_generate(request, ollama.parse_generate_request(await _read_json(request, max_body)))
+
+    async def _ollama_generate(request: Request, req: ollama.OllamaRequest | ollama.LoadOnly) -> Response:
+        worker = _ollama_worker(req.model)
+        if isinstance(req, ollama.LoadOnly):
+            return JSONResponse(ollama.load_body(worker.name, req.reply))
+        name = worker.name
+        return await _reply(request, _Generation(worker, req), req,
+                            lambda text, finish, stats, _: ollama.final_body(req, name, text, finish, stats),
+                            lambda gen, first: _ndjson(gen, req, name, first), "application/x-ndjson")
+
+    async def ollama_tags(_: Request) -> Response:
+        return JSONResponse({"models": [ollama.tags_entry(w.name, w.engine.target.path) for w in pool.workers]})
+
+    async def ollama_ps(_: Request) -> Response:
+        return JSONResponse({"models": [ollama.ps_entry(w.name, w.engine.target.path, w.engine.n_ctx,
+                                                        pool.spec(w.name).device) for w in pool.workers]})
+
+    async def ollama_show(request: Request) -> Response:
+        return JSONResponse(ollama.show_body(_ollama_worker(ollama.parse_show(await _read_json(request, max_body)))
+                                             .engine))
+
+    async def ollama_version(_: Request) -> Response:
+        return JSONResponse(ollama.version_body())
+
+    # HEAD / (the ollama CLI's health check) is answered as GET /: 200.
     routes = [Route("/", index), Route("/health", health), Route("/metrics", metrics),
               Route("/v1/models", models), Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/completions", completions, methods=["POST"])]
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/api/chat", ollama_chat, methods=["POST"]),
+              Route("/api/generate", ollama_generate, methods=["POST"]),
+              Route("/api/show", ollama_show, methods=["POST"]), Route("/api/tags", ollama_tags),
+              Route("/api/ps", ollama_ps), Route("/api/version", ollama_version)]
     # The guard first (a foreign Host or Origin learns nothing, not even CORS headers); CORS outside the key
     # check, so that a browser can read a 401 too.
     cors_origins = list(cors_origins)
@@ -147,8 +180,8 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
     if api_key:
         middleware.append(Middleware(ApiKeyMiddleware, key=api_key, metrics=pool.metrics))
 
-    async def refuse(_: Request, e: Exception) -> Response:
-        return error_response(_as_api_error(e), pool.metrics)
+    async def refuse(request: Request, e: Exception) -> Response:
+        return error_response(_as_api_error(e), request.url.path, pool.metrics)
 
     return Starlette(routes=routes, middleware=middleware, lifespan=_lifespan(pool),
                      exception_handlers={ApiError: refuse, EdgespecError: refuse, HTTPException: refuse,
@@ -167,20 +200,40 @@ def _page_headers(page: str) -> dict[str, str]:
     return {"Content-Security-Policy": policy, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 
 
-async def _collect(gen: _Generation, req: GenerationRequest, rid: str, model: str) -> dict[str, object]:
+async def _reply(request: Request, gen: _Generation, req: GenerationRequest,
+                 whole: Callable[[str, str, GenerationStats], dict[str, object]],
+                 stream: Callable[[_Generation, _Event], AsyncGenerator[bytes, None]], media_type: str) -> Response:
+    """The reply as one object, ``whole(text, finish_reason, stats)``, or streamed (``stream``) once the first
+    event says the generation has started: until then an error still gets its status code."""
+    try:
+        if not req.stream:
+            return JSONResponse(whole(*await _unless_disconnected(request, _collect(gen, req.prompt_param))))
+        first = await _unless_disconnected(request, gen.events.get())
+    except ClientGone:
+        gen.cancel()
+        return Response(status_code=499)  # nobody reads it: the client has gone
+    except BaseException:
+        gen.cancel()
+        raise
+    _raise_if_ended(first, req.prompt_param)
+    return EventStream(stream(gen, first), on_disconnect=gen.cancel, media_type=media_type)
+
+
+async def _collect(gen: _Generation, prompt_param: str
+                   ) -> tuple[str, str, GenerationStats, dict[str, list[Any]] | None]:
+    """The whole text, why it ended, the stats, and the logprobs in OpenAI's shape (None: not asked for)."""
     pieces: list[str] = []
     logprobs: list[dict[str, list[Any]] | None] = []
     while True:
         event = await gen.events.get()
-        _raise_if_ended(event, req.prompt_param)
+        _raise_if_ended(event, prompt_param)
         chunk, (_, chunk_logprobs) = event
         assert isinstance(chunk, StreamChunk)
         pieces.append(chunk.text)
         logprobs.append(chunk_logprobs)
         if chunk.stats is not None:
             assert chunk.finish_reason is not None
-            return completion_body(req, rid, model, "".join(pieces), chunk.finish_reason, chunk.stats,
-                                   join_logprobs(logprobs))
+            return "".join(pieces), chunk.finish_reason, chunk.stats, join_logprobs(logprobs)
 
 
 def _raise_if_ended(event: _Event, prompt_param: str) -> None:
@@ -217,17 +270,41 @@ def _data(obj: object) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
+async def _ndjson(gen: _Generation, req: ollama.OllamaRequest, model: str,
+                  first: _Event) -> AsyncGenerator[bytes, None]:
+    """Ollama's stream: a line per chunk of text, then the last line, ``done``, with the stats."""
+    event = first
+    while isinstance(event[0], StreamChunk):
+        chunk = event[0]
+        if chunk.text:
+            yield _line(ollama.piece_body(req, model, chunk.text))
+        if chunk.stats is not None:
+            assert chunk.finish_reason is not None
+            yield _line(ollama.final_body(req, model, "", chunk.finish_reason, chunk.stats))
+        event = await gen.events.get()
+    try:
+        _raise_if_ended(event, req.prompt_param)
+    except ApiError as e:  # too late for a status code: Ollama's clients read an error line
+        yield _line(ollama.error_body(e))
+
+
+def _line(obj: object) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
 class EventStream(Response):
-    """A server-sent-event reply that calls ``on_disconnect`` the moment the client goes away.
+    """A streamed reply (server-sent events, or Ollama's JSON lines) that calls ``on_disconnect`` the moment the
+    client goes away.
 
     Starlette's StreamingResponse only notices a disconnect on its next write (ASGI 2.4) or cancels the
     iterator without telling us; here a watcher task reads ``http.disconnect`` while events are written.
     """
 
-    def __init__(self, events: AsyncGenerator[bytes, None], on_disconnect: Callable[[], None]) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], on_disconnect: Callable[[], None],
+                 media_type: str = "text/event-stream") -> None:
         # Not Response.__init__: it would declare a Content-Length for an empty body.
         self.status_code, self.background = 200, None
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+        self.raw_headers = [(b"content-type", f"{media_type}; charset=utf-8".encode()), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]
         self.events, self.on_disconnect = events, on_disconnect
 
@@ -293,7 +370,8 @@ async def _read_json(request: Request, limit: int) -> object:
 
 
 class ApiKeyMiddleware:
-    """``Authorization: Bearer KEY`` on the API and metrics; the page and /health stay open."""
+    """``Authorization: Bearer KEY`` on the APIs (OpenAI's and Ollama's) and metrics; the page and /health stay
+    open."""
 
     def __init__(self, app: ASGIApp, key: str, metrics: Metrics) -> None:
         self.app, self.key, self.metrics = app, key.encode(), metrics
@@ -301,7 +379,7 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         protected = scope["type"] == "http" and scope.get("method") != "OPTIONS" and \
-            (path.startswith("/v1/") or path == "/metrics")
+            (path.startswith(("/v1/", ollama.PREFIX)) or path == "/metrics")
         if protected:
             auth = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, given = auth.partition(b" ")
@@ -309,7 +387,7 @@ class ApiKeyMiddleware:
                 error = ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
                                  type="authentication_error", code="invalid_api_key",
                                  headers={"WWW-Authenticate": 'Bearer realm="edgespec"'})
-                await error_response(error, self.metrics)(scope, receive, send)
+                await error_response(error, path, self.metrics)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -9,7 +9,8 @@ route runs:
 - **Origin**: a browser names the page that sent a request; a page that is neither the server's own
   (the chat page) nor listed with ``--cors-origin`` gets 403.
 - **Content type**: a cross-site ``text/plain`` POST is a "simple" request that no CORS preflight stops;
-  the API takes ``application/json`` only (415 otherwise), which a foreign page cannot send unasked.
+  the APIs (OpenAI's and Ollama's) take ``application/json`` only (415 otherwise), which a foreign page cannot
+  send unasked.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from . import ollama_api
 from .metrics import Metrics
 from .openai_api import ApiError
 
@@ -65,10 +67,12 @@ def _same_origin(origin: str, host: str) -> bool:
         return False
 
 
-def error_response(e: ApiError, metrics: Metrics) -> Response:
-    """The reply to a refused or failed request; every one is counted in /metrics by status and code."""
+def error_response(e: ApiError, path: str, metrics: Metrics) -> Response:
+    """The reply to a refused or failed request, in the shape of the API ``path`` belongs to (Ollama's
+    ``{"error": "..."}`` under its paths, else OpenAI's); every one is counted in /metrics by status and code."""
     metrics.count_error(e.status, e.code)
-    return JSONResponse(e.body(), e.status, headers=e.headers)
+    body = ollama_api.error_body(e) if path.startswith(ollama_api.PREFIX) else e.body()
+    return JSONResponse(body, e.status, headers=e.headers)
 
 
 class RequestGuard:
@@ -81,7 +85,7 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = self.check(scope["method"], scope["path"], Headers(scope=scope)) if scope["type"] == "http" else None
         if error is not None:
-            await error_response(error, self.metrics)(scope, receive, send)
+            await error_response(error, scope["path"], self.metrics)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -98,7 +102,7 @@ class RequestGuard:
                             "with --cors-origin ORIGIN to allow them", type="permission_error",
                             code="origin_not_allowed")
         media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if method == "POST" and path.startswith("/v1/") and media_type != "application/json":
+        if method == "POST" and path.startswith(("/v1/", ollama_api.PREFIX)) and media_type != "application/json":
             # Answered before CORSMiddleware runs: an allowed page gets its CORS header here, to read the error.
             cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"} if origin is not None and \
                 not _same_origin(origin, host) else {}

@@ -13,6 +13,12 @@ A key of a request body (or of a chat message) is one of:
   since a misspelt parameter that is ignored gives output the client did not ask for.
 
 A null value is the same as the key left out (OpenAI's convention), checked before any of this.
+
+Ollama's native API (``/api/chat``, ``/api/generate``: ollama_api) has its own top-level keys (``OLLAMA_CHAT``,
+``OLLAMA_GENERATE``, ``OLLAMA_UNSUPPORTED``, ``OLLAMA_INERT``) and puts the sampling parameters in ``options``:
+those named in ``OLLAMA_OPTIONS`` are passed on as the request keys of the same names, so that they get exactly the
+answers above (a penalty, say, is refused unless neutral until the OpenAI endpoints take it, and from then on taken
+by both); ``num_ctx`` is ollama_api's own; the runtime settings in ``OLLAMA_RUNTIME`` change no output.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ COMPLETION = COMMON | {"prompt"}
 MESSAGE = frozenset({"role", "content"})
 
 _PENALTY = "this sampler is not implemented (edgespec has presence, frequency and repetition penalties)"
-_CONSTRAINED = ("Ollama's API is not served here: send response_format, json_schema, grammar or guided_* "
-                "(vLLM's names)")
+_CONSTRAINED = ("'format' is Ollama's name (/api/chat and /api/generate): here send response_format, json_schema, "
+                "grammar or guided_* (vLLM's names)")
+_OLLAMA_ONLY_ON_V1 = "not yet on Ollama's endpoints: the /v1 endpoints take it (response_format, logprobs)"
 _SAMPLER = "edgespec samples with temperature, top_k, top_p and min_p only"
 _TOOLS = "tool and function calling is not implemented"
 _REASONING = "edgespec's models have no reasoning setting"
@@ -78,14 +85,46 @@ INERT = frozenset({
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "keep_alive", "id_slot",
     # The windows and rates of samplers refused above unless off: they do nothing while those are off.
     "mirostat_tau", "mirostat_eta", "dry_base", "dry_allowed_length",
-    "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold", "dynatemp_exponent"})
-# Chat message fields: what OpenAI's clients send back with an assistant's earlier reply.
+    "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold", "dynatemp_exponent", "penalize_newline"})
+# Chat message fields: what OpenAI's and Ollama's clients send back with an assistant's earlier reply.
 MESSAGE_UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
     "name": (("",), "a participant's name has no place in the model's chat template"),
     "tool_calls": (([],), _TOOLS), "tool_call_id": ((), _TOOLS), "function_call": ((), _TOOLS),
     "refusal": (("",), "an assistant's refusal is not implemented: send it as content"),
     "audio": ((), "audio is not implemented"), "annotations": (([],), "annotations are not implemented"),
+    # Ollama's message fields
+    "images": (([],), "edgespec's models read text only"), "thinking": (("",), _REASONING),
+    "tool_name": (("",), _TOOLS),
 }
+
+
+# Ollama's native API. Top-level keys: the prompt, how to answer, and ``options``.
+OLLAMA_CHAT = frozenset({"model", "messages", "stream", "options"})
+OLLAMA_GENERATE = frozenset({"model", "prompt", "system", "raw", "stream", "options"})
+OLLAMA_INERT = frozenset({"keep_alive"})  # how long a model stays loaded: here, until the server stops
+OLLAMA_UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
+    # Refused here even once the OpenAI endpoints take them: each needs its own Ollama request and reply fields.
+    "format": (("",), _OLLAMA_ONLY_ON_V1), "tools": (([],), _TOOLS), "think": ((False,), _REASONING),
+    "logprobs": ((False,), _OLLAMA_ONLY_ON_V1), "top_logprobs": ((0,), _OLLAMA_ONLY_ON_V1),
+    "template": (("",), "only the model's own chat template is applied (its Jinja template, not a Go template)"),
+    "context": (([],), "token context from an earlier reply is not kept: send the conversation as messages to "
+                       "/api/chat"),
+    "images": (([],), "edgespec's models read text only"),
+    "suffix": (("",), "completing text before a suffix is not implemented"),
+    "truncate": ((False,), "a prompt longer than the context is refused, never truncated"),
+    "shift": ((False,), "generation ends when the context is full; the context is never shifted"),
+    "width": ((), "image generation is not implemented"), "height": ((), "image generation is not implemented"),
+    "steps": ((), "image generation is not implemented"),
+}
+# ``options`` keys passed on as the request keys of the same name (COMMON, UNSUPPORTED or INERT decide).
+OLLAMA_OPTIONS = frozenset({
+    "num_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
+    "repeat_penalty", "presence_penalty", "frequency_penalty", "repeat_last_n", "penalize_newline",
+    "typical_p", "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta"})
+# ``options`` keys that say how the model runs, not what it writes.
+OLLAMA_RUNTIME = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
+                            "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread",
+                            "num_keep"})  # num_keep: tokens kept when the context shifts, which it never does
 
 
 def refused_key(body: Mapping[str, Any], known: Collection[str], where: str = "",

@@ -103,6 +103,11 @@ class ModelPool:
         raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {loaded})" if name is not None else
                                  "no model is loaded; send a load command first")
 
+    def spec(self, name: str) -> EngineSpec:
+        """What the model loaded under ``name`` was loaded with."""
+        with self._lock:
+            return self._specs[name]
+
     @property
     def workers(self) -> list[EngineWorker]:
         with self._lock:
