@@ -48,6 +48,7 @@ HEADERS = [KERNELS / name for name in ("ops.h", "vector_math.h", "block_products
 DOMAIN, ATTENTION_OP, PRODUCTS_OP, SWIGLU_OP = "edgespec", "ExactAttention", "BlockInt8MatMul", "SwiGlu"
 Q4_PRODUCTS_OP = "BlockQ4MatMul"
 ATTENTION, PRODUCTS = f"{DOMAIN}.{ATTENTION_OP}", f"{DOMAIN}.{PRODUCTS_OP}"
+Q4_PRODUCTS = f"{DOMAIN}.{Q4_PRODUCTS_OP}"
 LIBRARY = "edgespec_ops"
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
 HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
@@ -145,9 +146,11 @@ def uses_exact_attention(manifest: dict) -> bool:
 
 
 def needs_library(manifest: dict) -> bool:
-    """Whether an export's graphs use any of edgespec's ops (its attention, or its products: "weights")."""
+    """Whether an export's graphs use any of edgespec's ops (its attention, or its products: "weights",
+    "four_bit_products")."""
     options = manifest.get("quant_options", {})
-    return uses_exact_attention(manifest) or str(options.get("weights", "")).startswith(PRODUCTS)
+    return (uses_exact_attention(manifest) or str(options.get("weights", "")).startswith(PRODUCTS)
+            or options.get("four_bit_products") == Q4_PRODUCTS)
 
 
 def require_for(manifest: dict, where: Path, device_type: str) -> None:

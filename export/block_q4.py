@@ -18,17 +18,6 @@ OP = custom_ops.Q4_PRODUCTS_OP
 COLUMNS, DEPTH = 16, 8  # a packed group's columns, and the k per column in each 64 bytes (two nibbles × 4)
 
 
-def packable(weight: BlockWeight) -> bool:
-    """A 4-bit weight whose values the op carries: Q4_0 ((q − 8)·d) or Q4_1 (q·d + m, its fp16 m recovered
-    exactly), N a multiple of 16."""
-    n, _ = weight.shape
-    if weight.bits != 4 or n % COLUMNS:
-        return False
-    if weight.minima is None:
-        return weight.zero_point == 8
-    return _minima(weight) is not None
-
-
 def _minima(weight: BlockWeight) -> np.ndarray | None:
     """Q4_1's m as fp16 ([N, K/32]): block_weights keeps m + 8·d (zero point 8) or m (zero point 0) in float32;
     None where that is not an fp16 number (not a GGUF file's)."""
@@ -39,17 +28,23 @@ def _minima(weight: BlockWeight) -> np.ndarray | None:
 
 
 def pack(weight: BlockWeight) -> tuple[np.ndarray, np.ndarray]:
-    """A carried 4-bit weight ([N, K], ``packable``) → the op's B (uint8 [N/16, K/8, 64]: per 16 columns and 8 k,
-    byte 4j + i holds column j's code of k + i in the low nibble and of k + 4 + i in the high one) and scales
-    (float16 [N/16, K/32, 16]: d; Q4_1 [N/16, K/32, 32]: the 16 d, then the 16 m). Nothing is rounded."""
+    """A carried 4-bit weight ([N, K]: Q4_0, (q − 8)·d, or Q4_1, q·d + m) → the op's B (uint8 [N′/16, K/8, 64]: per
+    16 columns and 8 k, byte 4j + i holds column j's code of k + i in the low nibble and of k + 4 + i in the high one)
+    and scales (float16 [N′/16, K/32, 16]: d; Q4_1 [N′/16, K/32, 32]: the 16 d, then the 16 m). Nothing is rounded.
+    N′ is N rounded up to 16: the extra columns are zeros (the graph drops them)."""
+    if weight.bits != 4 or (weight.minima is None and weight.zero_point != 8):
+        raise ValueError(f"not a GGUF Q4_0/Q4_1 weight: {weight.bits} bits, zero point {weight.zero_point}")
     n, k = weight.shape
-    groups, blocks = n // COLUMNS, k // 32
-    q = weight.unpacked_codes().reshape(groups, COLUMNS, k // DEPTH, 2, DEPTH // 2)
-    codes = (q[:, :, :, 0] | q[:, :, :, 1] << 4).transpose(0, 2, 1, 3).reshape(groups, k // DEPTH, 64)
     d = weight.scales.astype(np.float16)
     parts = [d] if weight.minima is None else [d, _minima(weight)]
     if not np.array_equal(d.astype(np.float32), weight.scales) or any(p is None for p in parts):
         raise ValueError("not a GGUF Q4_0/Q4_1 weight: its scales or minima are not fp16 numbers")
-    scales = np.stack([p.reshape(groups, COLUMNS, blocks) for p in parts], axis=2)  # type: ignore[union-attr]
+    extra = -n % COLUMNS
+    groups, blocks = (n + extra) // COLUMNS, k // 32
+    q = np.pad(weight.unpacked_codes().reshape(n, k), ((0, extra), (0, 0)))
+    q = q.reshape(groups, COLUMNS, k // DEPTH, 2, DEPTH // 2)
+    codes = (q[:, :, :, 0] | q[:, :, :, 1] << 4).transpose(0, 2, 1, 3).reshape(groups, k // DEPTH, 64)
+    scales = np.stack([np.pad(p, ((0, extra), (0, 0))).reshape(groups, COLUMNS, blocks)  # type: ignore[arg-type]
+                       for p in parts], axis=2)
     scales = scales.transpose(0, 3, 2, 1).reshape(groups, blocks, COLUMNS * len(parts))
     return np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales)

@@ -77,7 +77,6 @@ def _reference(x: np.ndarray, weight: block_weights.BlockWeight) -> tuple[np.nda
 def test_matches_the_dequantized_weights_within_float_rounding(kind: str) -> None:
     rng = np.random.default_rng(0)
     weight = _weight(kind, rng)
-    assert block_q4.packable(weight)
     x = rng.standard_normal((9, K)).astype(np.float32)
     x[0, :32] = 0.0  # a block of zeros: scale 0
     y_ref, magnitude = _reference(x, weight)
@@ -156,7 +155,10 @@ def test_pack_carries_every_code_scale_and_minimum() -> None:
             raw = _ggml(kind, np.random.default_rng(5), 32, 64).reshape(32, 2, 20)[..., 2:4].copy().view(np.float16)
             again = block_q4.pack(_weight(kind, np.random.default_rng(5), n=32, k=64))[1]
             assert np.array_equal(again[..., 16:], raw[..., 0].reshape(2, 16, 2).transpose(0, 2, 1))
-    assert not block_q4.packable(_weight("Q4_0", rng, n=40))  # N not a multiple of 16
+    codes, scales = block_q4.pack(_weight("Q4_1", rng, n=40, k=64))  # N not a multiple of 16: zero columns after
+    assert codes.shape == (3, 8, 64) and not codes[2, :, 32:].any() and not scales[2, :, 8:16].any()
+    with pytest.raises(ValueError, match="not a GGUF Q4_0/Q4_1 weight"):
+        block_q4.pack(block_weights.from_ggml("Q8_0", rng.integers(0, 256, (N, K // 32 * 34), dtype=np.uint8), N, K))
 
 
 def test_a_graph_off_the_contract_is_a_clear_error() -> None:
