@@ -9,9 +9,9 @@ gate|up 2048×16384, down 8192×2048), random blocks of ``--kind`` (Q4_0 or Q4_1
 which it carries as codes with zero point 8) in ``--copies`` copies, one graph per op that runs every copy in turn, so
 each product reads its weights from memory as a decode pass does. The ops and row counts take turns within each
 round, on onnxruntime's shared pool with ``--threads`` threads; the best of the rounds, divided by the copies, is the
-time per product (on a shared machine the median carries other jobs' time slices: it is written to the JSON too). Also checks that the op's first row has the same bits in every call. Prints a table (µs, and each
-op's time at k rows over its own time at one row) and writes block_q4_products.json under ``--out``
-(default benchmarks/results, which git ignores).
+time per product (on a shared machine the median carries other jobs' time slices: the JSON has it too). Also checks
+that the op's first row has the same bits in every call. Prints a table (µs, and each op's time at k rows over its
+own time at one row) and writes block_q4_products.json under ``--out`` (default benchmarks/results, git-ignored).
 """
 
 from __future__ import annotations

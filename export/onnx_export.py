@@ -236,7 +236,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         if timed["op"] == block_int8.OP:
             manifest["quant_options"]["weights"] = f"{custom_ops.PRODUCTS} (MatMulNBits' 8-bit blocks)"
         if q4_products:
-            manifest["quant_options"]["four_bit_products"] = custom_ops.Q4_PRODUCTS
+            manifest["quant_options"].update(weights=f"{custom_ops.Q4_PRODUCTS} and MatMulNBits with the GGUF's own "
+                                             "blocks", four_bit_products=custom_ops.Q4_PRODUCTS)
         if "median_us" in timed:
             manifest["quant_options"]["products_timed_us"] = timed["median_us"]
         manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else
