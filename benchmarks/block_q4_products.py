@@ -9,7 +9,8 @@ gate|up 2048×16384, down 8192×2048), random blocks of ``--kind`` (Q4_0 or Q4_1
 which it carries as codes with zero point 8) in ``--copies`` copies, one graph per op that runs every copy in turn, so
 each product reads its weights from memory as a decode pass does. The ops and row counts take turns within each
 round, on onnxruntime's shared pool with ``--threads`` threads; the best of the rounds, divided by the copies, is the
-time per product (on a shared machine the median carries other jobs' time slices: the JSON has it too). Also checks
+time per product (on a shared machine the median carries other jobs' time slices: the JSON has it too); inputs and
+outputs are bound to buffers made once. Also checks
 that the op's first row has the same bits in every call. Prints a table (µs, and each op's time at k rows over its
 own time at one row) and writes block_q4_products.json under ``--out`` (default benchmarks/results, git-ignored).
 """
@@ -70,6 +71,17 @@ def products_model(weights: list[block_weights.BlockWeight], op: str) -> onnx.Mo
     return model
 
 
+def bind(session: ort.InferenceSession, x: np.ndarray, n: int, copies: int) -> ort.IOBinding:
+    """x and the outputs bound to buffers allocated once: a run then times the products, not the allocation of
+    fresh outputs and their copies into NumPy (at 16 rows of gate|up 4 MB a run, more than the products' time)."""
+    binding = session.io_binding()
+    binding.bind_cpu_input("x", x)
+    for i in range(copies):
+        out = ort.OrtValue.ortvalue_from_shape_and_type([1, x.shape[1], n], np.float32)
+        binding.bind_ortvalue_output(f"y{i}", out)
+    return binding
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=("Q4_0", "Q4_1"), default="Q4_0")
@@ -94,6 +106,7 @@ def main() -> None:
                                              providers=["CPUExecutionProvider"]) for op in ops}
         del weights
         feeds = {m: {"x": rng.standard_normal((1, m, k), dtype=np.float32)} for m in rows}
+        bound = {(op, m): bind(sessions[op], feeds[m]["x"], n, args.copies) for op in ops for m in rows}
         first = {m: sessions[block_q4.OP].run(None, {"x": feeds[m]["x"][:, :1]})[0] for m in rows}
         same = all(np.array_equal(sessions[block_q4.OP].run(None, feeds[m])[0][:, :1], first[m]) for m in rows)
         times: dict[tuple[str, int], list[float]] = {(op, m): [] for op in ops for m in rows}
@@ -101,7 +114,7 @@ def main() -> None:
             for m in rows:
                 for op in ops:
                     start = time.perf_counter()
-                    sessions[op].run(None, feeds[m])
+                    sessions[op].run_with_iobinding(bound[op, m])
                     times[op, m].append((time.perf_counter() - start) / args.copies)
         results[f"{k}x{n}"] = {"same_bits": same,
                                **{op: {m: round(min(times[op, m]) * 1e6, 1) for m in rows} for op in ops},
