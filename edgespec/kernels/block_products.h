@@ -1,5 +1,5 @@
 // What edgespec's block products share (block_int8_matmul.cc, block_q4_matmul.cc): activation rows quantized per
-// block of 32 to int8, a register pin for weight vectors, and a call's rows split into tiles.
+// block of 32 to int8, and a call's rows split into tiles.
 #pragma once
 
 #include <algorithm>
@@ -56,15 +56,6 @@ inline void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scale
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// A weight vector loaded once into a register for every row of the tile: left to itself the compiler folds the load
-// into each row's vpdpbusd (against 97168ba, which had neither this nor prefetch_ahead, weights in cache: tiles of 1
-// and 2 rows 1.07–1.38× faster; same reference as prefetch_ahead's in block_int8_matmul.cc).
-template <class T>
-T in_register(T v) {
-  asm("" : "+v"(v));
-  return v;
-}
-
 // Rows per tile: each tile reads the weights once, so a verify batch up to this size costs one pass over them.
 // A tile keeps 2 registers per row and vector (its integer and float sums): 16-column vectors use one each, pairs of
 // 8-column ones two; AVX2's 16 registers hold 2 rows of pairs, AVX-512's 32 hold 8 rows of 16-column vectors or 4

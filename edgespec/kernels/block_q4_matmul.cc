@@ -27,7 +27,7 @@
 // group's 16 columns per block) or [N/16, K/32, 32] (Q4_1: the 16 d, then the 16 m). Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
-#include "block_products.h"  // quantize_row, in_register, kTileRows, for_each_tile
+#include "block_products.h"  // quantize_row, kTileRows, for_each_tile
 #include "vector_math.h"  // Half, widen
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -70,9 +70,10 @@ template <bool kMinimum>
 constexpr int64_t kScalesPerBlock = kColumns * (kMinimum ? 2 : 1);
 
 #ifdef EDGESPEC_Q4_SIMD
-// The weights 8 KB ahead, asked for into L2, from this many rows of a tile (block_int8_matmul.cc's prefetch_ahead).
+// The codes 8 KB ahead, asked for into L2 (as block_int8_matmul.cc's prefetch_ahead), by tiles of any size: without,
+// 8 rows took 1.5–2.1× as long with the weights from memory (docs/kernels.md); from one row or from three, as the INT8
+// kernel's 512-bit loop, could not be told apart on the shared machine.
 constexpr int64_t kPrefetchBytes = 8192;
-constexpr int kPrefetchFromRows = 1;
 
 // 8 output columns in 256 bits, and with AVX512-VNNI all 16 of a group in 512.
 struct Lanes8 {
@@ -82,8 +83,8 @@ struct Lanes8 {
   // 32 bytes of codes (8 columns × 8 k) as the low and the high nibbles (k … k + 3, k + 4 … k + 7 per lane)
   static void nibbles(const uint8_t* packed, Int& low, Int& high) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed)), mask = _mm256_set1_epi8(0x0f);
-    low = edgespec_blocks::in_register(_mm256_and_si256(v, mask));
-    high = edgespec_blocks::in_register(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+    low = _mm256_and_si256(v, mask);
+    high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
   }
   static Int broadcast(const uint8_t* codes) {  // four codes into every lane, read straight from memory
     uint32_t a4;
@@ -115,8 +116,8 @@ struct Lanes16 {
   static constexpr int64_t kWidth = 16;
   static void nibbles(const uint8_t* packed, Int& low, Int& high) {
     const __m512i v = _mm512_loadu_si512(packed), mask = _mm512_set1_epi8(0x0f);
-    low = edgespec_blocks::in_register(_mm512_and_si512(v, mask));
-    high = edgespec_blocks::in_register(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
+    low = _mm512_and_si512(v, mask);
+    high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
   }
   static Int broadcast(const uint8_t* codes) {
     uint32_t a4;
@@ -185,8 +186,7 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
     for (int r = 0; r < R; ++r) sum[r] = V::splat(kMinimum ? 0 : -8 * row_sums[r * blocks + b]);
     for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += kDepth) {
       const uint8_t* chunk = packed + k / kDepth * kChunk;
-      if constexpr (R >= kPrefetchFromRows)
-        _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T1);
       typename V::Int low, high;
       V::nibbles(chunk, low, high);
       for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * c.k + k));
