@@ -32,7 +32,7 @@ import numpy as np
 
 from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
-from edgespec.bench.revision import source_at
+from edgespec.bench.revision import files_at, source_at
 from edgespec.bench.turns import add_pass_arguments, passes_taking_turns
 from edgespec.default_model import default_choice
 from edgespec.onnx_backend import OnnxModel, OnnxOptions
@@ -40,11 +40,13 @@ from edgespec.tuning import cpu_identity
 
 
 def build_revision(rev: str, folder: Path) -> Path:
-    """REV's kernel sources, as git has them, compiled for this CPU into ``folder``."""
-    for path in [*custom_ops.SOURCES, *custom_ops.HEADERS]:
+    """REV's kernel sources (the files its kernels folder has), as git has them, compiled for this CPU into
+    ``folder``."""
+    files = files_at(rev, custom_ops.KERNELS)
+    for path in files:
         (folder / path.name).write_text(source_at(rev, path))
     library = folder / "edgespec_ops.so"
-    custom_ops.compile_library(library, sources=[folder / path.name for path in custom_ops.SOURCES])
+    custom_ops.compile_library(library, sources=[folder / path.name for path in files if path.suffix == ".cc"])
     return library
 
 

@@ -6,6 +6,8 @@ token differently from the same position among several, so graphs using it pad s
 costs one row, a verify batch reads each key once, and a row's result is the same bits in any call.
 ``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/block_int8.py``).
+``edgespec.BlockQ4MatMul`` (``kernels/block_q4_matmul.cc``): a GGUF's Q4_0 / Q4_1 blocks as llama.cpp computes
+them (int8 activations per block), the rows of a verify batch sharing each weight load (``export/block_q4.py``).
 ``edgespec.SwiGlu`` (``kernels/swiglu.cc``): a Llama MLP's silu(gate) · up in one op instead of three.
 
 Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s; else the first
@@ -39,11 +41,14 @@ from .home import downloads_dir
 from .tuning import cpu_identity
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc", "swiglu.cc")]
-HEADERS = [KERNELS / name for name in ("ops.h", "vector_math.h")]
+SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "block_int8_matmul.cc",
+                                       "block_q4_matmul.cc", "swiglu.cc")]
+HEADERS = [KERNELS / name for name in ("ops.h", "vector_math.h", "block_products.h")]
 # The ops' names, as the exported graphs and manifests write them (export/onnx_graphs.py, export/block_int8.py)
 DOMAIN, ATTENTION_OP, PRODUCTS_OP, SWIGLU_OP = "edgespec", "ExactAttention", "BlockInt8MatMul", "SwiGlu"
+Q4_PRODUCTS_OP = "BlockQ4MatMul"
 ATTENTION, PRODUCTS = f"{DOMAIN}.{ATTENTION_OP}", f"{DOMAIN}.{PRODUCTS_OP}"
+Q4_PRODUCTS = f"{DOMAIN}.{Q4_PRODUCTS_OP}"
 LIBRARY = "edgespec_ops"
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
 HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
@@ -141,9 +146,11 @@ def uses_exact_attention(manifest: dict) -> bool:
 
 
 def needs_library(manifest: dict) -> bool:
-    """Whether an export's graphs use any of edgespec's ops (its attention, or its products: "weights")."""
+    """Whether an export's graphs use any of edgespec's ops (its attention, or its products: "weights",
+    "four_bit_products")."""
     options = manifest.get("quant_options", {})
-    return uses_exact_attention(manifest) or str(options.get("weights", "")).startswith(PRODUCTS)
+    return (uses_exact_attention(manifest) or str(options.get("weights", "")).startswith(PRODUCTS)
+            or options.get("four_bit_products") == Q4_PRODUCTS)
 
 
 def require_for(manifest: dict, where: Path, device_type: str) -> None:
@@ -236,7 +243,7 @@ def compile_program(out: Path, sources: Sequence[Path], cpu_flags: list[str] | N
     """An executable of ``sources`` with the kernels' flags (``cpu_flags``: default this CPU's), not as a library:
     a benchmark that includes a kernel's source (benchmarks/products_kernel.py)."""
     flags = [*(f for f in FLAGS if f not in ("-shared", "-fPIC")), *(cpu_flags or _cpu_flags())]
-    _compile([*flags, f"-I{_headers(say)}"], sources, out)
+    _compile([*flags, f"-I{_headers(say)}", f"-I{KERNELS}"], sources, out)  # the kernels' headers, from anywhere
 
 
 def _compile(flags: list[str], sources: Sequence[Path], out: Path) -> None:
@@ -268,5 +275,5 @@ def main() -> int:
     path = ensure()
     if path is None:
         return 1
-    print(f"edgespec: kernels (exact attention, block INT8 products, SwiGLU): {path}")
+    print(f"edgespec: kernels (exact attention, block INT8 and 4-bit products, SwiGLU): {path}")
     return 0

@@ -38,7 +38,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--products", choices=block_int8.PRODUCTS, default="auto",
                    help="8-bit products (blocks of 32, accuracy level 4): edgespec = the kernel library's "
                         "BlockInt8MatMul (rows of a verify batch share each weight load), nbits = onnxruntime's "
-                        "MatMulNBits, auto = whichever one layer's products run faster here (default)")
+                        "MatMulNBits, auto = whichever one layer's products run faster here (default); a GGUF's "
+                        "carried 4-bit blocks: BlockQ4MatMul under the exact attention unless nbits")
     p.add_argument("--head-bits", type=int, choices=[4, 8], default=8, help="bits of the output projection")
     p.add_argument("--no-quality", action="store_true", help="skip the quality report (and so its gate)")
     p.add_argument("--threads", type=int, default=None, help="threads of the quality report's llama.cpp source "

@@ -142,7 +142,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     is built on this machine (``edgespec.custom_ops``), else "gqa".
     ``products``: 8-bit products at block size 32 and level 4 as "edgespec" (``edgespec.BlockInt8MatMul``, in the
     kernel's library: needs attention "exact"), "nbits" (MatMulNBits) or "auto": whichever one layer's products
-    run faster here (``block_int8.choose``).
+    run faster here (``block_int8.choose``). A GGUF's carried Q4_0 / Q4_1 blocks are ``edgespec.BlockQ4MatMul``
+    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded).
     """
     path = resolve_source(src)
     gguf = not path.is_dir() and info(path).architecture in GGUF_ARCHITECTURES
@@ -192,8 +193,11 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     layers = [f"layer_{i:02d}.onnx" for i in range(spec.num_layers)]
     # carried blocks need no quantizer; tensors of other types in a GGUF are quantized to 8 bits
     bits = {"int8": 8, "int4": 4, GGUF_QUANT: 8}.get(quant)
-    four_bit = quant == "int4" or (quant == GGUF_QUANT and bool({"Q4_0", "Q4_1"} & set(source["gguf_types"])))
-    pad_matmuls = pads_every_product(bits, four_bit, accuracy_level)
+    carried_four_bit = quant == GGUF_QUANT and bool({"Q4_0", "Q4_1"} & set(source["gguf_types"]))
+    # A GGUF's 4-bit blocks under edgespec's kernels (the exact attention's library): BlockQ4MatMul, exact for one
+    # row, so nothing is padded
+    q4_products = carried_four_bit and attention == "exact" and products != "nbits"
+    pad_matmuls = pads_every_product(bits, quant == "int4" or (carried_four_bit and not q4_products), accuracy_level)
     with replacing(out) as tmp:
         if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
             chat_template = write_tokenizer(reader(path), tmp)["chat_template"]
@@ -209,7 +213,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         timed: dict = {"op": block_int8.OP if products == "edgespec" else "MatMulNBits"}
         for i, name in enumerate(layers):
             layer = layer_graph(spec, weights, i, context_length, dense, pad_matmuls, attention,
-                                kv_dtype(attention, quant))
+                                kv_dtype(attention, quant), q4_products)
             if bits:
                 layer = _quantized(layer, bits, block_size, accuracy_level, symmetric)
                 if i == 0 and attention == "exact" and products == "auto":  # the op is in the kernel's library
@@ -219,7 +223,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
             _save(layer, tmp / name)
             bar.update()
         lm_head = weights("lm_head.weight") if "lm_head.weight" in weights else embed  # tied embeddings
-        head = head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls)
+        head = head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls, q4_products)
         if bits:
             head = _quantized(head, head_bits, block_size, accuracy_level, symmetric)
             if timed["op"] == block_int8.OP:
@@ -231,6 +235,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         manifest["source"].update(source)
         if timed["op"] == block_int8.OP:
             manifest["quant_options"]["weights"] = f"{custom_ops.PRODUCTS} (MatMulNBits' 8-bit blocks)"
+        if q4_products:
+            manifest["quant_options"].update(weights=f"{custom_ops.Q4_PRODUCTS} and MatMulNBits with the GGUF's own "
+                                             "blocks", four_bit_products=custom_ops.Q4_PRODUCTS)
         if "median_us" in timed:
             manifest["quant_options"]["products_timed_us"] = timed["median_us"]
         manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else

@@ -20,7 +20,7 @@ import numpy as np
 from edgespec import custom_ops
 from edgespec.onnx_segments import TREE_INPUT
 
-from . import UnsupportedArchitectureError, require
+from . import UnsupportedArchitectureError, block_q4, require
 from .block_weights import BLOCK, BlockWeight, stack
 from .hf import check_architecture
 
@@ -28,14 +28,15 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 11  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 12  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
 # edgespec.BlockInt8MatMul where the export timed it faster (export/block_int8.py); 8: that op's weights packed
 # 16 columns × 4 k per 64 bytes (was 8 × 4 per 32); 9: half KV under the exact attention (``kv_dtype``); 10: the
 # exact attention's ``tree_parents`` input (token trees verified in one pass); 11: a Llama MLP's gate under the
-# exact attention as edgespec.SwiGlu (one op for Split, QuickGelu and Mul)
+# exact attention as edgespec.SwiGlu (one op for Split, QuickGelu and Mul); 12: a GGUF's Q4_0 / Q4_1 blocks as
+# edgespec.BlockQ4MatMul under the exact attention (nothing padded)
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,11 @@ class ModelSpec:
 class GraphBuilder:
     """Collects nodes and initializers; names are made unique with a counter."""
 
-    def __init__(self, name: str, weight_dtype: type = np.float32) -> None:
+    def __init__(self, name: str, weight_dtype: type = np.float32, q4_products: bool = False) -> None:
         self.onnx = require("onnx")
         self.name = name
         self.weight_dtype = weight_dtype  # float16: stored half size, cast to float32 when the session loads
+        self.q4_products = q4_products  # carried 4-bit blocks as edgespec.BlockQ4MatMul (else MatMulNBits)
         self.nodes: list = []
         self.initializers: list = []
         self._n = 0
@@ -210,8 +212,15 @@ def linear(g: GraphBuilder, x: str, weight: Weight, name: str) -> str:
 
 
 def block_linear(g: GraphBuilder, x: str, weight: BlockWeight, name: str) -> str:
-    """x @ W.T with a GGUF file's blocks as MatMulNBits' weights; Q4_1's minima add (Σ x per block) @ minima."""
+    """x @ W.T with a GGUF file's blocks: 4-bit ones as edgespec.BlockQ4MatMul where the graph asks for it (its
+    columns in groups of 16: a last group's zero columns sliced off), else as MatMulNBits' weights, Q4_1's minima
+    adding (Σ x per block) @ minima."""
     n, k = weight.shape
+    if g.q4_products and weight.bits == 4:
+        codes, scales = block_q4.pack(weight)
+        y = g.one(block_q4.OP, [x, g.const(name + "_q4", codes), g.const(name + "_q4_scales", scales)],
+                  domain=custom_ops.DOMAIN)
+        return y if codes.shape[0] * block_q4.COLUMNS == n else g.one("Slice", [y, g.ints(0), g.ints(n), g.ints(-1)])
     y = g.one("MatMulNBits", [x, g.const(name + "_q", weight.codes), g.const(name + "_scales", weight.scales.ravel()),
                               g.const(name + "_zp", weight.packed_zero_points())],
               domain=MS_DOMAIN, K=k, N=n, bits=weight.bits, block_size=BLOCK, accuracy_level=CARRIED_ACCURACY_LEVEL)
@@ -304,19 +313,19 @@ def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
 
 def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, context_length: int,
                 weight_dtype: type = np.float32, pad_matmuls: bool = False, attention: str = "gqa",
-                kv: str = "float32"):
+                kv: str = "float32", q4_products: bool = False):
     """One decoder layer: hidden → hidden, reading/writing the layer's KV buffer (of type ``kv``) in place.
 
     ``attention``: "gqa" (GroupQueryAttention: single-row calls padded to two rows around it, see
     ``single_row_padding``) or "exact" (edgespec.ExactAttention: exact for any row count, nothing padded). With
     ``pad_matmuls`` (MatMul kernels that are not exact for one row) single-row calls are padded around the
-    whole layer either way.
+    whole layer either way. ``q4_products``: carried 4-bit blocks as edgespec.BlockQ4MatMul.
     """
     onnx = require("onnx")
     f32 = onnx.TensorProto.FLOAT
     p = f"model.layers.{index}."
     w = lambda name: weights(p + name)  # noqa: E731
-    g = GraphBuilder(f"layer_{index:02d}", weight_dtype)
+    g = GraphBuilder(f"layer_{index:02d}", weight_dtype, q4_products)
     eps = spec.rms_norm_eps
     exact = attention == "exact"
     hidden, seqlens, total = "hidden", "seqlens_k", "total_sequence_length"
@@ -441,10 +450,10 @@ def embed_graph(spec: ModelSpec, table: Weight):
 
 
 def head_graph(spec: ModelSpec, norm: np.ndarray, lm_head: Weight, weight_dtype: type = np.float32,
-               pad_matmuls: bool = False):
+               pad_matmuls: bool = False, q4_products: bool = False):
     """hidden rows → logits: final RMSNorm and the (possibly tied) output projection."""
     onnx = require("onnx")
-    g = GraphBuilder("head", weight_dtype)
+    g = GraphBuilder("head", weight_dtype, q4_products)
     hidden = "hidden"
     if pad_matmuls:
         pad, seq = single_row_padding(g, hidden)

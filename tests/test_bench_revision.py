@@ -11,7 +11,7 @@ import pytest
 
 from edgespec import custom_ops
 from edgespec.bench.configs import select
-from edgespec.bench.revision import ROOT, source_at
+from edgespec.bench.revision import ROOT, files_at, source_at
 from edgespec.cli import main
 
 pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
@@ -26,6 +26,11 @@ def test_a_file_at_a_revision_and_a_clear_exit_where_git_has_none() -> None:
     assert "BlockInt8MatMul" in source_at("HEAD", custom_ops.KERNELS / "block_int8_matmul.cc")
     with pytest.raises(SystemExit, match="at revision 'no-such-revision'"):
         source_at("no-such-revision", custom_ops.KERNELS / "block_int8_matmul.cc")
+    kernels = files_at("HEAD", custom_ops.KERNELS)  # a revision's own kernel files (benchmarks/kernels_in_model.py)
+    assert custom_ops.KERNELS / "block_int8_matmul.cc" in kernels
+    assert all(p.parent == custom_ops.KERNELS for p in kernels)
+    with pytest.raises(SystemExit, match="at revision 'no-such-revision'"):
+        files_at("no-such-revision", custom_ops.KERNELS)
 
 
 def test_a_configuration_at_a_revision_keeps_this_checkouts_baseline() -> None:

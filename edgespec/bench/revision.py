@@ -28,6 +28,16 @@ def source_at(rev: str, path: Path) -> str:
     return done.stdout.decode()
 
 
+def files_at(rev: str, folder: Path) -> list[Path]:
+    """The files of ``folder`` (a folder of this checkout) at git revision ``rev``, as this checkout's paths (a
+    revision's kernels: sources added or removed since included or left out); a clear exit where git has none."""
+    name = folder.resolve().relative_to(ROOT).as_posix()
+    done = _git("ls-tree", "--name-only", f"{rev}:{name}")
+    if done.returncode != 0:
+        raise SystemExit(f"cannot list {name} at revision {rev!r}: {done.stderr.decode().strip() or 'git failed'}")
+    return [folder / line for line in done.stdout.decode().splitlines()]
+
+
 def commit_of(rev: str) -> str:
     """The commit ``rev`` names; ValueError where there is none (not a checkout, an unknown revision)."""
     if not (ROOT / ".git").exists():

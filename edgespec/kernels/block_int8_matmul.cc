@@ -24,6 +24,7 @@
 // scales float [K/32, N]. Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
+#include "block_products.h"  // quantize_row, kTileRows, for_each_tile
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -45,9 +46,9 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // weights and activations share their blocks along K
-constexpr int64_t kColumns = 16;  // per packed group of weights, and per task
-constexpr int64_t kDepth = 4;     // k per packed column
+using edgespec_blocks::kBlock;
+using edgespec_blocks::kColumns;
+constexpr int64_t kDepth = 4;  // k per packed column
 
 // Activation rows quantized per block: the codes, and one scale per row and block.
 struct Rows {
@@ -72,36 +73,7 @@ constexpr uint8_t kCodeFlip = 0;
 #endif
 
 void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scales) {
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const float* v = x + b * kBlock;
-#if defined(__AVX512F__) && defined(__FMA__)  // AVX-512 implies AVX2: immintrin.h is included above
-    // The codes and scales of the loop below, bit for bit, in 512-bit vectors: the maximum is exact in any order,
-    // the product is one rounding either way, and vcvtps2dq rounds to nearest even as nearbyint does in the default
-    // rounding mode (a scratch program compared every code and scale on 200 000 blocks). A row's quantization runs on
-    // the calling thread while the other waits; the loop below took ~0.3 / 0.8 µs a row of 576 / 1536, this a third.
-    static_assert(kBlock == 32, "a block is two 16-float vectors");
-    const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, magnitude), _mm512_and_ps(hi, magnitude)));
-    const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-    scales[b] = scale;
-    const __m512 by = _mm512_set1_ps(inverse);
-    const __m128i flip = _mm_set1_epi8(static_cast<char>(kCodeFlip));
-    const __m128i low = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, by)));
-    const __m128i high = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, by)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock), _mm_xor_si128(low, flip));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + 16), _mm_xor_si128(high, flip));
-#else
-    float amax = 0.0f;
-    for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-    scales[b] = scale;
-    for (int64_t i = 0; i < kBlock; ++i) {
-      const auto code = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
-      codes[b * kBlock + i] = static_cast<uint8_t>(code) ^ kCodeFlip;
-    }
-#endif
-  }
+  edgespec_blocks::quantize_row(x, k, codes, scales, kCodeFlip, nullptr);
 }
 
 // Where column n's weights start in B (k = 0): its packed group's start, then its place in each 64 bytes.
@@ -296,18 +268,7 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
 }
 
-// Rows per tile: each tile reads the weights once, so a verify batch up to this size costs one pass over them.
-// A tile keeps 2 registers per row and vector (its integer and float sums): 16-column vectors use one each, pairs of
-// 8-column ones two; AVX2's 16 registers hold 2 rows of pairs, AVX-512's 32 hold 8 rows of 16-column vectors or 4
-// of pairs (with 8 columns and 4 rows, the whole model's 5-token verify cost 1.76× one token's against 1.17× for 4
-// tokens, and 1.36× with 8: the AVX-512 EPYC's Spec-Bench references, spec_bench-2026-11-24-epyc-avx512-*).
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-constexpr int64_t kTileRows = 8;
-#elif defined(__AVX512VL__)
-constexpr int64_t kTileRows = 4;
-#else
-constexpr int64_t kTileRows = 2;
-#endif
+using edgespec_blocks::kTileRows;
 
 using Panel = void (*)(const Call&, int64_t, int64_t);
 
@@ -319,15 +280,11 @@ constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>)
 constexpr auto kPanels = panel_table(std::make_index_sequence<kTileRows>());
 static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
-// Columns n0 … n0 + 15 (one packed group) for every row, in tiles of near-equal size (5 rows in tiles of 4: 3 + 2,
-// not 4 + 1).
+// Columns n0 … n0 + 15 (one packed group) for every row, tile by tile.
 void columns(const Call& c, int64_t n0) {
-  const int64_t tiles = (c.m + kTileRows - 1) / kTileRows;
-  for (int64_t i = 0, m = 0; i < tiles; ++i) {
-    const int64_t rows = (c.m - m) / (tiles - i);
-    kPanels[static_cast<size_t>(rows - 1)](c, m, n0);
-    m += rows;
-  }
+  edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
+    kPanels[static_cast<size_t>(rows - 1)](c, m0, n0);
+  });
 }
 #else
 // The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the SIMD

@@ -41,28 +41,6 @@ namespace {
 using namespace edgespec_vec;  // NOLINT: the vectors every function here computes with
 using edgespec_vec::load;  // beside the half-precision load below, one overload set
 
-// Half-precision KV: IEEE binary16 as its bits.
-using Half = uint16_t;
-
-// binary16 → float32 is exact. The portable form: sign, exponent rebiased (15 → 127), mantissa shifted; a
-// subnormal half is m·2⁻²⁴ (an exact float product); infinities and NaNs keep their payload, quiet.
-inline float widen(Half h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0) {
-    const float tiny = static_cast<float>(mantissa) * 0x1p-24f;
-    std::memcpy(&bits, &tiny, sizeof bits);
-  } else if (exponent == 31) {
-    bits = 0x7f800000u | (mantissa ? 0x400000u | mantissa << 13 : 0u);
-  } else {
-    bits = (exponent + 112) << 23 | mantissa << 13;
-  }
-  bits |= sign;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 // float32 → binary16, rounded to nearest, ties to even (as F16C's vcvtps2ph with _MM_FROUND_TO_NEAREST_INT, and as
 // NumPy's astype(float16)): past 65504 an infinity; below 2⁻¹⁴ a subnormal; a NaN stays a quiet NaN.
 inline Half narrow(float f) {

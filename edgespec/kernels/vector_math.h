@@ -1,10 +1,32 @@
-// Vectors of 8 floats, and the e^x the ops share (exact_attention.cc, swiglu.cc).
+// Vectors of 8 floats, and the e^x the ops share (exact_attention.cc, swiglu.cc); half → float.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 namespace edgespec_vec {
+
+// IEEE binary16 as its bits (the attention's half KV, the 4-bit products' block scales).
+using Half = uint16_t;
+
+// binary16 → float32 is exact. The portable form: sign, exponent rebiased (15 → 127), mantissa shifted; a
+// subnormal half is m·2⁻²⁴ (an exact float product); infinities and NaNs keep their payload, quiet.
+inline float widen(Half h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    const float tiny = static_cast<float>(mantissa) * 0x1p-24f;
+    std::memcpy(&bits, &tiny, sizeof bits);
+  } else if (exponent == 31) {
+    bits = 0x7f800000u | (mantissa ? 0x400000u | mantissa << 13 : 0u);
+  } else {
+    bits = (exponent + 112) << 23 | mantissa << 13;
+  }
+  bits |= sign;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // 8 floats through the compiler's vector extension (AVX2/AVX-512 as ymm, SSE or NEON as pairs).
 // Every sum runs in an order written out below, never one the compiler or the call's shape chooses: a value's bits

@@ -1,0 +1,330 @@
+// edgespec.BlockQ4MatMul: Y = X · Wᵀ with W in a GGUF file's own 4-bit blocks (Q4_0, Q4_1), every row of a call
+// sharing each weight load, every row the same bits alone or in a batch of any size and any thread split.
+//
+// The arithmetic: W in blocks of 32 along K, a 4-bit code q (0 … 15) per weight and fp16 numbers per block and
+// output column: Q4_0's weight is (q − 8)·d, Q4_1's q·d + m. Each activation row is quantized per block of 32 to int8
+// (scale s = max|x| / 127, round to nearest even, block_products.h), as llama.cpp quantizes activations for these
+// types (Q8_0; its Q8_1 for Q4_1 adds s·Σa, which here is the exact integer Σa and the float s kept apart): the
+// weights' block is the activations' block, so per block and (row, column) one exact integer sum, then, blocks in
+// ascending order,
+//   Q4_0: acc = fma(float(Σ q·a − 8·Σa), s·d, acc)
+//   Q4_1: acc = fma(float(Σ q·a), s·d, acc); acc = fma(float(Σa), s·m, acc)
+// (|Σ q·a − 8·Σa| ≤ 32 · 15 · 127 + 8 · 32 · 127 < 2²⁴, exact in float; s·d and s·m one rounding each).
+//
+// Why: llama.cpp's CPU kernels take a verify batch's rows nearly at full price at 1–8B sizes (Llama-3.2-1B Q4_0:
+// 2 rows 1.97× one row, docs/synthetic-models.md), and MatMulNBits' 4-bit kernel rounds a lone row otherwise than
+// the same row among several (docs/kernels.md). Here each 64 bytes of codes (16 columns × 8 k) is loaded and split
+// into its two nibble vectors once per tile, and every row of the tile takes one vpdpbusd per vector (unsigned
+// codes × signed activations, 4 k per lane; AVX2 without VNNI: vpmaddubsw, ≤ 2 · 15 · 127 per pair, then vpmaddwd):
+// the extra rows cost the integer units' time, the weights being read once per tile and in order.
+//
+// Exactness: a block's integer sums are exact whatever the order, and every (row, column) then runs the same float
+// operations in the same order, whatever the call's row count, tile or thread: a row has the same bits alone or in a
+// verify batch, and the portable path below gives the same bits as the AVX2 and VNNI ones.
+//
+// Inputs: A float [..., K]; B uint8 [N/16, K/8, 64]: per group of 16 columns, per 8 k, byte 4j + i holds column j's
+// code of k + i in its low nibble and of k + 4 + i in its high one; scales float16 [N/16, K/32, 16] (Q4_0: d of the
+// group's 16 columns per block) or [N/16, K/32, 32] (Q4_1: the 16 d, then the 16 m). Output: float [..., N].
+
+#include "ops.h"  // onnxruntime's C++ API
+#include "block_products.h"  // quantize_row, kTileRows, for_each_tile
+#include "vector_math.h"  // Half, widen
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define EDGESPEC_Q4_SIMD
+#include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define EDGESPEC_Q4_VNNI(sum, u, s) _mm256_dpbusd_epi32(sum, u, s)
+#elif defined(__AVXVNNI__)
+#define EDGESPEC_Q4_VNNI(sum, u, s) _mm256_dpbusd_avx_epi32(sum, u, s)
+#endif
+#endif
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using edgespec_blocks::kBlock;
+using edgespec_blocks::kColumns;
+using edgespec_vec::Half;
+constexpr int64_t kDepth = 8;  // k per packed column and 64 bytes: 4 in the low nibbles, 4 in the high
+constexpr int64_t kChunk = kColumns * kDepth / 2;  // bytes of codes per group and 8 k
+
+struct Call {
+  const uint8_t* codes;  // [M][K]: the rows' int8 codes
+  const float* row_scales;  // [M][K/32]
+  const int32_t* row_sums;  // [M][K/32]: Σ of each block's codes
+  const uint8_t* weights;  // B
+  const Half* scales;  // [N/16][K/32][16 · (1 + minimum)]
+  float* out;
+  int64_t m, k, n;
+};
+
+// Per group and block: the 16 d, and with a minimum (Q4_1) the 16 m after them.
+template <bool kMinimum>
+constexpr int64_t kScalesPerBlock = kColumns * (kMinimum ? 2 : 1);
+
+#ifdef EDGESPEC_Q4_SIMD
+// The codes 8 KB ahead, asked for into L2 (as block_int8_matmul.cc's prefetch_ahead), by tiles of any size: without,
+// 8 rows took 1.5–2.1× as long with the weights from memory (docs/kernels.md); from one row or from three, as the INT8
+// kernel's 512-bit loop, could not be told apart on the shared machine.
+constexpr int64_t kPrefetchBytes = 8192;
+
+// 8 output columns in 256 bits, and with AVX512-VNNI all 16 of a group in 512.
+struct Lanes8 {
+  using Int = __m256i;
+  using Float = __m256;
+  static constexpr int64_t kWidth = 8;
+  // 32 bytes of codes (8 columns × 8 k) as the low and the high nibbles (k … k + 3, k + 4 … k + 7 per lane)
+  static void nibbles(const uint8_t* packed, Int& low, Int& high) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed)), mask = _mm256_set1_epi8(0x0f);
+    low = _mm256_and_si256(v, mask);
+    high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+  }
+  static Int broadcast(const uint8_t* codes) {  // four codes into every lane, read straight from memory
+    uint32_t a4;
+    std::memcpy(&a4, codes, sizeof a4);
+    return _mm256_set1_epi32(static_cast<int>(a4));
+  }
+  static Int splat(int32_t v) { return _mm256_set1_epi32(v); }
+  // sum + the four-byte dot products of the codes (unsigned, ≤ 15) and the activations (signed), lane by lane
+  static Int dot(Int sum, Int w, Int a) {
+#ifdef EDGESPEC_Q4_VNNI
+    return EDGESPEC_Q4_VNNI(sum, w, a);
+#else
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+#endif
+  }
+  static Float zero_float() { return _mm256_setzero_ps(); }
+  static Float load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
+  // acc + float(sum) · (row_scale · column_scales), rounded as the portable path rounds it
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(_mm256_set1_ps(row_scale), column_scales), acc);
+  }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+struct Lanes16 {
+  using Int = __m512i;
+  using Float = __m512;
+  static constexpr int64_t kWidth = 16;
+  static void nibbles(const uint8_t* packed, Int& low, Int& high) {
+    const __m512i v = _mm512_loadu_si512(packed), mask = _mm512_set1_epi8(0x0f);
+    low = _mm512_and_si512(v, mask);
+    high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+  }
+  static Int broadcast(const uint8_t* codes) {
+    uint32_t a4;
+    std::memcpy(&a4, codes, sizeof a4);
+    return _mm512_set1_epi32(static_cast<int>(a4));
+  }
+  static Int splat(int32_t v) { return _mm512_set1_epi32(v); }
+  static Int dot(Int sum, Int w, Int a) { return _mm512_dpbusd_epi32(sum, w, a); }
+  static Float zero_float() { return _mm512_setzero_ps(); }
+  static Float load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
+  }
+};
+using GroupLanes = Lanes16;
+#else
+// Two 8-column vectors side by side: the whole 16-column group in one pass, each 64 bytes read once and in order.
+struct Pair {
+  using V = Lanes8;
+  struct Int {
+    V::Int lo, hi;
+  };
+  struct Float {
+    V::Float lo, hi;
+  };
+  static constexpr int64_t kWidth = 2 * V::kWidth;
+  static void nibbles(const uint8_t* packed, Int& low, Int& high) {
+    V::nibbles(packed, low.lo, high.lo);
+    V::nibbles(packed + kChunk / 2, low.hi, high.hi);
+  }
+  static Int broadcast(const uint8_t* codes) {
+    const V::Int a = V::broadcast(codes);
+    return {a, a};
+  }
+  static Int splat(int32_t v) { return {V::splat(v), V::splat(v)}; }
+  static Int dot(Int sum, Int w, Int a) { return {V::dot(sum.lo, w.lo, a.lo), V::dot(sum.hi, w.hi, a.hi)}; }
+  static Float zero_float() { return {V::zero_float(), V::zero_float()}; }
+  static Float load(const Half* p) { return {V::load(p), V::load(p + V::kWidth)}; }
+  static void store(float* p, Float v) {
+    V::store(p, v.lo);
+    V::store(p + V::kWidth, v.hi);
+  }
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return {V::step(acc.lo, sum.lo, row_scale, column_scales.lo), V::step(acc.hi, sum.hi, row_scale, column_scales.hi)};
+  }
+};
+using GroupLanes = Pair;
+#endif
+static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
+
+// Rows m0 … m0 + R − 1 against the 16 columns from n0: per block each row's exact integer sums (Q4_0's start at
+// −8·Σa, so the zero point costs nothing in the loop), then the float steps.
+template <class V, int R, bool kMinimum>
+void panel(const Call& c, int64_t m0, int64_t n0) {
+  const int64_t blocks = c.k / kBlock;
+  const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+  const Half* scales = c.scales + n0 / kColumns * blocks * kScalesPerBlock<kMinimum>;
+  const uint8_t* codes = c.codes + m0 * c.k;
+  const float* row_scales = c.row_scales + m0 * blocks;
+  const int32_t* row_sums = c.row_sums + m0 * blocks;
+  typename V::Float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
+  for (int64_t b = 0; b < blocks; ++b) {
+    typename V::Int sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = V::splat(kMinimum ? 0 : -8 * row_sums[r * blocks + b]);
+    for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += kDepth) {
+      const uint8_t* chunk = packed + k / kDepth * kChunk;
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T1);
+      typename V::Int low, high;
+      V::nibbles(chunk, low, high);
+      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * c.k + k));
+      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], high, V::broadcast(codes + r * c.k + k + 4));
+    }
+    const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
+    const typename V::Float d = V::load(block_scales);
+    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + b], d);
+    if constexpr (kMinimum) {
+      const typename V::Float minimum = V::load(block_scales + kColumns);
+      for (int r = 0; r < R; ++r)
+        acc[r] = V::step(acc[r], V::splat(row_sums[r * blocks + b]), row_scales[r * blocks + b], minimum);
+    }
+  }
+  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
+}
+
+using Panel = void (*)(const Call&, int64_t, int64_t);
+
+// panel<GroupLanes, 1, kMinimum> … panel<GroupLanes, kTileRows, kMinimum>: a tile of r rows runs table[r − 1].
+template <bool kMinimum, size_t... I>
+constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>) {
+  return {panel<GroupLanes, static_cast<int>(I) + 1, kMinimum>...};
+}
+template <bool kMinimum>
+constexpr auto kPanels = panel_table<kMinimum>(std::make_index_sequence<edgespec_blocks::kTileRows>());
+
+template <bool kMinimum>
+void columns(const Call& c, int64_t n0) {
+  edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
+    kPanels<kMinimum>[static_cast<size_t>(rows - 1)](c, m0, n0);
+  });
+}
+#else
+// The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the SIMD paths'
+// (each product of two scales rounded, then one fused multiply-add).
+template <bool kMinimum>
+void columns(const Call& c, int64_t n0) {
+  const int64_t blocks = c.k / kBlock;
+  const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+  const Half* scales = c.scales + n0 / kColumns * blocks * kScalesPerBlock<kMinimum>;
+  for (int64_t m = 0; m < c.m; ++m)
+    for (int64_t j = 0; j < kColumns; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int32_t sum = c.row_sums[m * blocks + b];
+        int32_t dot = kMinimum ? 0 : -8 * sum;
+        for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k) {
+          const uint8_t byte = packed[k / kDepth * kChunk + j * kDepth / 2 + k % (kDepth / 2)];
+          const int32_t q = k % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
+          dot += q * int32_t(static_cast<int8_t>(c.codes[m * c.k + k]));
+        }
+        const float s = c.row_scales[m * blocks + b];
+        const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
+        acc = std::fma(static_cast<float>(dot), s * edgespec_vec::widen(block_scales[j]), acc);
+        if (kMinimum) acc = std::fma(static_cast<float>(sum), s * edgespec_vec::widen(block_scales[kColumns + j]), acc);
+      }
+      c.out[m * c.n + n0 + j] = acc;
+    }
+}
+#endif
+
+template <bool kMinimum>
+void columns_task(void* data, size_t task) {
+  columns<kMinimum>(*static_cast<const Call*>(data), static_cast<int64_t>(task) * kColumns);
+}
+
+struct QuantizeCall {
+  const float* x;
+  uint8_t* codes;
+  float* scales;
+  int32_t* sums;
+  int64_t k;
+};
+
+void quantize_task(void* data, size_t row) {
+  const QuantizeCall& q = *static_cast<const QuantizeCall*>(data);
+  const int64_t r = static_cast<int64_t>(row), blocks = q.k / kBlock;
+  edgespec_blocks::quantize_row(q.x + r * q.k, q.k, q.codes + r * q.k, q.scales + r * blocks, 0, q.sums + r * blocks);
+}
+
+struct BlockQ4MatMulKernel {
+  BlockQ4MatMulKernel(const OrtApi&, const OrtKernelInfo*) {}
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue a = ctx.GetInput(0), b = ctx.GetInput(1), s = ctx.GetInput(2);
+    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> b_shape = b.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> s_shape = s.GetTensorTypeAndShapeInfo().GetShape();
+    const auto fail = [](const std::string& why) {
+      ORT_CXX_API_THROW("BlockQ4MatMul: " + why, ORT_INVALID_ARGUMENT);
+    };
+    // A graph that does not match the contract (a corrupt or hand-edited export) is an error, not a stray read.
+    if (shape.empty() || b_shape.size() != 3 || b_shape[2] != kChunk || s_shape.size() != 3 ||
+        (s_shape[2] != kColumns && s_shape[2] != 2 * kColumns))
+      fail("A must be [..., K], B [N/16, K/8, 64], scales [N/16, K/32, 16] (Q4_0) or [N/16, K/32, 32] (Q4_1)");
+    const int64_t k = shape.back(), n = b_shape[0] * kColumns;
+    if (k % kBlock != 0 || b_shape[1] * kDepth != k || s_shape[0] != b_shape[0] || s_shape[1] != k / kBlock)
+      fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+    shape.back() = n;
+    Ort::UnownedValue out = ctx.GetOutput(0, shape);
+    if (m == 0) return;
+
+    // Each row quantized once, then read by every column task (kept by the calling thread between calls).
+    thread_local std::vector<uint8_t> codes;
+    thread_local std::vector<float> row_scales;
+    thread_local std::vector<int32_t> row_sums;
+    QuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock),
+                   scratch(row_sums, m * k / kBlock), k};
+    for_each_row(ctx, m, quantize_task, &q);
+    Call call{q.codes, q.scales, q.sums, b.GetTensorData<uint8_t>(), s.GetTensorData<Half>(),
+              out.GetTensorMutableData<float>(), m, k, n};
+    // A batch per group of columns: a thread that finishes takes the next (as the INT8 kernel's).
+    const size_t groups = static_cast<size_t>(b_shape[0]);
+    ctx.ParallelFor(s_shape[2] == kColumns ? columns_task<false> : columns_task<true>, groups, groups, &call);
+  }
+};
+
+struct BlockQ4MatMulOp : Ort::CustomOpBase<BlockQ4MatMulOp, BlockQ4MatMulKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new BlockQ4MatMulKernel(api, info); }
+  const char* GetName() const { return "BlockQ4MatMul"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == 0   ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+           : index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+                        : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+void add_block_q4_matmul(Ort::CustomOpDomain& domain) {
+  static BlockQ4MatMulOp op;
+  domain.Add(&op);
+}
