@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from itertools import pairwise
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from . import constraints
 from .arena import Cache, KVArena, TreeCache, common_prefix
 from .backend import Backend, SelfDraft
 from .chat import ChatTemplate, Message
@@ -31,6 +32,7 @@ from .rules import Penalties, Rules, TokenLogprob, check_top_logprobs
 from .sampling import SamplingParams, sample
 from .stats import GenerationStats
 from .text import TextStream
+from .tools import ChatTurn, ToolCall, ToolReply, chat_turn, toolbox
 from .tuning import StoredCurve, Tuning
 from .verify import verify_greedy, verify_sampled, verify_tree_greedy, verify_tree_sampled
 
@@ -58,15 +60,26 @@ class StreamChunk:
     finish_reason: str | None = None  # "stop" or "length" on the last chunk
     stats: GenerationStats | None = None  # on the last chunk
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
+    reply: ToolReply | None = None  # on the last chunk of a chat with tools: its text read as content and calls
 
 
 @dataclass
 class Completion:
-    text: str
+    text: str  # what the model wrote (with tools: the calls' markup too)
     tokens: list[int]
-    finish_reason: str
+    finish_reason: str  # "stop", "length", or "tool_calls" when the reply calls tools
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
+    reply: ToolReply | None = None  # a chat with tools: the text read as content and tool calls
+
+    @property
+    def content(self) -> str:
+        """The text for the user: without tools, all of it."""
+        return self.reply.content if self.reply is not None else self.text
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return list(self.reply.calls) if self.reply is not None else []
 
 
 class Engine:
@@ -143,15 +156,46 @@ class Engine:
         return collect(self.stream(prompt, **kwargs))  # type: ignore[arg-type]
 
     def chat(self, messages: Sequence[Message], **kwargs: object) -> Completion:
-        return self.generate(self.chat_tokens(messages), **kwargs)
+        """A reply in the model's chat template; keyword arguments as for ``stream_chat``."""
+        return collect(self.stream_chat(messages, **kwargs))  # type: ignore[arg-type]
 
-    def stream_chat(self, messages: Sequence[Message], **kwargs: object) -> Iterator[StreamChunk]:
-        return self.stream(self.chat_tokens(messages), **kwargs)  # type: ignore[arg-type]
+    def stream_chat(self, messages: Sequence[Message], *, tools: Sequence[dict[str, Any]] | None = None,
+                    tool_choice: str | dict[str, Any] | None = None, parallel_tool_calls: bool | None = None,
+                    response_format: dict[str, Any] | None = None, **kwargs: Any) -> Iterator[StreamChunk]:
+        """``stream`` for chat messages, in the model's own chat template. ``tools`` (OpenAI's function tools),
+        ``tool_choice`` ("auto", the default with tools; "none"; "required"; ``{"type": "function", "function":
+        {"name": ...}}``) and ``parallel_tool_calls`` (default false: at most one call per reply) as in OpenAI's
+        API: the last chunk's ``reply`` holds the text read as content and tool calls (edgespec/tools.py), and its
+        finish_reason is "tool_calls" when there are any. Messages may carry an assistant's ``tool_calls`` and
+        ``role: "tool"`` results (``tool_call_id``). ``response_format`` is OpenAI's
+        (``constraints.response_format``)."""
+        if response_format is not None:
+            if kwargs.get("constraint") is not None:
+                raise InvalidParameterError("response_format and constraint each constrain the output; pass one")
+            kwargs["constraint"] = constraints.response_format(response_format)
+        turn = self.chat_turn(messages, tools, tool_choice, parallel_tool_calls)
+        if turn.box.active:
+            if kwargs.get("constraint") is not None:
+                raise InvalidParameterError("a constraint (response_format, a schema, a grammar) and tools cannot "
+                                            "be combined: the reply is a tool call or an answer in the tools' "
+                                            "format; send tool_choice 'none' to constrain a plain answer",
+                                            "response_format")
+            kwargs["constraint"] = turn.constraint
+        chunks = self.stream(turn.tokens, **kwargs)
+        return _read_reply(chunks, turn) if turn.box.active else chunks
 
-    def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
+    def chat_tokens(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
+                    tool_choice: str | dict[str, Any] | None = None,
+                    parallel_tool_calls: bool | None = None) -> list[int]:
+        """The prompt ``stream_chat`` would generate after."""
+        return self.chat_turn(messages, tools, tool_choice, parallel_tool_calls).tokens
+
+    def chat_turn(self, messages: Sequence[Message], tools: object = None, tool_choice: object = None,
+                  parallel_tool_calls: object = None) -> ChatTurn:
         if self.chat_template is None:
             raise EdgespecError(f"{self.target.path.name} has no chat template; pass a plain prompt instead")
-        return self.chat_template.tokens(messages, self.target.tokenize)
+        return chat_turn(self.chat_template, messages, toolbox(tools, tool_choice, parallel_tool_calls),
+                         self.target.tokenize)
 
     def tokenize(self, prompt: str) -> list[int]:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
@@ -564,6 +608,21 @@ class Engine:
             self.draft_model.close()
 
 
+def _read_reply(chunks: Iterator[StreamChunk], turn: ChatTurn) -> Iterator[StreamChunk]:
+    """``chunks`` with the whole text read for tool calls on the last one (``StreamChunk.reply``)."""
+    pieces: list[str] = []
+    try:
+        for chunk in chunks:
+            pieces.append(chunk.text)
+            if chunk.finish_reason is not None:
+                reply = turn.reply("".join(pieces), chunk.finish_reason)
+                chunk = replace(chunk, reply=reply,
+                                finish_reason="tool_calls" if reply and reply.calls else chunk.finish_reason)
+            yield chunk
+    finally:
+        cast(Generator[StreamChunk, None, None], chunks).close()  # closing this stream cancels the generation
+
+
 def collect(chunks: Iterable[StreamChunk], on_text: Callable[[str], None] | None = None) -> Completion:
     """Gather a stream into one Completion, handing each piece of text to ``on_text`` as it arrives."""
     pieces: list[str] = []
@@ -577,7 +636,7 @@ def collect(chunks: Iterable[StreamChunk], on_text: Callable[[str], None] | None
         if chunk.logprobs is not None:
             logprobs = (logprobs or []) + chunk.logprobs
     assert chunk.finish_reason is not None and chunk.stats is not None  # the last chunk always has both
-    return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats, logprobs)
+    return Completion("".join(pieces), tokens, chunk.finish_reason, chunk.stats, logprobs, chunk.reply)
 
 
 def check_gamma(gamma: int | str) -> int | str:

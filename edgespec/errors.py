@@ -20,7 +20,12 @@ class ContextOverflowError(EdgespecError):
 
 
 class InvalidParameterError(EdgespecError, ValueError):
-    """A generation or load parameter is out of range."""
+    """A generation or load parameter is out of range. ``param``: the request field it names, where the message's
+    first word is not it (``tools[0].function.name``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class MissingExtraError(EdgespecError):

@@ -225,9 +225,7 @@ def test_special_token_text_stays_text_on_onnx(onnx_engine: Engine) -> None:
 
 
 # -- 5. unsupported parameters ---------------------------------------------------------------------------
-UNSUPPORTED = {"tools": [{"type": "function", "function": {"name": "f"}}],
-               "tool_choice": "required", "functions": [{"name": "f"}], "function_call": "auto",
-               "logit_bias": {"42": 100}, "n": 2}
+UNSUPPORTED = {"functions": [{"name": "f"}], "function_call": "auto", "logit_bias": {"42": 100}, "n": 2}
 
 
 def test_unsupported_parameters_are_refused_by_name(http: httpx.Client,
@@ -237,7 +235,7 @@ def test_unsupported_parameters_are_refused_by_name(http: httpx.Client,
         assert key in _error(_chat(http, **{key: value}), 400, "unsupported", key)
         end = _bridge_ask(lines, f"unsupported-{key}", cmd="chat", messages=MESSAGES, **{key: value})[-1]
         assert end["event"] == "error" and end["code"] == "unsupported" and key in end["message"]
-    for role in ("tool", "function", "wizard"):
+    for role in ("function", "wizard"):
         _error(_chat(http, messages=[{"role": role, "content": "x"}]), 400, "unsupported", "messages[0].role")
     # What clients send by default, or as extras edgespec does not need, is fine.
     defaults = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "response_format": {"type": "text"},
@@ -386,10 +384,11 @@ def test_other_servers_parameter_names_are_mapped_or_refused(http: httpx.Client,
     _error(_chat(http, max_token=2), 400, "unknown_parameter", "max_token")
     end = _bridge_ask(lines, "unknown", cmd="chat", messages=MESSAGES, temprature=0.5)[-1]
     assert end["code"] == "unknown_parameter" and "temprature" in end["message"], end
-    for field, value in (("name", "bob"), ("tool_calls", [{"id": "1", "type": "function"}]), ("colour", "red")):
+    for field, value, code, param in (("name", "bob", "unsupported", "name"),
+                                      ("tool_calls", [{"id": "1", "type": "function"}], "invalid_value",
+                                       "tool_calls[0]"), ("colour", "red", "unknown_parameter", "colour")):
         message = {"role": "assistant", "content": "Hi.", field: value}
-        _error(_chat(http, messages=[message, *MESSAGES]), 400,
-               "unknown_parameter" if field == "colour" else "unsupported", f"messages[0].{field}")
+        _error(_chat(http, messages=[message, *MESSAGES]), 400, code, f"messages[0].{param}")
     # What OpenAI's client sends back with an earlier reply is fine.
     echoed = {"role": "assistant", "content": "Hi.", "refusal": None, "tool_calls": None, "annotations": [],
               "audio": None, "function_call": None}

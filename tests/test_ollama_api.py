@@ -88,7 +88,7 @@ def test_tags_show_ps_version_and_head(client: ollama.Client, server: LiveServer
     assert (details.format, details.family, details.parameter_size, details.quantization_level) == \
         ("gguf", "llama", "135M", "Q4_1")
     show = client.show(MODEL)
-    assert "<|im_start|>" in (show.template or "") and show.capabilities == ["completion"]
+    assert "<|im_start|>" in (show.template or "") and show.capabilities == ["completion", "tools"]
     assert show.modelinfo is not None and show.modelinfo["llama.context_length"] == 8192
     assert "temperature 0.8" in (show.parameters or "") and show.details == details
     (loaded,) = client.ps().models
@@ -109,9 +109,10 @@ def _error(reply: httpx.Response, status: int) -> str:
     ({"options": {"repeat_penalty": 1.3}}, "repeat_penalty"),  # until the engine applies penalties
     ({"options": {"frequency_penalty": 0.5}}, "frequency_penalty"),
     ({"options": {"num_ctx": 100_000}}, "num_ctx"),
-    ({"format": "json"}, "format"),
-    ({"format": {"type": "object"}}, "format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"format": "yaml"}, "format"),
+    ({"format": {"type": "objectx"}}, "format"),
+    ({"format": "json", "tools": [{"type": "function", "function": {"name": "f"}}]}, "format"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name"),
     ({"think": True}, "think"),
     ({"temperature": 0.5}, "temperature"),  # an option at the top level: Ollama would ignore it
     ({"messages": [{"role": "user", "content": "Hi", "images": ["aGk="]}]}, "images"),
@@ -132,7 +133,7 @@ def test_bad_parameters_are_named(server: LiveServer, body: dict, named: str) ->
     ("generate", {"prompt": "Hi", "options": {"num_ctx": 0}}, "num_ctx"),
     ("generate", {"prompt": "Hi", "options": {"num_ctx": 2.5}}, "num_ctx"),
     ("chat", {"messages": "Hi"}, "messages"),
-    ("chat", {"messages": [{"role": "tool", "content": "42"}]}, "role"),
+    ("chat", {"messages": [{"role": "wizard", "content": "42"}]}, "role"),
     ("show", {"model": MODEL, "name": "other"}, "disagree"),
     ("show", {"model": MODEL, "verbose": "yes"}, "verbose"),
     ("show", {"model": MODEL, "colour": 1}, "colour"),

@@ -38,6 +38,7 @@ from uvicorn import Config, Server
 from ..engine import StreamChunk
 from ..errors import EdgespecError
 from ..stats import GenerationStats
+from ..tools import ToolReply
 from . import ollama_api as ollama
 from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
 from .limits import ConnectionLimits, limited_protocol
@@ -125,8 +126,8 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
         worker = pool.get(req.model)
         rid, name = new_id(req.chat), worker.name
         return await _reply(request, _Generation(worker, req), req,
-                            lambda text, finish, stats, logprobs: completion_body(req, rid, name, text, finish, stats,
-                                                                                  logprobs),
+                            lambda text, finish, stats, logprobs, reply: completion_body(
+                                req, rid, name, text, finish, stats, logprobs, reply),
                             lambda gen, first: _sse(gen, req, rid, name, first), "text/event-stream")
 
     # -- Ollama's API: the same generation path, Ollama's request and reply shapes ------------------------
@@ -145,7 +146,8 @@ def create_app(pool: ModelPool, *, api_key: str | None = None, cors_origins: Ite
             return JSONResponse(ollama.load_body(worker.name, req.reply))
         name = worker.name
         return await _reply(request, _Generation(worker, req), req,
-                            lambda text, finish, stats, _: ollama.final_body(req, name, text, finish, stats),
+                            lambda text, finish, stats, _, reply: ollama.final_body(req, name, text, finish, stats,
+                                                                                    reply),
                             lambda gen, first: _ndjson(gen, req, name, first), "application/x-ndjson")
 
     async def ollama_tags(_: Request) -> Response:
@@ -201,10 +203,11 @@ def _page_headers(page: str) -> dict[str, str]:
 
 
 async def _reply(request: Request, gen: _Generation, req: GenerationRequest,
-                 whole: Callable[[str, str, GenerationStats], dict[str, object]],
+                 whole: Callable[[str, str, GenerationStats, dict[str, list[Any]] | None, ToolReply | None],
+                                 dict[str, object]],
                  stream: Callable[[_Generation, _Event], AsyncGenerator[bytes, None]], media_type: str) -> Response:
-    """The reply as one object, ``whole(text, finish_reason, stats)``, or streamed (``stream``) once the first
-    event says the generation has started: until then an error still gets its status code."""
+    """The reply as one object, ``whole(text, finish_reason, stats, logprobs, tool reply)``, or streamed (``stream``)
+    once the first event says the generation has started: until then an error still gets its status code."""
     try:
         if not req.stream:
             return JSONResponse(whole(*await _unless_disconnected(request, _collect(gen, req.prompt_param))))
@@ -220,8 +223,9 @@ async def _reply(request: Request, gen: _Generation, req: GenerationRequest,
 
 
 async def _collect(gen: _Generation, prompt_param: str
-                   ) -> tuple[str, str, GenerationStats, dict[str, list[Any]] | None]:
-    """The whole text, why it ended, the stats, and the logprobs in OpenAI's shape (None: not asked for)."""
+                   ) -> tuple[str, str, GenerationStats, dict[str, list[Any]] | None, ToolReply | None]:
+    """The whole text, why it ended, the stats, the logprobs in OpenAI's shape (None: not asked for), and the text
+    read for tool calls (None: no tools)."""
     pieces: list[str] = []
     logprobs: list[dict[str, list[Any]] | None] = []
     while True:
@@ -233,7 +237,7 @@ async def _collect(gen: _Generation, prompt_param: str
         logprobs.append(chunk_logprobs)
         if chunk.stats is not None:
             assert chunk.finish_reason is not None
-            return "".join(pieces), chunk.finish_reason, chunk.stats, join_logprobs(logprobs)
+            return "".join(pieces), chunk.finish_reason, chunk.stats, join_logprobs(logprobs), chunk.reply
 
 
 def _raise_if_ended(event: _Event, prompt_param: str) -> None:
@@ -272,15 +276,16 @@ def _data(obj: object) -> bytes:
 
 async def _ndjson(gen: _Generation, req: ollama.OllamaRequest, model: str,
                   first: _Event) -> AsyncGenerator[bytes, None]:
-    """Ollama's stream: a line per chunk of text, then the last line, ``done``, with the stats."""
+    """Ollama's stream: a line per chunk of text, then the last line, ``done``, with the stats (and, with tools, the
+    whole reply: its text is read for calls once it is whole)."""
     event = first
     while isinstance(event[0], StreamChunk):
         chunk = event[0]
-        if chunk.text:
+        if chunk.text and not req.calls_tools:
             yield _line(ollama.piece_body(req, model, chunk.text))
         if chunk.stats is not None:
             assert chunk.finish_reason is not None
-            yield _line(ollama.final_body(req, model, "", chunk.finish_reason, chunk.stats))
+            yield _line(ollama.final_body(req, model, "", chunk.finish_reason, chunk.stats, chunk.reply))
         event = await gen.events.get()
     try:
         _raise_if_ended(event, req.prompt_param)

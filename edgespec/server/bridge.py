@@ -306,8 +306,12 @@ class Session:
                 event["logprobs"] = logprobs(chunk.logprobs)["content"]  # type: ignore[index]
             self.send(event)
             if chunk.stats is not None:  # the last chunk: its stats event ends the request
-                self._end(rid, running, {"id": rid, "event": "stats", "finish_reason": chunk.finish_reason,
-                                         "text": "".join(pieces), "stats": chunk.stats.to_dict()})
+                final = {"id": rid, "event": "stats", "finish_reason": chunk.finish_reason, "text": "".join(pieces),
+                         "stats": chunk.stats.to_dict()}
+                if chunk.reply is not None:  # a chat with tools: the text read as content and calls
+                    final |= {"content": chunk.reply.content,
+                              "tool_calls": [call.openai() for call in chunk.reply.calls]}
+                self._end(rid, running, final)
 
         def on_end(outcome: str, error: EdgespecError | None) -> None:
             if outcome == CANCELLED:

@@ -21,12 +21,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .. import gguf_header
+from .. import constraints, gguf_header
 from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, InvalidParameterError
 from ..model_info import quant_name
 from ..onnx_backend import read_manifest
 from ..stats import GenerationStats
+from ..tools import ToolReply
 from ..version import __version__
 from .openai_api import ApiError, GenerationRequest, _flag, _model, _object, _typed, parse_chat, parse_completion
 from .parameters import (
@@ -64,13 +65,14 @@ class OllamaRequest(GenerationRequest):
                                         f"with ({engine.n_ctx}); send num_ctx <= {engine.n_ctx}, or start "
                                         f"edgespec serve with --ctx {self.num_ctx}")
         # A smaller window: the prompt and the reply must fit in it, as in a context of that size.
-        tokens = engine.chat_tokens(self.prompt) if self.chat else engine.tokenize(self.prompt)  # type: ignore[arg-type]
+        tokens = (engine.chat_tokens(self.prompt, **self.tools) if self.chat  # type: ignore[arg-type]
+                  else engine.tokenize(self.prompt))  # type: ignore[arg-type]
         if len(tokens) >= self.num_ctx:
             raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but num_ctx is {self.num_ctx}; "
                                        "shorten the prompt or send a larger num_ctx")
         room = self.num_ctx - len(tokens)
         kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", room), room)}
-        return replace(self, chat=False, prompt=tokens, kwargs=kwargs, num_ctx=None).start(engine, cancel)
+        return replace(self, kwargs=kwargs, num_ctx=None).start(engine, cancel)
 
 
 @dataclass(frozen=True)
@@ -122,14 +124,34 @@ def _common(body: object, known: Collection[str]) -> tuple[dict[str, Any], dict[
     if num_ctx is not None and _typed(num_ctx, int, "options.num_ctx") < 1:
         raise ApiError(400, f"options.num_ctx must be a positive integer, got {num_ctx}", param="options.num_ctx",
                        code="invalid_value")
-    # Ollama's fields become the OpenAI body's here. Constrained decoding hooks in here: ``format`` ("json" → a
-    # response_format json_object, a schema → json_schema), once parse_chat takes it and it leaves
-    # OLLAMA_UNSUPPORTED; so do ``tools`` (OpenAI's function format already), whose tool_calls the replies then carry.
+    # Ollama's fields become the OpenAI body's here: ``format`` a constraint, ``tools`` (OpenAI's function format
+    # already) as they are, whose calls the replies then carry.
     common = {**DEFAULTS, **{key: value for key, value in options.items() if key in OLLAMA_OPTIONS},
-              "stream": body.get("stream", True)}
+              "stream": body.get("stream", True), **_format(body.get("format", ""))}
     if "model" in body:
         common["model"] = body["model"]
+    if body.get("tools"):
+        if body.get("format", ""):
+            raise ApiError(400, "'format' and 'tools' cannot be combined: the reply is a tool call or an answer in "
+                                "the tools' format", param="format", code="invalid_value")
+        common["tools"] = body["tools"]
     return body, common, num_ctx
+
+
+def _format(value: object) -> dict[str, Any]:
+    """Ollama's ``format`` as the OpenAI body's constraint: "json" any JSON object, an object a JSON schema (checked
+    here, so that an error names ``format``); "" none."""
+    if value == "":
+        return {}
+    if value == "json":
+        return {"response_format": {"type": "json_object"}}
+    if not isinstance(value, dict):
+        raise ApiError(400, "'format' must be \"json\" or a JSON schema object", param="format", code="invalid_type")
+    try:
+        constraints.json_schema(value, param="format")
+    except InvalidParameterError as e:
+        raise ApiError(400, str(e), param="format", code="invalid_value") from None
+    return {"json_schema": value}
 
 
 def parse_show(body: object) -> str | None:
@@ -164,11 +186,17 @@ def piece_body(req: OllamaRequest, model: str, text: str) -> dict[str, object]:
     return {**_head(model, req.reply, text), "done": False}
 
 
-def final_body(req: OllamaRequest, model: str, text: str, finish: str, stats: GenerationStats) -> dict[str, object]:
-    """The whole reply, or a stream's last line (whose text is then empty): why it ended, counts and timings.
-    The first token comes with the prompt's evaluation (GenerationStats.prefill_s); ``speculative`` is edgespec's,
-    as in the OpenAI replies' usage."""
-    return {**_head(model, req.reply, text), "done": True, "done_reason": finish,
+def final_body(req: OllamaRequest, model: str, text: str, finish: str, stats: GenerationStats,
+               reply: ToolReply | None = None) -> dict[str, object]:
+    """The whole reply, or a stream's last line (whose text is then empty, but for a reply read for tool calls,
+    ``reply``, which is all here): why it ended, counts and timings. The first token comes with the prompt's
+    evaluation (GenerationStats.prefill_s); ``speculative`` is edgespec's, as in the OpenAI replies' usage. A reply
+    that calls tools ends as Ollama's do, with "stop"."""
+    head = _head(model, req.reply, text if reply is None else reply.content)
+    if reply is not None and reply.calls:
+        head["message"]["tool_calls"] = [  # type: ignore[index]
+            {"function": {"name": call.name, "arguments": call.arguments}} for call in reply.calls]
+    return {**head, "done": True, "done_reason": "stop" if finish == "tool_calls" else finish,
             "total_duration": time.perf_counter_ns() - req.started_ns, "load_duration": 0,
             "prompt_eval_count": stats.prompt_tokens, "prompt_eval_duration": round(stats.prefill_s * 1e9),
             "eval_count": stats.generated_tokens, "eval_duration": round(stats.decode_s * 1e9),
@@ -210,7 +238,7 @@ def show_body(engine: Engine) -> dict[str, object]:
     return {"modelfile": f"FROM {engine.target.path}\n", "license": "",
             "parameters": "\n".join(f"{key} {value}" for key, value in parameters.items()),
             "template": engine.target.chat_template or "", "details": facts.details, "model_info": facts.info,
-            "capabilities": ["completion"], "modified_at": facts.modified_at}
+            "capabilities": ["completion", "tools"], "modified_at": facts.modified_at}
 
 
 @dataclass(frozen=True)

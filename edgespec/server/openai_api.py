@@ -2,8 +2,9 @@
 
 This is the one validation layer of the HTTP server and the bridge: a body is parsed (bounded nesting,
 finite numbers, real text), its JSON types are checked, the API's documented ranges (temperature in
-[0, 2]) and the parameters edgespec cannot honour (tools, logit biases: parameters.py says what every key gets)
-are refused by name. A constraint under any of its names becomes an ``edgespec.constraints.Constraint`` here.
+[0, 2]) and the parameters edgespec cannot honour (logit biases: parameters.py says what every key gets)
+are refused by name. A constraint under any of its names becomes an ``edgespec.constraints.Constraint`` here; tools
+and tool messages are checked by edgespec.tools.
 The engine's own ranges (max_tokens >= 1, top_p in (0, 1], mode, γ) stay the engine's to check, so
 the server and the library reject exactly the same things.
 """
@@ -19,11 +20,12 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import constraints
+from .. import constraints, tools
 from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from ..rules import TokenLogprob
 from ..stats import GenerationStats
+from ..tools import ToolReply
 from .parameters import CHAT, COMPLETION, INERT, MESSAGE, MESSAGE_UNSUPPORTED, UNSUPPORTED, refused_key
 from .pool import ModelNotFoundError
 from .worker import InternalError, QueueFullError
@@ -31,7 +33,8 @@ from .worker import InternalError, QueueFullError
 _ENGINE_PARAMS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "mode", "gamma",
                   "presence_penalty", "frequency_penalty", "repetition_penalty", "top_logprobs")
 MAX_DEPTH = 32  # nesting of a request body; OpenAI's own bodies need about 5
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 class ApiError(Exception):
     """An error response: HTTP status plus OpenAI's ``{"error": {message, type, param, code}}`` body."""
@@ -56,9 +59,10 @@ class ApiError(Exception):
             return cls(400, str(e), param=prompt_param, code="context_length_exceeded")
         if isinstance(e, InternalError):
             return cls(500, str(e), type="server_error", code="internal_error")
-        # The engine's messages start with the parameter's name ("top_p must be in (0, 1]...").
+        # The engine's messages start with the parameter's name ("top_p must be in (0, 1]..."), or name it.
         name = str(e).split(" ", 1)[0]
-        param = name if isinstance(e, InvalidParameterError) and name in _ENGINE_PARAMS else None
+        param = (e.param or (name if name in _ENGINE_PARAMS else None)) if isinstance(e, InvalidParameterError) \
+            else None
         return cls(400, str(e), param=param, code="invalid_value")
 
 
@@ -110,10 +114,12 @@ class GenerationRequest:
 
     chat: bool
     model: str | None
-    prompt: list[dict[str, str]] | str | list[int]
+    prompt: list[dict[str, Any]] | str | list[int]
     stream: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
     include_usage: bool = False  # stream_options.include_usage: usage in a last chunk of its own
+    tools: dict[str, Any] = field(default_factory=dict)  # tools, tool_choice, parallel_tool_calls: Engine.stream_chat's
+    calls_tools: bool = False  # the reply is read for tool calls: its text is sent once it is whole
 
     @property
     def prompt_param(self) -> str:
@@ -127,7 +133,7 @@ class GenerationRequest:
         kwargs = {**self.kwargs, "max_tokens": min(self.kwargs.get("max_tokens", engine.n_ctx),
                                                    engine.n_ctx), "cancel": cancel}
         if self.chat:
-            return engine.stream_chat(self.prompt, **kwargs)  # type: ignore[arg-type]
+            return engine.stream_chat(self.prompt, **self.tools, **kwargs)  # type: ignore[arg-type]
         return engine.stream(self.prompt, **kwargs)  # type: ignore[arg-type]
 
 
@@ -138,8 +144,20 @@ def parse_chat(body: object, temperature: float = 1.0, extra: Collection[str] = 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", param="messages", code="invalid_type")
-    return GenerationRequest(True, _model(body), [_message(m, i) for i, m in enumerate(messages)],
-                             _flag(body, "stream"), _sampling(body, temperature), _include_usage(body))
+    tool_fields = {key: body[key] for key in TOOL_FIELDS if key in body}
+    try:
+        box = tools.toolbox(**tool_fields)
+        checked = tools.check_messages([_message(m, i) for i, m in enumerate(messages)])
+    except InvalidParameterError as e:
+        raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
+    kwargs = _sampling(body, temperature)
+    if box.active and "constraint" in kwargs:
+        key = next(key for key in _CONSTRAINTS if key in body)
+        raise ApiError(400, f"'{key}' and 'tools' cannot be combined: the reply is a tool call or an answer in the "
+                            "tools' format; send tool_choice 'none' to constrain a plain answer", param=key,
+                       code="invalid_value")
+    return GenerationRequest(True, _model(body), checked, _flag(body, "stream"), kwargs, _include_usage(body),
+                             tool_fields, box.active)
 
 
 def parse_completion(body: object, temperature: float = 1.0, extra: Collection[str] = ()) -> GenerationRequest:
@@ -194,11 +212,12 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return _flag(options, "include_usage", "stream_options.include_usage")
 
 
-def _message(m: object, i: int) -> dict[str, str]:
+def _message(m: object, i: int) -> dict[str, Any]:
+    """A message's fields checked and its content made text; its tool fields are tools.check_messages'."""
     param = f"messages[{i}]"
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise ApiError(400, f"{param} needs a string 'role'", param=param, code="invalid_type")
-    if m["role"] not in ROLES:  # "tool" and "function" would need tool support; anything else is a typo
+    if m["role"] not in ROLES:  # "function" is the deprecated form of "tool"; anything else is a typo
         raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}, got {m['role'][:40]!r}",
                        param=f"{param}.role", code="unsupported")
     m = _object(m, MESSAGE, f"{param}.", MESSAGE_UNSUPPORTED, ())
@@ -213,7 +232,8 @@ def _message(m: object, i: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise ApiError(400, f"{param} needs string 'content'", param=param, code="invalid_type")
     # "developer" is the newer name of "system" (OpenAI's o-series clients send it); templates know "system".
-    return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+    tool_fields = {key: m[key] for key in ("tool_calls", "tool_call_id", "tool_name") if key in m}
+    return {"role": "system" if m["role"] == "developer" else m["role"], "content": content, **tool_fields}
 
 
 def _sampling(body: dict[str, Any], default_temperature: float) -> dict[str, Any]:
@@ -415,10 +435,12 @@ def join_logprobs(parts: list[dict[str, list[Any]] | None]) -> dict[str, list[An
 
 
 def completion_body(req: GenerationRequest, rid: str, model: str, text: str, finish: str,
-                    stats: GenerationStats, logprobs: dict[str, list[Any]] | None = None) -> dict[str, object]:
+                    stats: GenerationStats, logprobs: dict[str, list[Any]] | None = None,
+                    reply: ToolReply | None = None) -> dict[str, object]:
+    """``reply``: the text read for tool calls (a chat with tools)."""
     choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if req.chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        choice["message"] = {"role": "assistant", **_reply_fields(reply, text, streamed=False)}
     else:
         choice["text"] = text
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
@@ -436,7 +458,11 @@ def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk 
     text = chunk.text if chunk else ""
     finish = chunk.finish_reason if chunk else None
     choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
-    if req.chat:
+    if req.chat and req.calls_tools and not first:  # the text is held: it is read for calls once it is whole
+        reply = chunk.reply if chunk else None
+        fields = _reply_fields(reply, "", streamed=True) if reply else {}
+        choice["delta"] = {key: value for key, value in fields.items() if value}
+    elif req.chat:
         choice["delta"] = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
     else:
         choice["text"] = text
@@ -448,6 +474,16 @@ def chunk_body(req: GenerationRequest, rid: str, model: str, chunk: StreamChunk 
         if chunk.stats is not None and not req.include_usage:
             body["usage"] = usage(chunk.stats)
     return body
+
+
+def _reply_fields(reply: ToolReply | None, text: str, streamed: bool) -> dict[str, Any]:
+    """An assistant message's ``content`` and ``tool_calls`` (content null beside calls, as OpenAI's); a streamed
+    call carries its ``index``."""
+    if reply is None or not reply.calls:
+        return {"content": text if reply is None else reply.content}
+    return {"content": reply.content or None,
+            "tool_calls": [{**({"index": i} if streamed else {}), **call.openai()}
+                           for i, call in enumerate(reply.calls)]}
 
 
 def usage_chunk(req: GenerationRequest, rid: str, model: str, stats: GenerationStats) -> dict[str, object]:

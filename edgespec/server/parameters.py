@@ -37,16 +37,18 @@ COMMON = frozenset({"model", "stream", "stream_options", "max_tokens", "max_comp
                     "penalty_last_n",
                     # log-probabilities: OpenAI's (completions: logprobs is the number of top ones), llama.cpp's
                     "logprobs", "top_logprobs", "n_probs"})
-CHAT = COMMON | {"messages"}
+CHAT = COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}  # tools: edgespec/tools.py
 COMPLETION = COMMON | {"prompt"}
-MESSAGE = frozenset({"role", "content"})
+# An assistant's tool calls, a tool result's call (OpenAI's) or tool (Ollama's).
+MESSAGE = frozenset({"role", "content", "tool_calls", "tool_call_id", "tool_name"})
 
 _PENALTY = "this sampler is not implemented (edgespec has presence, frequency and repetition penalties)"
 _CONSTRAINED = ("'format' is Ollama's name (/api/chat and /api/generate): here send response_format, json_schema, "
                 "grammar or guided_* (vLLM's names)")
-_OLLAMA_ONLY_ON_V1 = "not yet on Ollama's endpoints: the /v1 endpoints take it (response_format, logprobs)"
+_OLLAMA_ONLY_ON_V1 = "not yet on Ollama's endpoints: the /v1 endpoints take it (logprobs)"
 _SAMPLER = "edgespec samples with temperature, top_k, top_p and min_p only"
-_TOOLS = "tool and function calling is not implemented"
+_TOOLS = "tools are taken by chat requests (/v1/chat/completions, /api/chat); 'functions' and 'function_call' are " \
+         "the deprecated forms of 'tools' and 'tool_choice'"
 _REASONING = "edgespec's models have no reasoning setting"
 
 # key → (the values that change nothing, why any other value is refused)
@@ -89,22 +91,21 @@ INERT = frozenset({
 # Chat message fields: what OpenAI's and Ollama's clients send back with an assistant's earlier reply.
 MESSAGE_UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
     "name": (("",), "a participant's name has no place in the model's chat template"),
-    "tool_calls": (([],), _TOOLS), "tool_call_id": ((), _TOOLS), "function_call": ((), _TOOLS),
+    "function_call": ((), _TOOLS),
     "refusal": (("",), "an assistant's refusal is not implemented: send it as content"),
     "audio": ((), "audio is not implemented"), "annotations": (([],), "annotations are not implemented"),
     # Ollama's message fields
     "images": (([],), "edgespec's models read text only"), "thinking": (("",), _REASONING),
-    "tool_name": (("",), _TOOLS),
 }
 
 
 # Ollama's native API. Top-level keys: the prompt, how to answer, and ``options``.
-OLLAMA_CHAT = frozenset({"model", "messages", "stream", "options"})
-OLLAMA_GENERATE = frozenset({"model", "prompt", "system", "raw", "stream", "options"})
+OLLAMA_CHAT = frozenset({"model", "messages", "stream", "options", "format", "tools"})
+OLLAMA_GENERATE = frozenset({"model", "prompt", "system", "raw", "stream", "options", "format"})
 OLLAMA_INERT = frozenset({"keep_alive"})  # how long a model stays loaded: here, until the server stops
 OLLAMA_UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
     # Refused here even once the OpenAI endpoints take them: each needs its own Ollama request and reply fields.
-    "format": (("",), _OLLAMA_ONLY_ON_V1), "tools": (([],), _TOOLS), "think": ((False,), _REASONING),
+    "think": ((False,), _REASONING),
     "logprobs": ((False,), _OLLAMA_ONLY_ON_V1), "top_logprobs": ((0,), _OLLAMA_ONLY_ON_V1),
     "template": (("",), "only the model's own chat template is applied (its Jinja template, not a Go template)"),
     "context": (([],), "token context from an earlier reply is not kept: send the conversation as messages to "
