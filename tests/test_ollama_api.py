@@ -106,8 +106,8 @@ def _error(reply: httpx.Response, status: int) -> str:
 @pytest.mark.parametrize(("body", "named"), [
     ({"options": {"temperature": "hot"}}, "temperature"),
     ({"options": {"temprature": 0.5}}, "options.temprature"),
-    ({"options": {"repeat_penalty": 1.3}}, "repeat_penalty"),  # until the engine applies penalties
-    ({"options": {"frequency_penalty": 0.5}}, "frequency_penalty"),
+    ({"options": {"repeat_penalty": "high"}}, "repeat_penalty"),
+    ({"options": {"frequency_penalty": 5}}, "frequency_penalty"),
     ({"options": {"num_ctx": 100_000}}, "num_ctx"),
     ({"format": "yaml"}, "format"),
     ({"format": {"type": "objectx"}}, "format"),
