@@ -141,7 +141,7 @@ def _generate(args: argparse.Namespace) -> int:
         result = engine.generate(prompt, **kwargs)
     else:
         result = collect(engine.stream(prompt, **kwargs), on_text=lambda text: print(text, end="", flush=True))
-        print()
+        print(flush=True)  # before the stats on stderr, also where stdout is a pipe
         print(_stats_line(result.stats), file=sys.stderr)
     why_empty = empty_reply_reason(result, args.raw)
     if why_empty is not None:
