@@ -9,16 +9,19 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 
-from . import custom_ops
+from . import constraints, custom_ops
 from .backends import BACKENDS
 from .bench.cli import add_bench_commands
+from .constraints import Constraint
 from .engine import Completion, Engine, collect
 from .errors import EdgespecError, InvalidParameterError
 from .export.cli import add_export_command
 from .export.manifest import exported
 from .model_info import listing
 from .models import DEFAULT_MODEL, cache_dir, families
+from .server.openai_api import LogprobsFormat
 from .server.pool import EngineSpec
 from .service_cli import add_service_commands
 from .stats import GenerationStats
@@ -30,7 +33,8 @@ def _stats_line(s: GenerationStats) -> str:
     # A chain's accepted depth is τ − 1: only a tree's, beside its size, says something τ does not.
     size = (f"γ {s.gamma_mean:.1f}" if s.tree_size_mean is None else
             f"tree {s.tree_size_mean:.1f} nodes · depth {s.depth_mean:.2f}")
-    return (f"{s.generated_tokens} tokens · {rate} · "
+    forced = f" ({s.forced} forced by the constraint)" if s.forced else ""
+    return (f"{s.generated_tokens} tokens{forced} · {rate} · "
             f"prefill {s.prefill_s:.2f} s · α {s.acceptance_rate:.2f} · τ {s.mean_accepted_per_step:.2f} · "
             f"{size} · draft {s.draft_s:.2f} s · verify {s.verify_s:.2f} s · mode {s.mode}")
 
@@ -97,22 +101,55 @@ def empty_reply_reason(result: Completion, raw: bool) -> str | None:
             f"ended ({result.finish_reason})")
 
 
+def _argument_text(value: str, flag: str) -> str:
+    """A flag's value as given, or with a leading @ the text of that file (as curl reads @file)."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidParameterError(f"{flag}: cannot read {value[1:]}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _constraint(args: argparse.Namespace) -> Constraint | None:
+    """The constraint the flags ask for (at most one: argparse keeps them exclusive), checked before any model loads:
+    a bad schema, regex or grammar is one line naming its flag."""
+    if args.json_schema is not None:
+        return constraints.json_schema(_argument_text(args.json_schema, "--json-schema"), param="--json-schema")
+    if args.json_object:
+        return constraints.json_object(param="--json-object")
+    if args.regex is not None:
+        return constraints.regex(args.regex, param="--regex")
+    if args.choice is not None:
+        options = [option for value in args.choice for option in value.split(",")]
+        return constraints.choice(options, param="--choice")
+    if args.grammar is not None:
+        return constraints.grammar(_argument_text(args.grammar, "--grammar"), param="--grammar")
+    return None
+
+
 def _generate(args: argparse.Namespace) -> int:
+    if args.logprobs is not None and not args.json:
+        raise InvalidParameterError("--logprobs needs --json: the log-probabilities are printed in its object")
+    constraint = _constraint(args)
     engine = _load(args)
     prompt = _prompt(engine, args)
     kwargs = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop or ())
+                  top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop or (), constraint=constraint,
+                  logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0)
     if args.json:
         result = engine.generate(prompt, **kwargs)
     else:
         result = collect(engine.stream(prompt, **kwargs), on_text=lambda text: print(text, end="", flush=True))
-        print()
+        print(flush=True)  # before the stats on stderr, also where stdout is a pipe
         print(_stats_line(result.stats), file=sys.stderr)
     why_empty = empty_reply_reason(result, args.raw)
     if why_empty is not None:
         print(f"edgespec: {why_empty}", file=sys.stderr)
     report: dict[str, object] = {"text": result.text, "tokens": result.tokens,
                                  "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
+    if result.logprobs is not None:  # chat completions' shape: {"content": [{token, logprob, bytes, top_logprobs}]}
+        report["logprobs"] = LogprobsFormat(True, engine.target.piece)(result.logprobs)
     if args.compare:
         # A fresh prefill, as the first run had: the comparison is of decoding and of time to first token.
         baseline = engine.generate(prompt, **kwargs, mode="none", cache_prompt=False)
@@ -231,13 +268,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    held = g.add_argument_group("structured output (one of these; exact under speculation: "
+                                "docs/constrained-decoding.md)").add_mutually_exclusive_group()
+    held.add_argument("--json-schema", metavar="SCHEMA", default=None,
+                      help="the reply validates against this JSON schema: inline JSON, or @FILE")
+    held.add_argument("--json-object", action="store_true", help="the reply is a JSON object (any)")
+    held.add_argument("--regex", metavar="RE", default=None, help="the reply matches this regular expression whole")
+    held.add_argument("--choice", metavar="A,B,...", action="append", default=None,
+                      help="the reply is exactly one of these strings (comma-separated, or the flag repeated)")
+    held.add_argument("--grammar", metavar="GRAMMAR", default=None,
+                      help="the reply derives from this grammar (llama.cpp's GBNF, root ::= ..., or Lark): inline, "
+                           "or @FILE")
+    g.add_argument("--logprobs", metavar="N", type=int, choices=range(21), default=None,
+                   help="with --json: each token's log-probability (after the constraint's mask) and the N likeliest "
+                        "tokens at its position (0..20)")
     template = g.add_mutually_exclusive_group()
     template.add_argument("--chat", action="store_true",
                           help="wrap the prompt in the model's chat template (the default where the model has one; "
                                "with this flag a model without one is an error)")
     template.add_argument("--raw", action="store_true",
                           help="a plain completion of the prompt, without the chat template")
-    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming (the reply as "
+                                                       "text, its tokens and stats; --json-object asks for a "
+                                                       "JSON reply)")
     g.add_argument("--compare", action="store_true", help="also run the target alone and compare")
     g.set_defaults(func=_generate)
 

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from edgespec.bench.configs import CONFIGS, DEFAULT_CONFIGS, select
 from edgespec.bench.conversation import lowest_turns, time_to
-from edgespec.bench.questions import BenchError, conversation, load_questions
+from edgespec.bench.questions import CONSTRAINED_QUESTIONS, BenchError, conversation, load_questions
 from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, summarize
 from edgespec.cli import generate_engine, main
 from edgespec.engine import Engine
+from edgespec.errors import EdgespecError
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
                  "bound_tok_s", "draft_cost_ratio", "verify_only_tok_s", "bound_fraction", "speedup", "speedup_e2e",
                  "latency_ratio", "lookup_share", "prefill_tok_s", "depth_mean", "tree_size_mean",
-                 "draft_steps_share"}
+                 "draft_steps_share", "forced_share", "schema_valid"}
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
@@ -159,6 +161,40 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "bad.jsonl:1: not a Spec-Bench question" in capsys.readouterr().err
     with pytest.raises(BenchError):
         load_questions(bad)
+
+
+def test_constrained_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--constrained: the shipped extraction and tool-call prompts, every answer held to its schema, side by side with
+    the same model alone and llama-cpp-python holding it to the same schema (its own GBNF); the default equals its
+    target, every reply validates, and the forced tokens are counted where the engine says."""
+    assert main(["bench", "--constrained", "--per-category", "1", "--max-tokens", "96", "--threads", "1",
+                 "--no-plots", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    (path,) = tmp_path.glob("constrained_bench-*.json")
+    result = json.loads(path.read_text())
+    assert result["machine"]["cpu"] in printed and "forced%" in printed
+    assert [c["name"] for c in result["configs"]] == ["default-target", "default", "target", "lcpp-plain"]
+    assert len(result["records"]) == 2 * 4 and summarize(result) == result["summary"]
+    summary = {name: by_cat["overall"] for name, by_cat in result["summary"].items()}
+    assert set(summary["default"]) == _SUMMARY_KEYS
+    assert summary["default"]["lossless"] == summary["default"]["generations"] == 2
+    assert all(s["schema_valid"] == 2 and s["decode_tok_s"] > 0 for s in summary.values())
+    assert summary["default"]["forced_share"] > 0 and summary["default-target"]["forced_share"] == 0
+    assert summary["lcpp-plain"]["forced_share"] is None and summary["lcpp-plain"]["alpha"] is None
+
+
+def test_constrained_questions_are_checked_and_only_constraining_runners_play_them(tmp_path: Path) -> None:
+    questions = load_questions(CONSTRAINED_QUESTIONS)
+    assert len(questions) >= 30 and {q["category"] for q in questions} == {"extraction", "tool-call"}
+    assert all(isinstance(q["schema"], dict) for q in questions)
+    with pytest.raises(BenchError, match="hf-plain cannot hold output to a JSON schema"):
+        select(["default", "hf-plain"], {}, constrained=True)
+    bad = tmp_path / "bad.jsonl"
+    for schema, says in (('{"type": "foo"}', "bad.jsonl:1: schema: Invalid type: foo"),
+                         ('"an object"', "bad.jsonl:1: 'schema' must be a JSON schema object")):
+        bad.write_text(f'{{"category": "x", "turns": ["hi"], "schema": {schema}}}\n')
+        with pytest.raises(EdgespecError, match=re.escape(says)):
+            load_questions(bad)
 
 
 def test_a_configuration_that_cannot_start_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from edgespec.cli import main
@@ -76,3 +79,72 @@ def test_mode_tree_prints_its_tree_size_and_accepted_depth(capsys: pytest.Captur
     assert main(["generate", STORY, "--draft", "tree", "--max-tokens", str(N), "--threads", "1"]) == 0
     line = next(line for line in capsys.readouterr().err.splitlines() if "tok/s decode" in line)
     assert " nodes · depth " in line and "mode tree" in line and "γ" not in line
+
+
+ANSWER = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+def _report(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["generate", *args, "--json", "--threads", "1"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_schema_reply_validates_and_equals_target_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """--json-schema holds the reply to the schema; --compare runs the target alone under the same constraint, and the
+    two are identical (lossless under speculation, the forced tokens included)."""
+    report = _report(capsys, "Is the sea salty? Answer in JSON.", "--json-schema", json.dumps(ANSWER),
+                     "--max-tokens", "32", "--compare")
+    jsonschema.validate(json.loads(report["text"]), ANSWER)
+    assert report["finish_reason"] == "stop" and report["compare"]["identical"]
+    assert report["stats"]["forced"] > 0 and report["compare"]["target_only"]["forced"] == 0  # mode none: no forcing
+
+
+def test_the_stats_line_counts_forced_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "Is the sea salty?", "--json-schema", json.dumps(ANSWER), "--max-tokens", "32",
+                 "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) in ({"answer": "yes"}, {"answer": "no"})
+    assert re.search(r"\d+ tokens \(\d+ forced by the constraint\) · ", err)
+
+
+@pytest.mark.parametrize(("flags", "accepts"), [
+    (["--regex", "[0-9]{3}"], lambda text: re.fullmatch("[0-9]{3}", text)),
+    (["--choice", "red,green", "--choice", "blue"], lambda text: text in ("red", "green", "blue")),
+    (["--json-object"], lambda text: isinstance(json.loads(text), dict)),
+])
+def test_each_constraint_flag_holds_the_reply(capsys: pytest.CaptureFixture[str], flags: list[str],
+                                              accepts: Callable[[str], object]) -> None:
+    report = _report(capsys, "Give me an example.", *flags, "--max-tokens", "48")
+    assert report["finish_reason"] == "stop" and accepts(report["text"]), report["text"]
+
+
+def test_schema_and_grammar_from_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema, grammar = tmp_path / "answer.json", tmp_path / "answer.gbnf"
+    schema.write_text(json.dumps(ANSWER))
+    grammar.write_text('root ::= "maybe" | "never"\n')
+    jsonschema.validate(json.loads(_report(capsys, "Is it?", "--json-schema", f"@{schema}", "--max-tokens",
+                                           "32")["text"]), ANSWER)
+    assert _report(capsys, "Is it?", "--grammar", f"@{grammar}", "--max-tokens", "8")["text"] in ("maybe", "never")
+
+
+def test_logprobs_come_in_the_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _report(capsys, "Is it?", "--choice", "yes,no", "--logprobs", "2", "--max-tokens", "8")
+    content = report["logprobs"]["content"]
+    assert len(content) == len(report["tokens"]) and "".join(t["token"] for t in content) == report["text"]
+    assert all(t["logprob"] <= 0 and len(t["top_logprobs"]) <= 2 for t in content)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--json-schema", '{"type": "foo"}'], "--json-schema: Invalid type: foo"),
+    (["--json-schema", "{not json"], "--json-schema is not valid JSON"),
+    (["--json-schema", "@/nonexistent/schema.json"], "--json-schema: cannot read /nonexistent/schema.json"),
+    (["--regex", "("], "--regex: "),
+    (["--grammar", "root ::= ("], "--grammar: not a valid GBNF grammar"),
+    (["--choice", "a", "--logprobs", "1"], "--logprobs needs --json"),
+])
+def test_bad_constraints_are_one_line_errors(capsys: pytest.CaptureFixture[str], flags: list[str], says: str) -> None:
+    """Refused before any model loads: exit 2, one line naming the flag, no traceback."""
+    assert main(["generate", "Hi", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"edgespec: error: {says}") and err.count("\n") == 1 and "Traceback" not in err

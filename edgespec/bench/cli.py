@@ -8,8 +8,8 @@ from datetime import datetime
 from pathlib import Path
 
 from ..extras import needed, require
-from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS
-from .questions import DEFAULT_QUESTIONS, BenchError
+from .configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS, DEFAULT_CONSTRAINED_CONFIGS
+from .questions import CONSTRAINED_QUESTIONS, DEFAULT_QUESTIONS, BenchError
 from .replay import CURVES, HEAD_COST, TREE_DRAFTERS
 
 
@@ -25,10 +25,17 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                        description="Plays Spec-Bench questions (multi-turn ones as conversations) through every "
                                    "configuration, each in its own process, interleaved question by question; "
                                    "greedy. Prints a table, writes JSON and PNG plots.")
-    b.add_argument("--questions", default=str(DEFAULT_QUESTIONS),
-                   help="Spec-Bench question.jsonl (default: %(default)s)")
+    b.add_argument("--questions", default=None,
+                   help=f"Spec-Bench question.jsonl (default: {DEFAULT_QUESTIONS}; with --constrained "
+                        f"{CONSTRAINED_QUESTIONS})")
+    b.add_argument("--constrained", action="store_true",
+                   help="structured output: edgespec's own JSON-schema extraction and tool-call prompts (or "
+                        "--questions FILE whose questions carry a 'schema'), every answer held to its schema; "
+                        "reports the share of tokens forced and how many replies validate (default configurations: "
+                        f"{','.join(DEFAULT_CONSTRAINED_CONFIGS)}; every question unless --per-category)")
     b.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
-    b.add_argument("--per-category", type=_positive, default=3, help="questions per category (default: %(default)s)")
+    b.add_argument("--per-category", type=_positive, default=None,
+                   help="questions per category (default: 3; every one with --constrained)")
     b.add_argument("--limit", type=_positive, default=None, help="at most this many questions in all")
     b.add_argument("--max-tokens", type=_positive, default=None, help="(default: 256; 128 with --chat)")
     b.add_argument("--configs", default=None,
@@ -140,8 +147,10 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
 
 def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
     """The options ``bench`` and ``bench --chat`` share, with the defaults of the one asked for."""
-    configs = args.configs or ",".join(DEFAULT_CHAT_CONFIGS if chat else DEFAULT_CONFIGS)
-    return {"questions": args.questions, "categories": args.categories.split(",") if args.categories else None,
+    configs = args.configs or ",".join(DEFAULT_CHAT_CONFIGS if chat else
+                                       DEFAULT_CONSTRAINED_CONFIGS if args.constrained else DEFAULT_CONFIGS)
+    questions = args.questions or str(CONSTRAINED_QUESTIONS if args.constrained else DEFAULT_QUESTIONS)
+    return {"questions": questions, "categories": args.categories.split(",") if args.categories else None,
             "max_tokens": args.max_tokens or (128 if chat else 256),
             "configs": tuple(n for n in configs.split(",") if n),
             "model": args.model, "threads": args.threads, "ctx": args.ctx, "seed": args.seed,
@@ -152,23 +161,29 @@ def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
 def _bench(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.chat and args.constrained:
+        raise BenchError("--chat and --constrained are separate runs: choose one")
     if args.chat:
         return _bench_chat(args, out_dir)
     from .bandwidth import bytes_per_token, measure_bandwidth
-    from .report import bandwidth_bounds, head_to_head, summarize, table, versions
+    from .report import bandwidth_bounds, constrained_table, head_to_head, summarize, table, versions
     from .run import BenchArgs, run
 
     on_cpu = args.device == "cpu"  # the bandwidth bound is the host memory's: it bounds decoding on the CPU only
     if on_cpu:
         require("gguf", "bench", "edgespec bench's bandwidth bound")  # before the run, not after it
-    result = run(BenchArgs(per_category=args.per_category, limit=args.limit, **_run_args(args, chat=False)))
+    if args.constrained:
+        require("jsonschema", "bench", "edgespec bench --constrained's schema check")
+    per_category = args.per_category or (None if args.constrained else 3)
+    result = run(BenchArgs(per_category=per_category, limit=args.limit, **_run_args(args, chat=False)))
     result["summary"] = summarize(result)
     result["head_to_head"] = head_to_head(result)
     result["versions"] = versions(result)
     result["bandwidth"] = (bandwidth_bounds(result, measure_bandwidth(result["setup"]["threads"]),
                                             bytes_per_token(result["setup"]["model"])) if on_cpu else None)
-    print(table(result))
-    stem = _stem(out_dir, "spec_bench", result)
+    constrained = any(r["schema_valid"] is not None for r in result["records"])
+    print(constrained_table(result) if constrained else table(result))
+    stem = _stem(out_dir, "constrained_bench" if constrained else "spec_bench", result)
     result["plots"] = [] if args.no_plots else _plots(result, stem)
     for r in result["records"]:  # token ids make the file large; their comparisons are kept
         r["n_tokens"] = len(r.pop("tokens"))

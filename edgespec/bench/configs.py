@@ -107,15 +107,25 @@ DEFAULT_CONFIGS = ("default", "target", "ngram-auto", "ngram-g4", "lcpp-plain", 
 # configuration for a conversation (onnxruntime-genai keeps one generator and appends each turn's tokens).
 DEFAULT_CHAT_CONFIGS = ("default", "lcpp-cache", "ortg-plain")
 CHAT_RUNNERS = ("edgespec", "llama-cpp-python", "onnxruntime-genai")  # runners with ``chat_turn``
+# bench --constrained: edgespec as `edgespec generate` loads it, the same model alone, and llama-cpp-python with the
+# schema as its own GBNF grammar (edgespec's llama.cpp target alone comes along as lcpp-plain's baseline).
+DEFAULT_CONSTRAINED_CONFIGS = ("default", "default-target", "lcpp-plain")
+CONSTRAINED_RUNNERS = ("edgespec", "llama-cpp-python")  # runners with ``generate_constrained``
 
 
-def select(names: list[str], run_options: dict[str, object],
-           chat: bool = False) -> tuple[list[Config], dict[str, str]]:
+def select(names: list[str], run_options: dict[str, object], chat: bool = False,
+           constrained: bool = False) -> tuple[list[Config], dict[str, str]]:
     """The configurations to run (baselines and references added first, except for a conversation, which
-    compares each turn with a fresh run of the same decoder instead), and those skipped with the reason."""
+    compares each turn with a fresh run of the same decoder instead), and those skipped with the reason.
+    ``constrained``: the questions carry JSON schemas, which only some runners can hold their output to."""
     unknown = [n for n in names if n.partition("@")[0] not in CONFIGS]
     if unknown:
         raise BenchError(f"unknown configurations {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    unconstrained = [n for n in names if constrained and CONFIGS[n.partition("@")[0]].runner not in
+                     CONSTRAINED_RUNNERS]
+    if unconstrained:
+        raise BenchError(f"{', '.join(unconstrained)} cannot hold output to a JSON schema (questions with a "
+                         f"'schema' run {', '.join(CONSTRAINED_RUNNERS)} configurations)")
     no_chat = [n for n in names if chat and CONFIGS[n.partition("@")[0]].runner not in CHAT_RUNNERS]
     if no_chat:
         raise BenchError(f"{', '.join(no_chat)} cannot play a conversation (bench --chat runs "

@@ -1,4 +1,5 @@
-"""Spec-Bench questions: JSON lines of ``{"question_id", "category", "turns": [...]}``."""
+"""Spec-Bench questions: JSON lines of ``{"question_id", "category", "turns": [...]}``; a question may carry a
+``"schema"`` (a JSON schema every answer to it is held to: ``edgespec bench --constrained``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from .. import constraints
 from ..errors import EdgespecError
 
 # Next to the repository, as the project keeps it (../shared/benchmarks/spec_bench/question.jsonl).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
+# edgespec's own structured-output prompts (JSON-schema extraction, tool calls), kept in the repository.
+CONSTRAINED_QUESTIONS = Path(__file__).resolve().parents[2] / "benchmarks" / "constrained_prompts.jsonl"
 
 
 class BenchError(EdgespecError):
@@ -34,6 +38,10 @@ def load_questions(path: str | Path, categories: list[str] | None = None, per_ca
             ok = False
         if not ok:
             raise BenchError(f"{path}:{n}: not a Spec-Bench question (needs 'category' and a list of 'turns')")
+        if "schema" in q:  # checked now, not by the first worker that meets it
+            if not isinstance(q["schema"], dict):
+                raise BenchError(f"{path}:{n}: 'schema' must be a JSON schema object")
+            constraints.json_schema(q["schema"], param=f"{path}:{n}: schema")
         q.setdefault("question_id", n)
         questions.append(q)
     known = {q["category"] for q in questions}

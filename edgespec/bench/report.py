@@ -18,6 +18,10 @@ prompt holds the first turn, which an engine with a prompt cache, llama-cpp-pyth
 arena, does not prefill again; a first turn shares at most the template's system prompt with the previous
 question).
 
+Constrained questions (``bench --constrained``): ``forced_share``, the share of generated tokens the schema's grammar
+forced (edgespec verifies them at no drafting cost; None for a runner that does not say), and ``schema_valid``, how
+many replies parse as JSON and validate against their schema.
+
 ``lookup_share`` is about the text, not the decoder: the share of generated tokens that a 3-gram lookup over
 the conversation predicts. Configurations writing different text (lossy modes, peers' own weights) are timed
 on texts that n-gram drafting finds more or less to copy.
@@ -118,6 +122,10 @@ def _summarize_group(rs: list[dict], curve: dict[str, float] | None) -> dict[str
         "lookup_share": (sum(r["lookup_hits"] for r in rs) / generated
                          if generated and all("lookup_hits" in r for r in rs) else None),
         "draft_steps_share": _draft_steps_share(rs, steps),
+        "forced_share": (sum(r["forced"] for r in rs) / generated
+                         if generated and all(r.get("forced") is not None for r in rs) else None),
+        "schema_valid": (None if any(r.get("schema_valid") is None for r in rs) else
+                         sum(r["schema_valid"] for r in rs)),
         "same_as_baseline": sum(r["same_as_baseline"] for r in rs),
         "lossless": None if any(r["lossless"] is None for r in rs) else sum(r["lossless"] for r in rs),
     }
@@ -316,4 +324,34 @@ def table(result: dict) -> str:
         lines.append(f"memory bandwidth {bw['bandwidth_gb_s']:.1f} GB/s; plain decoding reads "
                      f"{bw['weights'] / 1e6:.1f} MB of weights + {bw['kv_per_context_token'] / 1e3:.1f} kB per token "
                      f"of context per token → bound {bound:.0f} tok/s overall{reached}")
+    return "\n".join(lines)
+
+
+def constrained_table(result: dict) -> str:
+    """The table of a constrained run: per configuration and category, decode and prefill rates, α, τ (forced tokens
+    count as tokens of their pass), the share of tokens forced, how many replies validate against their schema, the
+    same as the baseline, lossless, peak RSS; the CPU it ran on first."""
+    summary, m = result["summary"], result["machine"]
+    categories = sorted({c for s in summary.values() for c in s} - {OVERALL}) + [OVERALL]
+    width = max([14, *(len(name) + 1 for name in summary)])
+    lines = [f"{m['cpu']}, {m['physical_cores']} physical cores, {result['setup']['threads']} threads; "
+             f"{result['args']['max_tokens']} tokens at most, greedy",
+             f"{'config':<{width}}{'category':<12}{'dec tok/s':>10}{'×':>6}{'pf tok/s':>9}{'α':>6}{'τ':>6}"
+             f"{'forced%':>8}{'valid':>8}{'same':>8}{'lossless':>9}{'RSS MB':>7}"]
+    for name, by_cat in summary.items():
+        for cat in categories:
+            s = by_cat.get(cat)
+            if s is None:
+                continue
+            n = s["generations"]
+            forced = None if s["forced_share"] is None else 100 * s["forced_share"]
+            valid = "-" if s["schema_valid"] is None else f"{s['schema_valid']}/{n}"
+            lossless = "-" if s["lossless"] is None else f"{s['lossless']}/{n}"
+            lines.append(f"{name:<{width}}{cat:<12}{s['decode_tok_s']:>10.1f}{_fmt(s['speedup'], '.2f'):>6}"
+                         f"{_fmt(s['prefill_tok_s'], '.0f'):>9}{_fmt(s['alpha'], '.2f'):>6}{_fmt(s['tau'], '.2f'):>6}"
+                         f"{_fmt(forced, '.0f'):>8}{valid:>8}{s['same_as_baseline']:>4}/{n:<3}{lossless:>9}"
+                         f"{s['peak_rss_mb']:>7.0f}")
+        lines.append("")
+    configs = {c["name"]: c for c in result["configs"]}
+    lines += [f"{name}: {c['description']}; × against {c['baseline']}" for name, c in configs.items()]
     return "\n".join(lines)

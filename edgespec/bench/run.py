@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import platform
 import random
 import shutil
@@ -84,10 +85,11 @@ def _gpu_names() -> list[str]:
 def run(args: BenchArgs, log: Callable[[str], None] = print) -> dict:
     """Play the questions through every configuration; the raw records plus what the workers reported."""
     started = datetime.now(timezone.utc)
-    configs, skipped = select(list(args.configs), args.run_options)
+    questions = load_questions(args.questions, args.categories, args.per_category, args.limit)
+    configs, skipped = select(list(args.configs), args.run_options,
+                              constrained=any("schema" in q for q in questions))
     for name, why in skipped.items():
         log(f"skipping {name}: {why}")
-    questions = load_questions(args.questions, args.categories, args.per_category, args.limit)
     chat, setup = open_setup(args)
     workers: dict[str, Worker] = {}
     try:
@@ -149,11 +151,14 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
                 messages = history[c.name].setdefault(q["question_id"], [])
                 messages.append({"role": "user", "content": user})
                 tokens = chat.chat_tokens(messages)
-                result = workers[c.name].generate(tokens, args.max_tokens)
-                messages.append({"role": "assistant", "content": chat.target.detokenize(result["tokens"])})
+                result = workers[c.name].generate(tokens, args.max_tokens, q.get("schema"))
+                reply = chat.target.detokenize(result["tokens"])
+                messages.append({"role": "assistant", "content": reply})
                 outputs[c.name] = {"config": c.name, "question_id": q["question_id"], "category": q["category"],
                                    "turn": turn, "prompt_tokens": len(tokens),
-                                   "lookup_hits": lookup_hits(tokens, result["tokens"]), **result}
+                                   "lookup_hits": lookup_hits(tokens, result["tokens"]),
+                                   "schema_valid": schema_valid(reply, q["schema"]) if "schema" in q else None,
+                                   **result}
             for c in configs:
                 r = outputs[c.name]
                 r["same_as_baseline"] = r["tokens"] == outputs[c.baseline]["tokens"]
@@ -163,6 +168,18 @@ def _play(questions: list[dict], configs: list[Config], workers: dict[str, Worke
         log(f"  question {qi + 1}/{len(questions)} ({q['category']}, {len(q['turns'])} turns) "
             f"{time.perf_counter() - t0:.1f} s")
     return records
+
+
+def schema_valid(text: str, schema: dict) -> bool:
+    """Whether a reply is JSON that validates against ``schema`` (jsonschema's own check, not the grammar's): a reply
+    cut by max_tokens is not."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def _measure_curves(workers: dict[str, Worker]) -> dict[str, dict[str, float]]:

@@ -1,7 +1,8 @@
 """One process per configuration: its peak RSS is its own, and a peer's libraries never meet another's.
 
 The parent sends ``{"tokens", "max_tokens"}`` requests over a pipe; the worker answers each with one
-result dict (``Result``), or ``{"error": ...}``. ``None`` ends it. A chat request (``bench --chat``) also
+result dict (``Result``), or ``{"error": ...}``. ``None`` ends it. A request with a ``"schema"`` (a JSON schema) asks
+for output that validates against it (``ConstrainedRunner``). A chat request (``bench --chat``) also
 carries ``"messages"``: the runner continues its conversation (``ChatRunner``), or with ``"fresh"`` a new
 runner, opened for that one turn and closed after it, plays it with nothing cached.
 
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 from ..errors import EdgespecError
 from .configs import RUNNERS, Config
@@ -55,6 +56,7 @@ class Result:
     steps: int | None = None  # target passes after the first token
     drafted: int | None = None
     accepted: int | None = None
+    forced: int | None = None  # tokens a constraint forced (edgespec's: no drafter's, not in drafted)
     gamma_hist: list[int] | None = None  # steps by the number of draft tokens verified in them
     draft_steps: dict[str, int] | None = None  # steps whose draft came from each drafter (``GenerationStats``)
     mode: str | None = None  # edgespec's mode for the generation ("tree": ``drafted`` counts tree nodes)
@@ -86,6 +88,12 @@ class ChatRunner(Runner, Protocol):
     def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
         """The conversation's next answer: ``tokens`` are ``messages`` rendered by the run's chat template;
         whatever the engine kept from earlier turns it may reuse, as it would for a user."""
+
+
+class ConstrainedRunner(Runner, Protocol):
+    def generate_constrained(self, tokens: list[int], max_tokens: int, schema: dict) -> Result:
+        """``generate``, the output held to the JSON schema ``schema`` by the engine's own constrained decoding;
+        turning the schema into the engine's grammar counts in the time to first token, as a request pays it."""
 
 
 def cut_at_eog(tokens: list[int], eog: tuple[int, ...], max_tokens: int) -> list[int]:
@@ -142,6 +150,9 @@ def _main(config: Config, options: dict[str, object], setup: Setup, conn: Connec
                 continue
             if "messages" in request:
                 result = _chat_turn(runner, request, lambda: module.open_runner(options, setup))  # type: ignore[arg-type]
+            elif request.get("schema") is not None:
+                result = cast(ConstrainedRunner, runner).generate_constrained(request["tokens"], request["max_tokens"],
+                                                                              request["schema"])
             else:
                 result = runner.generate(request["tokens"], request["max_tokens"])
         except Exception as e:
@@ -213,8 +224,9 @@ class Worker:
             raise BenchError(f"configuration {self.config.name}: {message['error']}\n{message['traceback']}".rstrip())
         return message
 
-    def generate(self, tokens: list[int], max_tokens: int) -> dict:
-        self._conn.send({"tokens": tokens, "max_tokens": max_tokens})
+    def generate(self, tokens: list[int], max_tokens: int, schema: dict | None = None) -> dict:
+        """One generation; with ``schema``, held to that JSON schema."""
+        self._conn.send({"tokens": tokens, "max_tokens": max_tokens, "schema": schema})
         return self._receive()
 
     def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int, fresh: bool) -> dict:

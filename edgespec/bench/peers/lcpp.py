@@ -7,6 +7,7 @@ repacked/AMX layouts crashed on this project's Xeon, so they are off, as in edge
 
 from __future__ import annotations
 
+import json
 import time
 
 import llama_cpp
@@ -46,11 +47,22 @@ class LlamaCppRunner:
         return None  # its passes are not exposed
 
     def generate(self, tokens: list[int], max_tokens: int) -> Result:
+        return self._generate(tokens, max_tokens, time.perf_counter())
+
+    def generate_constrained(self, tokens: list[int], max_tokens: int, schema: dict) -> Result:
+        """The schema as llama-cpp-python's own GBNF grammar (its JSON-schema converter), as its
+        ``create_completion(response_format=...)`` makes it, applied by llama.cpp's grammar sampler."""
         start = time.perf_counter()
+        grammar = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        return self._generate(tokens, max_tokens, start, grammar)
+
+    def _generate(self, tokens: list[int], max_tokens: int, start: float,
+                  grammar: llama_cpp.LlamaGrammar | None = None) -> Result:
+        """Greedy from ``tokens``, timed from ``start``."""
         out: list[int] = []
         arrivals: list[tuple[int, float]] = []
         for token in self.llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                                       reset=True):
+                                       reset=True, grammar=grammar):
             out.append(token)
             arrivals.append((len(out), time.perf_counter() - start))
             if token in self.setup.eog or len(out) == max_tokens:

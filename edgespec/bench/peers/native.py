@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 import edgespec
+from edgespec import constraints
 from edgespec.cli import generate_engine
 from edgespec.engine import StreamChunk
 from edgespec.errors import EdgespecError
@@ -37,6 +38,7 @@ class NativeRunner:
         if tuned and self.engine.tuning is None:
             raise EdgespecError("no tuning for this model, thread count and device: run `edgespec tune` first")
         self.engine.generate(_WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing
+        self._guidance_ready = False
 
     def info(self) -> dict[str, object]:
         e = self.engine
@@ -59,6 +61,17 @@ class NativeRunner:
 
     def generate(self, tokens: list[int], max_tokens: int) -> Result:
         return _result(self.engine.stream(tokens, max_tokens=max_tokens))
+
+    def generate_constrained(self, tokens: list[int], max_tokens: int, schema: dict) -> Result:
+        if not self._guidance_ready:  # the vocabulary llguidance reads is built once per engine: not in a timing
+            self.engine.generate(_WARM_UP, max_tokens=2, constraint=constraints.json_object())
+            self._guidance_ready = True
+        start = time.perf_counter()
+        chunks = self.engine.stream(tokens, max_tokens=max_tokens, constraint=constraints.json_schema(schema))
+        compiled_s = time.perf_counter() - start  # the schema compiled, its matcher made: before the prefill's clock
+        result = _result(chunks)
+        result.ttft_s += compiled_s
+        return result
 
     def chat_turn(self, messages: list[dict[str, str]], tokens: list[int], max_tokens: int) -> Result:
         """Through the public chat API, as an application calls it (the template is edgespec's own, so
@@ -96,7 +109,7 @@ def _result(chunks: Iterator[StreamChunk]) -> Result:
         stats = chunk.stats
     assert stats is not None  # the last chunk carries the stats
     return Result(tokens=out, ttft_s=stats.prefill_s, decode_s=stats.decode_s, steps=stats.steps,
-                  drafted=stats.drafted, accepted=stats.accepted, gamma_hist=hist, mode=stats.mode,
+                  drafted=stats.drafted, accepted=stats.accepted, forced=stats.forced, gamma_hist=hist, mode=stats.mode,
                   draft_steps=dict(stats.draft_steps),
                   position_trials=stats.position_trials, position_accepts=stats.position_accepts,
                   draft_s=stats.draft_s, verify_s=stats.verify_s,
