@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .backend import Backend
 
 
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 @dataclass(frozen=True)
 class Constraint:
     """A checked constraint: llguidance's grammar text, and the request parameter it came from (named in errors)."""
@@ -48,7 +51,10 @@ class Constraint:
 def json_schema(schema: Mapping[str, Any] | str, *, param: str = "json_schema") -> Constraint:
     """Output that validates against a JSON schema (a dict, or its JSON text): OpenAI's strict subset and more
     (llguidance's coverage: types, properties, required, enum, const, anyOf, $ref/$defs, lengths, patterns,
-    numeric ranges). Whitespace between tokens is free, as in JSON."""
+    numeric ranges). Written on one line with ``", "`` and ``": "`` between items (Python's ``json.dumps``): a
+    separator is then forced, a draft that cannot be rejected, where free whitespace would leave the model to choose
+    an indentation token by token (and a small model to indent for ever). A schema's own ``x-guidance`` settings
+    (llguidance's) win."""
     from llguidance import LLMatcher
 
     if isinstance(schema, str):
@@ -59,7 +65,7 @@ def json_schema(schema: Mapping[str, Any] | str, *, param: str = "json_schema") 
     if not isinstance(schema, Mapping):
         raise InvalidParameterError(f"{param} must be a JSON schema object")
     try:
-        text = LLMatcher.grammar_from_json_schema(dict(schema))
+        text = LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_LAYOUT)
     except ValueError as e:
         raise InvalidParameterError(f"{param}: {_first_line(str(e))}") from None
     return _checked("json_schema", text, param)
