@@ -43,15 +43,14 @@ $(VENV)/.dev-done: $(VENV)/.setup-done
 # The demo: structured extraction, where a 135M model does well: the schema keeps its answer well-formed, the tokens
 # it forces (keys, quotes, brackets) cost no drafting, and lookup drafts the values it copies from the prompt.
 DEMO_SCHEMA := {"type": "object", "additionalProperties": false, \
-	"required": ["model", "weight_kg", "battery_wh", "range_km", "top_speed_kmh", "price", "currency"], \
-	"properties": {"model": {"type": "string"}, "weight_kg": {"type": "number"}, "battery_wh": {"type": "integer"}, \
-	"range_km": {"type": "integer"}, "top_speed_kmh": {"type": "integer"}, "price": {"type": "number"}, \
-	"currency": {"type": "string"}}}
+	"required": ["model", "range_km", "weight_kg", "top_speed_kmh", "price", "currency"], \
+	"properties": {"model": {"type": "string"}, "range_km": {"type": "integer"}, "weight_kg": {"type": "number"}, \
+	"top_speed_kmh": {"type": "integer"}, "price": {"type": "number"}, "currency": {"type": "string"}}}
 
 demo: setup
 	$(BIN)/edgespec generate --chat --compare --max-tokens 256 --json-schema '$(DEMO_SCHEMA)' \
-		"Extract the product as JSON: The Voltra X2 e-bike weighs 21.5 kg, has a 504 Wh battery with a range of up to \
-90 km, a top assisted speed of 25 km/h, and costs 2499 USD."
+		"Extract the product as JSON: The Voltra X2 e-bike has a range of up to 90 km, weighs 21.5 kg, has a top \
+assisted speed of 25 km/h, and costs 2499 USD."
 
 lint: setup-dev
 	$(BIN)/ruff check .

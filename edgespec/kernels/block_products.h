@@ -60,7 +60,7 @@ inline void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scale
 // A tile keeps 2 registers per row and vector (its integer and float sums): 16-column vectors use one each, pairs of
 // 8-column ones two; AVX2's 16 registers hold 2 rows of pairs, AVX-512's 32 hold 8 rows of 16-column vectors or 4
 // of pairs (with 8 columns and 4 rows, the whole model's 5-token verify cost 1.76× one token's against 1.17× for 4
-// tokens, and 1.36× with 8: the AVX-512 EPYC's Spec-Bench references, spec_bench-2026-11-24-epyc-avx512-*).
+// tokens, and 1.36× with 8, on the AVX-512 EPYC: docs/kernels.md).
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr int64_t kTileRows = 8;
 #elif defined(__AVX512VL__)
