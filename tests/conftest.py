@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import platform
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +30,17 @@ def pytest_configure(config: pytest.Config) -> None:
         cpus = sorted(os.sched_getaffinity(0))
         if count <= len(cpus):
             os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count::count])
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether this machine's x86 CPU has a feature flag (``avx512_vnni``): a build for it can run beside the native
+    one."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        return flag in Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux: the flags are not read here
+        return False
 
 
 @contextlib.contextmanager

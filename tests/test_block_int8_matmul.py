@@ -6,7 +6,6 @@ clear error."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from edgespec import custom_ops
 from edgespec.export import block_int8
 from edgespec.onnx_backend import session_options
+from tests.conftest import cpu_has
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -98,22 +98,13 @@ def test_rows_are_bit_identical_alone_and_in_any_call(rows: int) -> None:
     assert np.array_equal(session.run(None, {"x": x[:, 1:4]})[0], together[:, 1:4])
 
 
-def _cpu_has(flag: str) -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        return flag in Path("/proc/cpuinfo").read_text().split()
-    except OSError:  # not Linux: the flags are not read here
-        return False
-
-
 # Each build's integer loop against this machine's build (-march=native: the VNNI loop where the CPU has a dot
 # product instruction, 16 columns wide with AVX512-VNNI, else the AVX2 one): a baseline x86-64 (no AVX2, no FMA:
 # what every CPU without AVX2 runs), x86-64-v3 (AVX2 + FMA, no VNNI: pairs of 8-column vectors, tiles of 2 rows)
 # and x86-64-v4 (AVX-512 without VNNI: the same loop in tiles of 4 rows).
 @pytest.mark.parametrize(("march", "needs"), [("x86-64", "avx2"), ("x86-64-v3", "avx2"), ("x86-64-v4", "avx512vl")])
 def test_every_path_gives_the_same_bits(tmp_path: Path, march: str, needs: str) -> None:
-    if not _cpu_has(needs):
+    if not cpu_has(needs):
         pytest.skip(f"the {march} build needs an x86 CPU with {needs} to run beside this one's")
     other = tmp_path / f"{march}.so"
     custom_ops.compile_library(other, [f"-march={march}"])

@@ -5,7 +5,6 @@ same bits as this machine's, and a graph off the contract refused with a clear e
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from edgespec import custom_ops
 from edgespec.export import block_q4, block_weights
 from edgespec.onnx_backend import session_options
+from tests.conftest import cpu_has
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -107,15 +107,6 @@ def test_thread_counts_give_the_same_bits(kind: str) -> None:
     assert all(np.array_equal(one, other) for other in others)
 
 
-def _cpu_has(flag: str) -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        return flag in Path("/proc/cpuinfo").read_text().split()
-    except OSError:  # not Linux: the flags are not read here
-        return False
-
-
 # Each build's loop against this machine's (-march=native): the portable one (baseline x86-64: no AVX2, F16C or
 # FMA), AVX2's vpmaddubsw on pairs of 8-column vectors (x86-64-v3), the same with AVX-VNNI's 256-bit vpdpbusd, and
 # AVX-512 without VNNI (x86-64-v4: pairs, tiles of 4 rows).
@@ -123,7 +114,7 @@ def _cpu_has(flag: str) -> bool:
                                               (("-march=x86-64-v3", "-mavxvnni"), "avx_vnni"),
                                               (("-march=x86-64-v4",), "avx512vl")])
 def test_every_path_gives_the_same_bits(tmp_path: Path, flags: tuple[str, ...], needs: str) -> None:
-    if not _cpu_has(needs):
+    if not cpu_has(needs):
         pytest.skip(f"the {' '.join(flags)} build needs an x86 CPU with {needs} to run beside this one's")
     other = tmp_path / "other.so"
     custom_ops.compile_library(other, list(flags))
