@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
+from .memory import give_back_free_memory, limit_arenas
 from .metrics import Metrics
 
 log = logging.getLogger("edgespec.server")
@@ -59,6 +60,7 @@ class EngineWorker:
         self._cond = threading.Condition()
         self._mean_job_s = 1.0  # running mean of job durations, for Retry-After
         self.failure: str | None = None  # why the worker thread stopped serving, if it did
+        limit_arenas()
         self._thread = threading.Thread(target=self._serve, name=f"edgespec-{name}", daemon=True)
         self._thread.start()
 
@@ -167,3 +169,4 @@ class EngineWorker:
         counted = CLIENT_ERROR if isinstance(error, InvalidParameterError | ContextOverflowError) else outcome
         self.metrics.record(self.name, counted, stats, n_tokens)
         job.on_end(outcome, error)
+        give_back_free_memory()
