@@ -10,7 +10,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 # The llama.cpp build takes ~10 min on 2 cores: keep the wheel, keyed by version and build flags.
 WHEELS := $(HOME)/.cache/edgespec/wheels/$(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-8)
 
-.PHONY: setup setup-dev demo test test-slow lint bench clean
+.PHONY: setup setup-dev demo test test-unit test-slow lint bench clean
 
 # What `make demo` needs: the runtime, llama.cpp, ONNX Runtime and the GGUF → ONNX exporter; no torch. Then
 # edgespec's kernels for ONNX Runtime (exact attention, block INT8 products), compiled for this CPU once (~15 s;
@@ -58,6 +58,10 @@ lint: setup-dev
 # One worker per CPU, each pinned to its own (tests/conftest.py); a file's tests stay together (module fixtures).
 test: lint
 	$(BIN)/pytest -q -n auto --dist loadfile
+
+# The engine's logic on the fake backend and the repository's own checks: no model loaded, seconds.
+test-unit: setup-dev
+	$(BIN)/pytest -q -n auto --dist loadfile tests/unit
 
 # The slow tests also run Gemma 3 270M: its weights come in a package (and four chunk packages) of their own.
 test-slow: lint

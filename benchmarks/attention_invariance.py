@@ -40,8 +40,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
+from edgespec.kernels import library as custom_ops
 
 KV_HEADS, GROUP, HEAD_DIM, SUM_COLUMNS, BLOCK = 3, 3, 64, 8, 64
 HEADS = KV_HEADS * GROUP

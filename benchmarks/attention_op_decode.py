@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from edgespec.export.onnx_export import export_onnx
+from edgespec.export.onnx.export import export_onnx
 
+from edgespec.backends.onnx.model import OnnxModel, OnnxOptions
 from edgespec.bench.plots import line_chart
+from edgespec.catalog.models import DEFAULT_MODEL, families
 from edgespec.home import home_dir
-from edgespec.models import DEFAULT_MODEL, families
-from edgespec.onnx_backend import OnnxModel, OnnxOptions
-from edgespec.tuning import cpu_identity
+from edgespec.identity import cpu_identity
 
 OPS = ("exact", "gqa")
 VERIFY = 5

@@ -24,7 +24,7 @@ from decode_loop_curve import CURVE_ROWS, ENGINES, loop_curve, open_engines, pla
 
 from edgespec.bench.plots import line_chart
 from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
-from edgespec.tuning import cpu_identity
+from edgespec.identity import cpu_identity
 
 EXPORTS = ("nbits", "op")
 

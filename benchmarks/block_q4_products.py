@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from edgespec.export.onnx import block_q4, block_weights
 from onnx import helper, numpy_helper
 
-from edgespec import custom_ops
-from edgespec.export import block_q4, block_weights
-from edgespec.onnx_backend import session_options
-from edgespec.tuning import cpu_identity
+from edgespec.backends.onnx.session import session_options
+from edgespec.identity import cpu_identity
+from edgespec.kernels import library as custom_ops
 
 LLAMA_1B = "2048x3072,2048x2048,2048x16384,8192x2048"
 NBITS = "MatMulNBits"

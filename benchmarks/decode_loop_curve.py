@@ -37,9 +37,9 @@ import numpy as np
 import edgespec
 from edgespec.bench.plots import line_chart
 from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
-from edgespec.default_model import default_choice
-from edgespec.engine import Engine
-from edgespec.tuning import cpu_identity
+from edgespec.engine.engine import Engine
+from edgespec.identity import cpu_identity
+from edgespec.tuning.default import default_choice
 
 ENGINES = ("target", "ngram")
 CURVE_ROWS = (1, 2, 3, 4, 5, 6, 7)

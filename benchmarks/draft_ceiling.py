@@ -38,7 +38,7 @@ from edgespec.bench.replay import (
     simulate,
 )
 from edgespec.drafters.ngram import NgramDrafter
-from edgespec.sampling import SamplingParams
+from edgespec.engine.sampling import SamplingParams
 
 SLOPES = (0.0, 0.02, 0.03, 0.05, 0.08, 0.10)
 ACCURACIES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)

@@ -5,7 +5,7 @@
 
 EXPORT: an edgespec ONNX directory (the default model's: `~/.cache/edgespec/onnx/...`). TEST_STREAMS: recorded
 target-only Spec-Bench outputs of the same model (`edgespec replay --record`). The training text is the model's
-own greedy answers to prompts written from the templates and topics of ``export/head_training.py`` (nothing from
+own greedy answers to prompts written from the templates and topics of ``export/head/training.py`` (nothing from
 Spec-Bench), recorded
 here into DIR/draft_head_probe-answers.jsonl (a second run reuses them).
 
@@ -39,14 +39,14 @@ import random
 from pathlib import Path
 
 import numpy as np
-from edgespec.export.head_training import MLP_HIDDEN, TEMPLATES, TOPICS, Answer, eagle_module, load_weights, train_eagle
-from edgespec.export.onnx_reference import OnnxReference
+from edgespec.export.head.training import MLP_HIDDEN, TEMPLATES, TOPICS, Answer, eagle_module, load_weights, train_eagle
+from edgespec.export.onnx.reference import OnnxReference
 
 from edgespec.bench.plots import line_chart
 from edgespec.bench.replay import Stream, load_streams, record
 from edgespec.drafters.ngram import NgramDrafter
-from edgespec.sampling import SamplingParams
-from edgespec.tuning import cpu_identity
+from edgespec.engine.sampling import SamplingParams
+from edgespec.identity import cpu_identity
 
 SHARES = (0.125, 0.25, 0.5, 1.0)
 RIDGE = 1e-4  # × training positions, on the normal equations' diagonal

@@ -23,8 +23,8 @@ import numpy as np
 import edgespec
 from edgespec.bench.plots import line_chart
 from edgespec.bench.run import machine
-from edgespec.default_race import onnx_export_path
-from edgespec.models import DEFAULT_MODEL, families
+from edgespec.catalog.models import DEFAULT_MODEL, families
+from edgespec.tuning.race import onnx_export_path
 
 HERE = Path(__file__).parent
 GAMMAS = (1, 2)

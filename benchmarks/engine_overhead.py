@@ -12,7 +12,8 @@ Prints a table; writes JSON.
 
 from __future__ import annotations
 
-# First: on the H100 image, numpy imported before llama.cpp's CUDA library crashed (edgespec/_preload.py).
+# First: on the H100 image, numpy imported before llama.cpp's CUDA library crashed
+# (edgespec/backends/llamacpp/preload.py).
 import edgespec
 
 # isort: split
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends.llamacpp.model import LlamaModel
 from edgespec.bench.run import machine
-from edgespec.engine import Engine
-from edgespec.llama_backend import LlamaModel
+from edgespec.engine.engine import Engine
 
 _PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends.onnx.manifest import MANIFEST
+from edgespec.backends.onnx.model import OnnxModel, OnnxOptions
 from edgespec.bench.run import machine
-from edgespec.default_race import onnx_export_path
-from edgespec.models import DEFAULT_MODEL, families
-from edgespec.onnx_backend import MANIFEST, OnnxModel, OnnxOptions
+from edgespec.catalog.models import DEFAULT_MODEL, families
+from edgespec.tuning.race import onnx_export_path
 
 HERE = Path(__file__).parent
 

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends.onnx.manifest import head_folder
+from edgespec.backends.onnx.model import OnnxModel, OnnxOptions
 from edgespec.bench.replay import Stream, load_streams
-from edgespec.default_model import default_choice
-from edgespec.onnx_backend import OnnxModel, OnnxOptions, head_folder
-from edgespec.tuning import cpu_identity
+from edgespec.identity import cpu_identity
+from edgespec.tuning.default import default_choice
 
 CATEGORIES = ("summarization", "translation", "rag", "qa", "math_reasoning", "coding", "writing", "roleplay")
 

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec import custom_ops
+from edgespec.backends.onnx.model import OnnxModel, OnnxOptions
 from edgespec.bench.plots import line_chart
 from edgespec.bench.revision import files_at, source_at
 from edgespec.bench.turns import add_pass_arguments, passes_taking_turns
-from edgespec.default_model import default_choice
-from edgespec.onnx_backend import OnnxModel, OnnxOptions
-from edgespec.tuning import cpu_identity
+from edgespec.identity import cpu_identity
+from edgespec.kernels import library as custom_ops
+from edgespec.tuning.default import default_choice
 
 
 def build_revision(rev: str, folder: Path) -> Path:

@@ -8,7 +8,8 @@ every following position in a one-token pass (padded to B rows when B > 0) and k
 rolls back and decodes the same tokens again in passes of random size (1..B tokens, or 1..8 unpadded, cut where
 ``LlamaModel.max_pass_rows`` says, as the engine cuts its drafts) and compares every row bit for bit. A pass size
 whose rows all match over hundreds of positions — across llama.cpp's n_kv steps at multiples of 256 — is one the
-engine may verify drafts in losslessly; the self-check (edgespec/exactness.py) probes the same on three contexts.
+engine may verify drafts in losslessly; the self-check (edgespec/backends/selfcheck.py) probes the same on three
+contexts.
 
 Cost, per pass size: the median time of a pass of 1 and of B tokens at the middle position (decode, logits read,
 filler removed), and a plain greedy decode loop's tokens/s, unpadded and padded. Prints a table; writes JSON.
@@ -16,7 +17,8 @@ filler removed), and a plain greedy decode loop's tokens/s, unpadded and padded.
 
 from __future__ import annotations
 
-# First: on the H100 image, numpy imported before llama.cpp's CUDA library crashed this script (edgespec/_preload.py).
+# First: on the H100 image, numpy imported before llama.cpp's CUDA library crashed this script
+# (edgespec/backends/llamacpp/preload.py).
 import edgespec  # noqa: F401
 
 # isort: split
@@ -28,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
 from edgespec.bench.run import machine
-from edgespec.llama_backend import ContextOptions, LlamaModel
-from edgespec.models import DEFAULT_MODEL, resolve
+from edgespec.catalog.models import DEFAULT_MODEL, resolve
 
 _TEXT = ("The committee met on Tuesday to review the budget. def mean(xs):\n    return sum(xs) / len(xs)\n"
          "Rivers carry sediment to the sea, where it settles into deltas over thousands of years. ")

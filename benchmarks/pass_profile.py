@@ -19,10 +19,10 @@ from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 
+from edgespec.backends.onnx.model import OnnxModel, OnnxOptions
 from edgespec.bench.turns import add_pass_arguments, passes_taking_turns
-from edgespec.default_model import default_choice
-from edgespec.onnx_backend import OnnxModel, OnnxOptions
-from edgespec.tuning import cpu_identity
+from edgespec.identity import cpu_identity
+from edgespec.tuning.default import default_choice
 
 
 def per_operator(files: list[Path], rows: list[int], passes: int) -> tuple[dict, dict]:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import llama_cpp as lc
 import numpy as np
 
+from edgespec.backends.llamacpp.model import physical_cores, split_batches
 from edgespec.bench.questions import DEFAULT_QUESTIONS
-from edgespec.llama_backend import physical_cores, split_batches
-from edgespec.models import resolve
+from edgespec.catalog.models import resolve
 
 
 @dataclass(frozen=True)

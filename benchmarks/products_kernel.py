@@ -21,10 +21,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from edgespec import custom_ops
 from edgespec.bench.plots import line_chart
 from edgespec.bench.revision import source_at
-from edgespec.tuning import cpu_identity
+from edgespec.identity import cpu_identity
+from edgespec.kernels import library as custom_ops
 
 SOURCE = custom_ops.KERNELS / "block_int8_matmul.cc"
 HARNESS = Path(__file__).with_name("products_kernel.cc")

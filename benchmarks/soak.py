@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tests' way of starting servers and bridges, reused
 
 from tests.live import LiveServer  # noqa: E402
-from tests.test_bridge import ENDINGS, listening_bridge  # noqa: E402
+from tests.server.test_bridge import ENDINGS, listening_bridge  # noqa: E402
 
 MB = 1 << 20
 WINDOW_S = 600  # the RSS table's rows: 10 minutes each

@@ -2,7 +2,7 @@
 
 import sys
 
-from edgespec.cli import main
+from edgespec.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

@@ -17,7 +17,8 @@ llama.cpp's passes as a GPU does. Prints a table; writes JSON.
 
 from __future__ import annotations
 
-# First: on the H100 image, numpy imported before llama.cpp's CUDA library crashed (edgespec/_preload.py).
+# First: on the H100 image, numpy imported before llama.cpp's CUDA library crashed
+# (edgespec/backends/llamacpp/preload.py).
 import edgespec
 
 # isort: split
@@ -29,13 +30,13 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edgespec import engine as engine_module
-from edgespec import gamma
 from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
 from edgespec.bench.run import machine
+from edgespec.controller import gamma
 from edgespec.cpu import physical_cores
-from edgespec.default_model import default_choice
 from edgespec.drafters import head, ngram, recycled, suffix, tree
+from edgespec.engine import engine as engine_module
+from edgespec.tuning.default import default_choice
 
 # (owner, attribute): what is timed. They nest (propose holds the controller's choose and the drafter).
 TIMED: list[tuple[object, str]] = [

@@ -26,8 +26,8 @@ rows equal after keeping another path.
 
 from __future__ import annotations
 
-# First: numpy imported before llama.cpp's CUDA library crashes the process (edgespec/_preload.py; the H200 run of
-# 2026-11-26 lost this probe to it).
+# First: numpy imported before llama.cpp's CUDA library crashes the process
+# (edgespec/backends/llamacpp/preload.py).
 import edgespec  # noqa: F401
 
 # isort: split
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
 from edgespec.bench.run import machine
+from edgespec.catalog.models import resolve
 from edgespec.cpu import physical_cores
-from edgespec.llama_backend import ContextOptions, LlamaModel
-from edgespec.models import resolve
 
 TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model then verifies in a "
         "single batched forward pass, and the output stays the same. ") * 40

@@ -39,8 +39,8 @@ import numpy as np
 
 import edgespec
 from edgespec.cpu import physical_cores
-from edgespec.engine import Engine
-from edgespec.tuning import cpu_identity
+from edgespec.engine.engine import Engine
+from edgespec.identity import cpu_identity
 
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 PROMPT_TEXT = ("Speculative decoding lets a cheap drafter propose several tokens that the target model then "

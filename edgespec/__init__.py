@@ -12,28 +12,23 @@ import importlib
 import os
 from collections.abc import Sequence
 
-from . import _preload  # noqa: F401  (first: it loads llama.cpp's library before anything imports numpy)
-from .backends import BACKENDS
+from .backends.llamacpp import preload as _preload  # noqa: F401  (first: it loads llama.cpp's library before anything imports numpy)
+from .backends.registry import BACKENDS
+from .backends.selfcheck import ExactnessWarning, NotExactError
+from .catalog.models import DEFAULT_MODEL
 from .cpu import physical_cores
-from .default_model import open_default
-from .engine import MODES, Completion, Engine, StreamChunk
-from .errors import (
-    ContextOverflowError,
-    EdgespecError,
-    InvalidParameterError,
-    ModelLoadError,
-    VocabMismatchError,
-)
-from .exactness import ExactnessWarning, NotExactError
+from .engine.engine import MODES, Completion, Engine, StreamChunk
+from .engine.sampling import SamplingParams
+from .engine.stats import GenerationStats
+from .errors import ContextOverflowError, EdgespecError, InvalidParameterError, ModelLoadError, VocabMismatchError
 from .loading import open_engine
-from .models import DEFAULT_MODEL
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .tuning import Tuning
+from .tuning.default import open_default
+from .tuning.store import Tuning
 from .version import __version__ as __version__
 
 # The concrete backends load their runtimes (llama.cpp, onnxruntime) on import: only on first use.
-_LAZY = {"ContextOptions": "llama_backend", "LlamaModel": "llama_backend", "OnnxModel": "onnx_backend"}
+_LAZY = {"ContextOptions": "backends.llamacpp.model", "LlamaModel": "backends.llamacpp.model",
+         "OnnxModel": "backends.onnx.model"}
 
 
 def __getattr__(name: str) -> object:
@@ -55,9 +50,11 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     installed (``edgespec tune --default``; cached per files, threads, device and CPU). With ``tuning=False``
     or ``EDGESPEC_TUNING=off`` it is fixed instead: ``smollm2-135m`` (the shipped Q4_1) with n-gram γ auto.
 
-    ``mode`` is the default drafter: ``ngram`` (prompt lookup, no second model), ``draft`` (needs
-    ``draft=``, a model with the target's vocabulary), ``layerskip`` / ``hybrid`` (ONNX models: the target
-    drafts with some layers skipped; hybrid tries prompt lookup first) or ``none``. ``gamma`` is ``"auto"``
+    ``mode`` is the default drafter: ``ngram`` (prompt lookup, no second model), ``head`` (lookup, then the
+    trained draft head shipped with the model where lookup has nothing or only a one-token match: the default
+    model's choice), ``tree`` (a tree of lookup, suffix-trie and recycled-logits candidates verified in one pass),
+    ``draft`` (needs ``draft=``, a model with the target's vocabulary), ``layerskip`` / ``hybrid`` (ONNX models: the
+    target drafts with some layers skipped; hybrid tries prompt lookup first) or ``none``. ``gamma`` is ``"auto"``
     (chosen each step from measured costs and acceptance) or a fixed number of draft tokens.
     ``exact_numerics`` keeps logits batch-invariant, which greedy losslessness depends on
     (docs/exact-numerics.md). ``backend`` is ``llamacpp``, ``onnx`` or ``auto`` (from the path); ``layer_skip``
@@ -66,7 +63,7 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     replaces the start-up calibration, and its chosen mode and γ are the defaults (None) of ``mode``
     and ``gamma``; without a tuning file they are n-gram (or draft) and ``"auto"``.
     On first use per build and device a short probe checks that batched verification gives the target the
-    same logits as one-token decoding (``edgespec.exactness``); where it does not, edgespec warns once that
+    same logits as one-token decoding (``edgespec.backends.selfcheck``); where it does not, edgespec warns once that
     greedy output may drift from target-only decoding, or with ``require_exact`` raises ``NotExactError``.
     """
     if target is None:

@@ -1,15 +1,24 @@
 """Writing files and folders atomically: through a temporary name beside the target, replaced in one step, so
-a reader (or a crash) never sees half an artefact. The one copy of that rule."""
+a reader (or a crash) never sees half an artefact. The one copy of that rule; and ``tomllib`` for reading the TOML
+files edgespec reads (the manifests in models/, LM Studio's settings), the standard library's where it has one."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .home import sweep
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["staged", "tomllib", "write_text"]
 
 
 def _remove(path: Path) -> None:

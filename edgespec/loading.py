@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from .backends import ModelOptions, open_model
-from .engine import Engine
-from .exactness import check as check_exactness
-from .exactness import enforce
-from .tuning import StoredCurve, find_tuning
+from .backends.registry import ModelOptions, open_model
+from .backends.selfcheck import check as check_exactness
+from .backends.selfcheck import enforce
+from .engine.engine import Engine
+from .tuning.store import StoredCurve, find_tuning
 
 
 def open_engine(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None, mode: str | None = None,

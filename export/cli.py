@@ -10,7 +10,7 @@ import argparse
 import importlib
 
 # modules of this package, each with register(subparsers)
-_COMMANDS: tuple[str, ...] = ("gguf", "draft", "pair", "onnx_cmd", "head_cmd")
+_COMMANDS: tuple[str, ...] = ("gguf.command", "draft.command", "pair", "onnx.command", "head.command")
 
 
 def add_export_command(sub: argparse._SubParsersAction) -> None:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgespec.models import families
+from edgespec.catalog.models import families
 
-from . import ggufio, hf, manifest, quality, require
+from . import manifest, quality, require
 from .files import human_size
-from .hf_to_gguf import convert_cached
+from .gguf import ggufio, hf
+from .gguf.hf_to_gguf import convert_cached
 
 EXPORT_QUANTS = ("f16", "bf16", "q8_0", "q4_0", "q4_k_m")
 # Upper bounds of bits per weight, for the free-space check (Q4_K_M keeps some tensors in Q6_K / Q8_0).

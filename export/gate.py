@@ -1,5 +1,6 @@
-"""The quality gate every re-quantized export passes: top-1 agreement with its source ≥ 0.99 and mean
-KL(source ‖ export) ≤ 0.01 on the fixed prompts, or the export is refused (``--force`` keeps it anyway).
+"""The quality gate every re-quantized export passes: the quality bar (``edgespec.catalog.models``: top-1 agreement
+with its source ≥ 0.99 and mean KL(source ‖ export) ≤ 0.01) on the fixed prompts, or the export is refused (``--force``
+keeps it anyway).
 The top-1 agreement it is given counts picks within the source's own near-ties as agreeing
 (``quality.source_ties``: a flip the source's own two numerics make is rounding, not quality).
 
@@ -10,26 +11,17 @@ is not a faithful copy of its source.
 
 from __future__ import annotations
 
+from edgespec.catalog.models import MAX_KL, MIN_TOP1, below_quality_bar
 from edgespec.errors import EdgespecError
-
-MIN_TOP1 = 0.99
-MAX_KL = 0.01
 
 
 class QualityGateError(EdgespecError):
     """An export agrees too little with its source."""
 
 
-def verdict(top1: float, kl: float) -> str | None:
-    """Why the numbers fail the gate, or None when they pass."""
-    reasons = [f"top-1 agreement {top1:.3f} < {MIN_TOP1}"] if top1 < MIN_TOP1 else []
-    reasons += [f"KL {kl:.4f} > {MAX_KL}"] if kl > MAX_KL else []
-    return ", ".join(reasons) or None
-
-
 def check(what: str, top1: float, kl: float, force: bool) -> str:
     """The gate's line for the user; raises ``QualityGateError`` on failing numbers unless ``force``."""
-    failed = verdict(top1, kl)
+    failed = below_quality_bar(top1, kl)
     if failed is None:
         return f"quality gate passed (top-1 ≥ {MIN_TOP1}, KL ≤ {MAX_KL})"
     if not force:

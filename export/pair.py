@@ -13,13 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgespec.catalog.models import DEFAULT_MODEL, LAYER_SKIP, Pairing, families
 from edgespec.errors import InvalidParameterError
 from edgespec.home import home_dir
-from edgespec.models import DEFAULT_MODEL, LAYER_SKIP, Pairing, families
 
 from .common import Steps, add_common_args, resolve_source
-from .draft import export_draft, run_search
-from .gguf import export_gguf
+from .draft.command import export_draft, run_search
+from .gguf.command import export_gguf
 
 
 def _pairing(text: str, index: int) -> tuple[str | None, Pairing]:

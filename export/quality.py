@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgespec.engine import Engine
+from edgespec.engine.engine import Engine
+from edgespec.engine.stats import tokens_per_step
 from edgespec.errors import InvalidParameterError
-from edgespec.stats import tokens_per_step
 
 if TYPE_CHECKING:  # the CLI imports this module to register its commands: llama.cpp loads only where one runs
-    from edgespec.llama_backend import LlamaModel
+    from edgespec.backends.llamacpp.model import LlamaModel
 
 # (tokens, n) → float logits of the last n positions of ``tokens``, shape n × vocabulary.
 LogitsFn = Callable[[Sequence[int], int], np.ndarray]
@@ -103,7 +103,7 @@ def check_options(n_prompts: int, n_tokens: int) -> None:
 
 
 def open_model(path: Path, n_threads: int | None = None, exact_numerics: bool = True) -> LlamaModel:
-    from edgespec.llama_backend import ContextOptions, LlamaModel
+    from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
     return LlamaModel(path, ContextOptions(n_ctx=EVAL_CTX, n_batch=512, n_threads=n_threads,
                                            exact_numerics=exact_numerics))
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import edgespec
-from edgespec.engine import Engine
+from edgespec.engine.engine import Engine
 from tests.live import LiveServer
 
-# A developer's `edgespec tune` must not change what the tests check (mode, γ); tests/test_tune.py turns it on.
+# A developer's `edgespec tune` must not change what the tests check (mode, γ); tests/model/test_tune.py turns it on.
 os.environ["EDGESPEC_TUNING"] = "off"
 
 
@@ -61,7 +61,7 @@ def building() -> Iterator[None]:
 
 def hf_checkpoint(model: str) -> Path:
     """A shipped model as an HF checkpoint (converted once from its GGUF into the edgespec cache)."""
-    from edgespec.export.hf import hf_folder
+    from edgespec.export.gguf.hf import hf_folder
 
     with building():
         return hf_folder(model)
@@ -103,8 +103,8 @@ def questions(spec_bench: SpecBench) -> list[dict]:
 def onnx_export_dir(model: str = "smollm2-135m", quant: str = "fp32", **options: object) -> Path:
     """An ONNX export of a shipped model, written into the edgespec cache by the real exporter (again when the
     graph writer's revision changed)."""
-    from edgespec.export.onnx_export import export_onnx
-    from edgespec.export.onnx_graphs import GRAPHS_REVISION
+    from edgespec.export.onnx.export import export_onnx
+    from edgespec.export.onnx.graphs import GRAPHS_REVISION
 
     from edgespec.home import home_dir
 

@@ -1,5 +1,6 @@
 """Target-only decoding through the arena, one token a pass: the reference that tree and chain verification rows
-must equal bit for bit (tests/test_tree_llama.py, tests/test_onnx_trees.py); and a count of the trees an engine
+must equal bit for bit (tests/model/test_tree_llama.py, tests/model/test_onnx_trees.py); and a count of the trees an
+engine
 verifies."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from edgespec.arena import Cache, KVArena
-from edgespec.engine import Engine
+from edgespec.engine.arena import Cache, KVArena
+from edgespec.engine.engine import Engine
 
 
 def started(model: Cache, prompt: list[int]) -> KVArena:

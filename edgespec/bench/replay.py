@@ -19,20 +19,21 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ..arena import common_prefix
+from ..controller.cost import MAX_GAMMA, CostCurve, physical
+from ..controller.gamma import GammaController
 from ..drafters import Drafter, OutputStore, RecycledDrafter, SuffixDrafter
-from ..drafters.base import MAX_TREE_LEAVES, ROOT, Draft, DraftKey, depths
+from ..drafters.base import ROOT, Draft, DraftKey, depths
 from ..drafters.ngram import NgramDrafter
+from ..drafters.proposal import propose
 from ..drafters.recycled import top_successors
 from ..drafters.tree import TreeDrafter
-from ..gamma import MAX_GAMMA, CostCurve, GammaController, physical
-from ..proposal import propose
-from ..sampling import SamplingParams
-from ..verify import accepted_tree_path
+from ..engine.arena import MAX_TREE_LEAVES, common_prefix
+from ..engine.sampling import SamplingParams
+from ..engine.verify import accepted_tree_path
 from .questions import BenchError
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine.engine import Engine
 
 # Verify cost of k tokens in one pass relative to one token, as measured (k: relative cost); linear in between
 # and past the last point. ``flat`` stands for a GPU, where a few more rows are nearly free.

@@ -35,7 +35,7 @@ from statistics import mean
 import numpy as np
 
 from ..drafters import NgramDrafter
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
 
 OVERALL = "overall"
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends.onnx.manifest import kv_dtype_of, read_manifest
 from ..errors import InvalidParameterError
-from ..onnx_backend import kv_dtype_of, read_manifest
 
 DEFAULT_ROWS = (1, 2, 3, 4, 5, 8, 12, 17)
 ATTENTION_OPS = ("GroupQueryAttention", "ExactAttention")
@@ -51,7 +51,7 @@ def _session(model: object, threads: int) -> object:
     2 rows). Once that pool exists no session of the process may have threads of its own."""
     import onnxruntime as ort
 
-    from ..onnx_backend import session_options
+    from ..backends.onnx.session import session_options
 
     so, _ = session_options(threads)
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")  # type: ignore[attr-defined]

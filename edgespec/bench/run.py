@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..engine import Engine
+from ..engine.engine import Engine
 from .configs import Config, select
 from .questions import load_questions
 from .report import lookup_hits
@@ -112,8 +112,8 @@ def open_setup(args: RunArgs) -> tuple[Engine, Setup]:
     """The one tokenizer and chat template every configuration's prompts come from, and what they share."""
     import edgespec
 
+    from ..catalog.models import resolve
     from ..cpu import physical_cores
-    from ..models import resolve
 
     model_path = resolve(args.model)
     chat = edgespec.load(model_path, mode="none", gamma=0, n_ctx=64, n_threads=1, tuning=False)

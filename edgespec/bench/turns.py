@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import Backend
+from ..backends.base import Backend
 
 
 def passes_taking_turns(models: Sequence[Backend], context: int, rows: Sequence[int], rounds: int,

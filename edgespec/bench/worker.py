@@ -176,7 +176,7 @@ def _main_at(package: str, config: dict, options: dict[str, object], setup: dict
             raise BenchError(f"the revision's edgespec is not the one imported ({other.__file__})")
         # Its kernels are built apart, in the scratch folder: a build removes the others in its folder, so one in the
         # environment's would take this checkout's away (rebuilt at its next load, and so on, turn about).
-        kernels = importlib.import_module("edgespec.custom_ops")
+        kernels = importlib.import_module("edgespec.kernels.library")
         kernels.kernels_dir = lambda: Path(package) / "kernels-build"
         run_config, run_setup = (cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
                                  for cls, values in ((other.Config, config), (other.Setup, setup)))

@@ -11,11 +11,10 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from ..engine.sampling import SamplingParams
 from ..errors import EdgespecError
-from ..sampling import SamplingParams
 
 ROOT = -1  # the parent index of a node that follows the last committed token
-MAX_TREE_LEAVES = 16  # root-to-leaf paths in one verified tree (llama.cpp: one sequence each)
 
 
 DraftKey = int | tuple[int, ...]

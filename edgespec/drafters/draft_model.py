@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..arena import KVArena
-from ..sampling import SamplingParams, sample
+from ..engine.arena import KVArena
+from ..engine.sampling import SamplingParams, sample
 from .base import Draft
 
 

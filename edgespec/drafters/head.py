@@ -5,11 +5,11 @@ head maps [f_i / scale, embedding(x_{i+1})] to its width, runs one decoder layer
 positions' pairs (its own KV cache), and predicts f_{i+1}; the target's final norm and output rows (those of the
 tokens the head was trained to say) turn that into a guess for x_{i+2}. A second guess feeds the head its own
 prediction and guess back. Written by ``edgespec export head`` (docs/draft-head.md), run by ONNX Runtime beside the
-target as one session (``HeadModel``, edgespec/head_model.py).
+target as one session (``HeadModel``, edgespec/backends/onnx/head.py).
 
 Where prompt lookup reads the text, the head reads the context: it is asked where lookup has nothing to offer, and
-beside lookup's weakest drafts (mode ``head``: lookup, then the head; edgespec/proposal.py). It proposes greedily
-(one-hot q), so sampled verification stays exact.
+beside lookup's weakest drafts (mode ``head``: lookup, then the head; edgespec/drafters/proposal.py). It proposes
+greedily (one-hot q), so sampled verification stays exact.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..arena import common_prefix
-from ..sampling import SamplingParams
+from ..engine.arena import common_prefix
+from ..engine.sampling import SamplingParams
 from .base import Draft
 
 if TYPE_CHECKING:
-    from ..head_model import HeadModel
+    from ..backends.onnx.head import HeadModel
 
 # A draft path stops before a token that takes the head's own probability of the whole path below this: a further
 # guess costs a head pass and a verify row, and one the head itself doubts is rarely accepted (EAGLE-2's

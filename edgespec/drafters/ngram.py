@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..arena import common_prefix
+from ..engine.arena import common_prefix
+from ..engine.sampling import SamplingParams
 from ..errors import InvalidParameterError
-from ..sampling import SamplingParams
 from .base import Draft
 
 # What the text has said of a match before it is verified: the token that followed the matched n-gram's previous

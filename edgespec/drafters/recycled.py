@@ -10,8 +10,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..engine.sampling import SamplingParams
 from ..errors import InvalidParameterError
-from ..sampling import SamplingParams
 from .base import Draft, best_first
 
 

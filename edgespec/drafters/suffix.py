@@ -18,8 +18,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..engine.sampling import SamplingParams
 from ..errors import InvalidParameterError
-from ..sampling import SamplingParams
 from .base import Draft, best_first
 
 _SHIFT = 20  # child key: node << _SHIFT | token (vocabularies up to ~1M tokens)
@@ -158,7 +158,7 @@ class SuffixTrie:
         self._free.append(child)
 
 
-# What a stored output costs at most, by construction (tests/test_tree_drafting.py traces a long session against
+# What a stored output costs at most, by construction (tests/unit/test_tree_drafting.py traces a long session against
 # it). A trie node: 33 bytes of array columns (plus their over-allocation and the copy while one grows), its dict
 # entry's key and value ints (64 bytes), and the dict's table: a dict holding n entries grows to ≤ 6n slots of 20
 # bytes (index and entry), never shrinks on deletion, and holds its old and new tables while it grows: ≤ 240 bytes

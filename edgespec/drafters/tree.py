@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..arena import common_prefix
-from ..gamma import GammaController
-from ..sampling import SamplingParams
-from .base import MAX_TREE_LEAVES, ROOT, Draft
+from ..controller.gamma import GammaController
+from ..engine.arena import MAX_TREE_LEAVES, common_prefix
+from ..engine.sampling import SamplingParams
+from .base import ROOT, Draft
 from .ngram import NgramDrafter
 from .recycled import RecycledDrafter
 from .suffix import SuffixDrafter

@@ -6,7 +6,7 @@
 // dot product, then, blocks in ascending order, acc = fma(float(dot), row scale · column scale, acc).
 //
 // Why: MatMulNBits takes each row through the weights on its own, and its single-row path is slower than this one
-// on an AVX2 CPU (benchmarks/blockwise_int8_gemm.py at 90c5f3f: one layer's products 0.86× its time at one row).
+// on an AVX2 CPU (one layer's products 0.86× its time at one row, docs/kernels.md).
 // Weights are packed at export, 16 columns × 4 k per 64 bytes; a row's 4 activations are broadcast against a vector
 // of them (an outer product), so the columns' integer sums accumulate in one register with no horizontal sums, and
 // the rows of a tile (kTileRows: 2 to 8 by the registers) use each weight vector while it is in a register. Per
@@ -83,8 +83,8 @@ const int8_t* packed_column(const int8_t* weights, int64_t n, int64_t k_all) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 // A weight vector loaded once into a register for every row of the tile: left to itself the compiler folds the load
-// into each row's vpdpbusd (against 97168ba, which had neither this nor prefetch_ahead, weights in cache: tiles of 1
-// and 2 rows 1.07–1.38× faster; same reference as prefetch_ahead's).
+// into each row's vpdpbusd (against the kernel with neither this nor prefetch_ahead, weights in cache: tiles of 1
+// and 2 rows 1.07–1.38× faster; benchmarks/products_kernel.py).
 template <class T>
 T in_register(T v) {
   asm("" : "+v"(v));
@@ -93,16 +93,15 @@ T in_register(T v) {
 
 // The weights 8 KB ahead, asked for into L2: while a tile computes, the hardware prefetcher alone let the memory
 // stream stall, and a call cost the weights' read time plus its products' time instead of the longer of the two
-// (benchmarks/products_kernel.py against 97168ba, without this and in_register, AVX-512 EPYC, weights from memory:
-// 8 rows 1.21–1.53× faster, 4 rows up to 1.59×; reference products_kernel-2026-11-25-epyc-avx512-vs-97168ba).
+// (benchmarks/products_kernel.py against the kernel without this and in_register, AVX-512 EPYC, weights from
+// memory: 8 rows 1.21–1.53× faster, 4 rows up to 1.59×).
 // From the row count the lanes ask for (kPrefetchFromRows). The 512-bit loop's one and two rows are faster without:
-// their loop is short, and the prefetches compete with the hardware's for the memory stream. Against 1fabee0, which
-// prefetched from two rows, one thread, weights from memory, two rows: SmolLM2's head (576×49152) 1.44× and gate|up
-// 1.37× as fast, the down projection (1536×576) 0.86× (reference products_kernel-2026-11-25-epyc-avx512-prefetch-
-// vs-1fabee0). Products with K = 1536 need it from three rows (0.66–0.86× without at 3–4 rows, also at 1536×3072),
+// their loop is short, and the prefetches compete with the hardware's for the memory stream. Against prefetching
+// from two rows, one thread, weights from memory, two rows: SmolLM2's head (576×49152) 1.44× and gate|up 1.37× as
+// fast, the down projection (1536×576) 0.86×. Products with K = 1536 need it from three rows (0.66–0.86× without at 3–4 rows, also at 1536×3072),
 // those with K = 576 gain without it up to three (scratch builds; why K decides is not known). In the model, two
-// threads: a two-row pass 1.26× a one-row pass instead of 1.33× at 300 tokens of context (kernels_in_model-2026-11-
-// 25-epyc-avx512-prefetch-vs-1fabee0), 1.4–3.3 points less in six other runs at 100–1000 tokens. The 256-bit pairs'
+// threads: a two-row pass 1.26× a one-row pass instead of 1.33× at 300 tokens of context
+// (benchmarks/kernels_in_model.py), 1.4–3.3 points less in six other runs at 100–1000 tokens. The 256-bit pairs'
 // lone row is much slower without (benchmarks/products_kernel.py --march x86-64-v3 shows either with the constant
 // changed).
 constexpr int64_t kPrefetchBytes = 8192;
@@ -114,19 +113,11 @@ void prefetch_ahead(const int8_t* p) {
 
 // A vector of output columns and the operations the tile loop needs on it: 8 columns (half a packed group) in 256
 // bits, and with AVX512-VNNI all 16 in 512: one broadcast of a row's four codes then feeds 16 columns' dot products
-// (against the 8-column kernel, 1419b52, on the AVX-512 EPYC, weights in cache: 1.3–2.1× faster at 1–8 rows; from
-// memory 1.4–2.5× at 4–8 rows, 0.88–1.19× at one; reference products_kernel-2026-11-25-epyc-avx512-vs-1419b52).
-struct Lanes8 {
-  using Int = __m256i;
-  using Float = __m256;
-  static constexpr int64_t kWidth = 8;
+// (against the 8-column kernel on the AVX-512 EPYC, weights in cache: 1.3–2.1× faster at 1–8 rows; from memory
+// 1.4–2.5× at 4–8 rows, 0.88–1.19× at one; benchmarks/products_kernel.py).
+struct Lanes8 : edgespec_blocks::FloatLanes8 {
   static Int weights(const int8_t* packed) {  // k … k + 3 of the vector's columns, in a register (in_register)
     return in_register(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed)));
-  }
-  static Int broadcast(const uint8_t* codes) {  // four codes into every lane, read straight from memory
-    uint32_t a4;
-    std::memcpy(&a4, codes, sizeof a4);
-    return _mm256_set1_epi32(static_cast<int>(a4));
   }
   static Int zero() { return _mm256_setzero_si256(); }
   static Int sub(Int a, Int b) { return _mm256_sub_epi32(a, b); }
@@ -141,44 +132,25 @@ struct Lanes8 {
     return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
 #endif
-  static Float zero_float() { return _mm256_setzero_ps(); }
   static Float load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
-  // acc + float(sum) · (row_scale · column_scales), rounded as the portable path rounds it
-  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(_mm256_set1_ps(row_scale), column_scales), acc);
-  }
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-struct Lanes16 {
-  using Int = __m512i;
-  using Float = __m512;
-  static constexpr int64_t kWidth = 16;
+struct Lanes16 : edgespec_blocks::FloatLanes16 {
   static constexpr int kPrefetchFromRows = 3;
   static Int weights(const int8_t* packed) { return in_register(_mm512_loadu_si512(packed)); }
-  static Int broadcast(const uint8_t* codes) {
-    uint32_t a4;
-    std::memcpy(&a4, codes, sizeof a4);
-    return _mm512_set1_epi32(static_cast<int>(a4));
-  }
   static Int zero() { return _mm512_setzero_si512(); }
   static Int sub(Int a, Int b) { return _mm512_sub_epi32(a, b); }
   static Int dot(Int sum, Int u, Int s) { return _mm512_dpbusd_epi32(sum, u, s); }
   static Int bytes(uint8_t v) { return _mm512_set1_epi8(static_cast<char>(v)); }
-  static Float zero_float() { return _mm512_setzero_ps(); }
   static Float load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
-  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
-  }
 };
 using GroupLanes = Lanes16;
 #else
 // Two 8-column vectors side by side: the whole 16-column group in one pass where vectors are 256 bits, each
-// 64-byte line of weights read once and in order. Taking the group in two 8-column passes instead (8b22f42) made a
-// lone row's products slower than with the 8-column packing (benchmarks/products_kernel.py -march=x86-64-v3, AVX2
-// without VNNI, on the AVX-512 EPYC; references products_kernel-2026-11-25-epyc-x86-64-v3-*).
+// 64-byte line of weights read once and in order. Taking the group in two 8-column passes instead made a lone
+// row's products slower than with the 8-column packing (benchmarks/products_kernel.py --march x86-64-v3, AVX2
+// without VNNI, on the AVX-512 EPYC).
 template <class V>
 struct Pair {
   struct Int {

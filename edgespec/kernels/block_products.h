@@ -81,4 +81,44 @@ void for_each_tile(int64_t m, Tile tile) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The float side of a vector of output columns, alike in both kernels' lanes: a row's four codes broadcast into
+// every lane, the accumulators zeroed and stored, and a block's integer sum scaled into them (each kernel adds how
+// its weights load and how its integer dot products run).
+struct FloatLanes8 {
+  using Int = __m256i;
+  using Float = __m256;
+  static constexpr int64_t kWidth = 8;
+  static Int broadcast(const uint8_t* codes) {  // four codes into every lane, read straight from memory
+    uint32_t a4;
+    std::memcpy(&a4, codes, sizeof a4);
+    return _mm256_set1_epi32(static_cast<int>(a4));
+  }
+  static Float zero_float() { return _mm256_setzero_ps(); }
+  static void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
+  // acc + float(sum) · (row_scale · column_scales), rounded as the portable path rounds it
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(_mm256_set1_ps(row_scale), column_scales), acc);
+  }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+struct FloatLanes16 {
+  using Int = __m512i;
+  using Float = __m512;
+  static constexpr int64_t kWidth = 16;
+  static Int broadcast(const uint8_t* codes) {
+    uint32_t a4;
+    std::memcpy(&a4, codes, sizeof a4);
+    return _mm512_set1_epi32(static_cast<int>(a4));
+  }
+  static Float zero_float() { return _mm512_setzero_ps(); }
+  static void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
+  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
+  }
+};
+#endif
+#endif
+
 }  // namespace edgespec_blocks

@@ -76,20 +76,12 @@ constexpr int64_t kScalesPerBlock = kColumns * (kMinimum ? 2 : 1);
 constexpr int64_t kPrefetchBytes = 8192;
 
 // 8 output columns in 256 bits, and with AVX512-VNNI all 16 of a group in 512.
-struct Lanes8 {
-  using Int = __m256i;
-  using Float = __m256;
-  static constexpr int64_t kWidth = 8;
+struct Lanes8 : edgespec_blocks::FloatLanes8 {
   // 32 bytes of codes (8 columns × 8 k) as the low and the high nibbles (k … k + 3, k + 4 … k + 7 per lane)
   static void nibbles(const uint8_t* packed, Int& low, Int& high) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed)), mask = _mm256_set1_epi8(0x0f);
     low = _mm256_and_si256(v, mask);
     high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-  }
-  static Int broadcast(const uint8_t* codes) {  // four codes into every lane, read straight from memory
-    uint32_t a4;
-    std::memcpy(&a4, codes, sizeof a4);
-    return _mm256_set1_epi32(static_cast<int>(a4));
   }
   static Int splat(int32_t v) { return _mm256_set1_epi32(v); }
   // sum + the four-byte dot products of the codes (unsigned, ≤ 15) and the activations (signed), lane by lane
@@ -100,38 +92,19 @@ struct Lanes8 {
     return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
 #endif
   }
-  static Float zero_float() { return _mm256_setzero_ps(); }
   static Float load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static void store(float* p, Float v) { _mm256_storeu_ps(p, v); }
-  // acc + float(sum) · (row_scale · column_scales), rounded as the portable path rounds it
-  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(_mm256_set1_ps(row_scale), column_scales), acc);
-  }
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-struct Lanes16 {
-  using Int = __m512i;
-  using Float = __m512;
-  static constexpr int64_t kWidth = 16;
+struct Lanes16 : edgespec_blocks::FloatLanes16 {
   static void nibbles(const uint8_t* packed, Int& low, Int& high) {
     const __m512i v = _mm512_loadu_si512(packed), mask = _mm512_set1_epi8(0x0f);
     low = _mm512_and_si512(v, mask);
     high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
   }
-  static Int broadcast(const uint8_t* codes) {
-    uint32_t a4;
-    std::memcpy(&a4, codes, sizeof a4);
-    return _mm512_set1_epi32(static_cast<int>(a4));
-  }
   static Int splat(int32_t v) { return _mm512_set1_epi32(v); }
   static Int dot(Int sum, Int w, Int a) { return _mm512_dpbusd_epi32(sum, w, a); }
-  static Float zero_float() { return _mm512_setzero_ps(); }
   static Float load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
-  static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
-  }
 };
 using GroupLanes = Lanes16;
 #else

@@ -4,7 +4,7 @@
 //
 // Why: onnxruntime's GroupQueryAttention takes another GEMM path for one new token than for several, so a lone
 // token rounds differently from the same position in a verify batch, and the graphs had to pad single-token
-// calls to two rows (README, "Exact numerics"). Here every (row, head) is computed by one thread with one fixed
+// calls to two rows (docs/exact-numerics.md). Here every (row, head) is computed by one thread with one fixed
 // order of operations: each score is a dot product with a fixed lane/tree order, the softmax and the weighted
 // sum of values run over the keys in ascending order. No padding, and a verify batch reads the keys once.
 //

@@ -5,7 +5,7 @@
 // time than one launch (SmolLM2 INT8 at 300 tokens of context: ~0.6 ms of a one-row pass's ~9.5 ms of kernels under
 // onnxruntime's profiler; in the decode loop the target alone ~1.5% quicker, docs/kernels.md). One op, one pass.
 //
-// Exactness: every element runs the same IEEE operations (no contraction, edgespec/custom_ops.py), its own e^x
+// Exactness: every element runs the same IEEE operations (no contraction, edgespec/kernels/library.py), its own e^x
 // (vector_math.h), so an element has the same bits wherever it sits in a vector, a row or a call; a tail shorter
 // than a vector is computed in a padded one the same way.
 //

@@ -30,7 +30,7 @@ inline float widen(Half h) {
 
 // 8 floats through the compiler's vector extension (AVX2/AVX-512 as ymm, SSE or NEON as pairs).
 // Every sum runs in an order written out below, never one the compiler or the call's shape chooses: a value's bits
-// depend only on its operands. Built with -ffp-contract=off (edgespec/custom_ops.py): with contraction the
+// depend only on its operands. Built with -ffp-contract=off (edgespec/kernels/library.py): with contraction the
 // compiler may fuse x·y + z·w as fma(x, y, z·w) in one function and fma(z, w, x·y) in another, and the same key
 // got other bits in a verify batch than alone (measured: 3388 of 16000 scores). The attention writes its FMAs out.
 typedef float Vec __attribute__((vector_size(32)));

@@ -35,10 +35,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn import Config, Server
 
-from ..engine import StreamChunk
+from ..engine.engine import StreamChunk
+from ..engine.stats import GenerationStats
+from ..engine.tools import ToolReply
 from ..errors import EdgespecError
-from ..stats import GenerationStats
-from ..tools import ToolReply
 from . import ollama_api as ollama
 from .guard import LOOPBACK_HOSTS, RequestGuard, error_response
 from .limits import ConnectionLimits, limited_protocol

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from ..engine import StreamChunk
+from ..engine.engine import StreamChunk
 from ..errors import EdgespecError
 from .openai_api import ApiError, LogprobsFormat, draft_chars, load_json, parse_chat, parse_completion
 from .outbox import Outbox

@@ -6,8 +6,8 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 
-from ..gamma import MAX_GAMMA
-from ..stats import GenerationStats
+from ..controller.cost import MAX_GAMMA
+from ..engine.stats import GenerationStats
 
 _COUNTERS = {  # snapshot key → (Prometheus name, help)
     "prompt_tokens": ("edgespec_prompt_tokens_total", "Prompt tokens of finished generations."),

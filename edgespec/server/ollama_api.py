@@ -21,23 +21,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .. import constraints, gguf_header
-from ..engine import Engine, StreamChunk
+from ..backends.onnx.manifest import read_manifest
+from ..catalog import gguf_header
+from ..catalog.info import quant_name
+from ..engine import constraints
+from ..engine.engine import Engine, StreamChunk
+from ..engine.stats import GenerationStats
+from ..engine.tools import ToolReply
 from ..errors import ContextOverflowError, InvalidParameterError
-from ..model_info import quant_name
-from ..onnx_backend import read_manifest
-from ..stats import GenerationStats
-from ..tools import ToolReply
 from ..version import __version__
 from .openai_api import ApiError, GenerationRequest, _flag, _model, _object, _typed, parse_chat, parse_completion
-from .parameters import (
-    OLLAMA_CHAT,
-    OLLAMA_GENERATE,
-    OLLAMA_INERT,
-    OLLAMA_OPTIONS,
-    OLLAMA_RUNTIME,
-    OLLAMA_UNSUPPORTED,
-)
+from .parameters import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_INERT, OLLAMA_OPTIONS, OLLAMA_RUNTIME, OLLAMA_UNSUPPORTED
 
 PREFIX = "/api/"  # Ollama's paths: their errors are Ollama's
 # Ollama's own defaults for what a request leaves out (its api.DefaultOptions; its repeat_penalty 1.1 would join

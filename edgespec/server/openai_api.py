@@ -3,8 +3,8 @@
 This is the one validation layer of the HTTP server and the bridge: a body is parsed (bounded nesting,
 finite numbers, real text), its JSON types are checked, the API's documented ranges (temperature in
 [0, 2]) and the parameters edgespec cannot honour (logit biases: parameters.py says what every key gets)
-are refused by name. A constraint under any of its names becomes an ``edgespec.constraints.Constraint`` here; tools
-and tool messages are checked by edgespec.tools.
+are refused by name. A constraint under any of its names becomes an ``edgespec.engine.constraints.Constraint``
+here; tools and tool messages are checked by edgespec.engine.tools.
 The engine's own ranges (max_tokens >= 1, top_p in (0, 1], mode, γ) stay the engine's to check, so
 the server and the library reject exactly the same things.
 """
@@ -20,12 +20,12 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import constraints, tools
-from ..engine import Engine, StreamChunk
+from ..engine import constraints, tools
+from ..engine.engine import Engine, StreamChunk
+from ..engine.rules import TokenLogprob
+from ..engine.stats import GenerationStats
+from ..engine.tools import ToolReply
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
-from ..rules import TokenLogprob
-from ..stats import GenerationStats
-from ..tools import ToolReply
 from .parameters import CHAT, COMPLETION, INERT, MESSAGE, MESSAGE_UNSUPPORTED, UNSUPPORTED, refused_key
 from .pool import ModelNotFoundError
 from .worker import InternalError, QueueFullError

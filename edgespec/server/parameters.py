@@ -29,15 +29,15 @@ from typing import Any
 COMMON = frozenset({"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict",
                     "num_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "cache_prompt",
                     "speculative",
-                    # constraints (edgespec/constraints.py), under OpenAI's, llama.cpp's and vLLM's names
+                    # constraints (edgespec/engine/constraints.py), under OpenAI's, llama.cpp's and vLLM's names
                     "response_format", "grammar", "json_schema", "guided_json", "guided_regex", "guided_choice",
                     "guided_grammar",
-                    # penalties (edgespec/rules.py), OpenAI's, vLLM's and llama.cpp's
+                    # penalties (edgespec/engine/rules.py), OpenAI's, vLLM's and llama.cpp's
                     "presence_penalty", "frequency_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n",
                     "penalty_last_n",
                     # log-probabilities: OpenAI's (completions: logprobs is the number of top ones), llama.cpp's
                     "logprobs", "top_logprobs", "n_probs"})
-CHAT = COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}  # tools: edgespec/tools.py
+CHAT = COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}  # tools: edgespec/engine/tools.py
 COMPLETION = COMMON | {"prompt"}
 # An assistant's tool calls, a tool result's call (OpenAI's) or tool (Ollama's).
 MESSAGE = frozenset({"role", "content", "tool_calls", "tool_call_id", "tool_name"})

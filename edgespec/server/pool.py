@@ -7,10 +7,10 @@ import threading
 from dataclasses import dataclass, fields, replace
 
 from .. import load
-from ..engine import MODES, Engine
+from ..catalog.models import DEFAULT_MODEL
+from ..engine.engine import MODES, Engine
+from ..engine.prompt_cache import DEFAULT_CACHE_MB
 from ..errors import EdgespecError, InvalidParameterError
-from ..models import DEFAULT_MODEL
-from ..prompt_cache import DEFAULT_CACHE_MB
 from .metrics import Metrics
 from .worker import EngineWorker
 
@@ -34,7 +34,7 @@ class EngineSpec:
     device: str = "cpu"
     fast_numerics: bool = False
     backend: str = "auto"
-    cache_mb: float = DEFAULT_CACHE_MB  # saved conversation states (edgespec/prompt_cache.py)
+    cache_mb: float = DEFAULT_CACHE_MB  # saved conversation states (edgespec/engine/prompt_cache.py)
     require_exact: bool = False
 
     @property
@@ -44,7 +44,7 @@ class EngineSpec:
 
     def load_engine(self) -> Engine:
         if self.draft == "auto":  # a draft model only where it measurably pays here (draft_pairing)
-            from ..draft_pairing import choose_draft
+            from ..catalog.pairing import choose_draft
 
             choice = choose_draft(self.name, self.threads, self.device)
             print(f"edgespec: --draft auto: {choice.reason}", file=sys.stderr)

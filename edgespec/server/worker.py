@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..engine import Engine, StreamChunk
+from ..engine.engine import Engine, StreamChunk
 from ..errors import ContextOverflowError, EdgespecError, InvalidParameterError
 from .memory import give_back_free_memory, limit_arenas
 from .metrics import Metrics

@@ -8,7 +8,7 @@ import org.edgespec.bridge.BridgeClient;
 
 /**
  * Drives the Android app's BridgeClient through one session against a live bridge and prints every
- * event it parsed, re-encoded, one per line; tests/test_bridge.py checks them against the protocol.
+ * event it parsed, re-encoded, one per line; tests/server/test_bridge.py checks them against the protocol.
  * Usage: java BridgeClientCheck PORT PROMPT
  */
 public final class BridgeClientCheck {

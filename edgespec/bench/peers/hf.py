@@ -31,7 +31,7 @@ class _StepTimer:
 
 
 def load_dequantized(path: Path) -> object:
-    """The GGUF's weights as a transformers model in F32 (export.hf will do this for every format)."""
+    """The GGUF's weights as a transformers model in F32 (export.gguf.hf will do this for every format)."""
     os.environ["TQDM_DISABLE"] = "1"  # the GGUF loader's progress bars would fill the benchmark's log
     import torch
     from transformers import AutoModelForCausalLM

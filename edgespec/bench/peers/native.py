@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 
 import edgespec
-from edgespec import constraints
-from edgespec.cli import generate_engine
-from edgespec.engine import StreamChunk
+from edgespec.cli.main import generate_engine
+from edgespec.controller.cost import MAX_GAMMA
+from edgespec.engine import constraints
+from edgespec.engine.engine import StreamChunk
 from edgespec.errors import EdgespecError
-from edgespec.gamma import MAX_GAMMA
 
 from ..worker import Result, Setup
 
@@ -50,7 +50,7 @@ class NativeRunner:
         manifest = getattr(e.target, "manifest", None)
         if isinstance(manifest, dict):  # an ONNX export: which products it runs (its export timed them here)
             info["onnx_weights"] = manifest.get("quant_options", {}).get("weights")
-            info["huge_page_mb"] = round(getattr(e.target, "huge_page_bytes", 0) / 2**20)  # edgespec/huge_pages.py
+            info["huge_page_mb"] = round(getattr(e.target, "huge_page_bytes", 0) / 2**20)
         return info
 
     def verify_curve(self) -> dict[str, float]:

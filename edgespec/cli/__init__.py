@@ -1,0 +1,2 @@
+"""The ``edgespec`` command line: ``main`` (the parser, generate, models, chat), ``serve`` (serve, bridge),
+``bench`` (bench, replay, tune)."""

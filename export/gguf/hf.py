@@ -1,0 +1,138 @@
+"""GGUF (or a model name from ``models/``) → a local Hugging Face folder with dequantized safetensors.
+
+transformers reads GGUF itself (``from_pretrained(dir, gguf_file=...)``) and dequantizes every tensor, but the
+model it returns still carries a GGUF ``quantization_config`` that ``save_pretrained`` would write out and that
+no later loader understands; so the model is rebuilt from the cleaned config and given the loaded state dict.
+The folder holds config.json (transformers 5 writes RoPE under ``rope_parameters``), model.safetensors,
+tokenizer.json and tokenizer_config.json with the chat template: everything the ONNX exporter, the quality
+report and onnxruntime-genai's builder read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+from edgespec.catalog.discovery import is_store_name
+from edgespec.catalog.gguf_header import check_gguf
+from edgespec.catalog.models import prepare_named, resolve
+from edgespec.errors import InvalidParameterError, ModelLoadError
+from edgespec.files import staged
+from edgespec.home import home_dir
+from edgespec.identity import file_identity, key_digest
+
+from .. import UnsupportedArchitectureError, require
+from .ggufio import reader
+
+# model_type values the ONNX exporter handles
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+# GGUF architecture → the model_type transformers loads it as, where the ONNX exporter's path from a GGUF is
+# tested (tests/export/test_export_gguf_archs.py; Qwen3 and Gemma 2 GGUFs failed transformers' loader there)
+FROM_GGUF = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma3": "gemma3_text"}
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def resolve_source(src: str | os.PathLike[str]) -> Path:
+    """SRC as the export commands take it — a GGUF file, a local HF folder or a model name — to a path."""
+    text = os.fspath(src)
+    if is_store_name(text):  # a model found in Ollama's store, LM Studio's folders, the HF cache, ...
+        return resolve(text)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json)")
+        return path
+    if path.exists() or path.suffix == ".gguf" or os.sep in text:
+        check_gguf(path)
+        return path
+    # The shipped file is the most faithful source: re-quantizing it again only loses precision.
+    return prepare_named(text, "a GGUF file, a Hugging Face folder", shipped=True)
+
+
+def check_architecture(model_type: str, where: Path, supported: Collection[str] = ARCHITECTURES) -> None:
+    if model_type not in supported:
+        raise UnsupportedArchitectureError(f"{where}: architecture {model_type!r} is not supported by the exporter "
+                                           f"(supported: {', '.join(supported)})")
+
+
+def check_rope_factors(gguf: Path) -> None:
+    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops
+    and edgespec's own GGUF reader does not write yet: the export would silently compute another model (measured
+    on a tiny Llama with rope_freqs: logits off by 0.27 of 69 against llama.cpp's). Refused on both paths; the
+    model's Hugging Face folder exports correctly."""
+    if any(t.name == "rope_freqs.weight" for t in reader(gguf).tensors):
+        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) are not "
+                                           "carried over from a GGUF yet; export the model's Hugging Face folder "
+                                           "instead")
+
+
+def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
+    """Write the Hugging Face folder for ``gguf`` into ``out`` (atomically: a crash leaves no half folder)."""
+    if dtype not in DTYPES:
+        raise InvalidParameterError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    check_gguf(gguf)
+    torch = require("torch", "export-hf")
+    transformers = require("transformers", "export-hf")
+    require("gguf")
+    try:
+        config = transformers.AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise UnsupportedArchitectureError(f"{gguf}: transformers cannot read this GGUF: {e}") from e
+    check_architecture(config.model_type, gguf)
+    check_rope_factors(gguf)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                               dtype=torch.float32)
+    state = loaded.state_dict()
+    del loaded
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = dtype
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied lm_head is the only key allowed to be absent (it aliases the embedding).
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise ModelLoadError(f"{gguf}: weights do not match the architecture (missing {missing}, "
+                             f"unexpected {unexpected})")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with staged(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _inline_chat_template(tmp, tokenizer.chat_template)
+        _check_saved(tmp)
+    return out
+
+
+def _inline_chat_template(folder: Path, template: str | None) -> None:
+    """transformers 5 saves the template as chat_template.jinja; older readers (onnxruntime-genai, other
+    tokenizer libraries) look for it in tokenizer_config.json, so it goes there too."""
+    if template is None:  # Gemma 3's GGUF ships none
+        return
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = template
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _check_saved(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    if "quantization_config" in config:
+        raise ModelLoadError(f"{folder}: the GGUF quantization config leaked into config.json")
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{folder}: the tokenizer was not exported")
+
+
+def hf_folder(src: str | os.PathLike[str], dtype: str = "float32") -> Path:
+    """An HF folder for SRC: the folder itself, or the GGUF's conversion cached under the edgespec cache."""
+    path = resolve_source(src)
+    if path.is_dir():
+        config = json.loads((path / "config.json").read_text())
+        check_architecture(config.get("model_type", "?"), path)
+        return path
+    key = key_digest({"source": file_identity(path), "dtype": dtype})[:12]
+    out = home_dir("hf") / f"{path.stem}-{dtype}-{key}"
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        gguf_to_hf(path, out, dtype)
+    return out

@@ -1,0 +1,67 @@
+"""tokenizer.json and tokenizer_config.json from a GGUF's ``tokenizer.ggml.*`` metadata, written with the
+``tokenizers`` library so that the ONNX backend (``edgespec.backends.onnx.tokenizer``) tokenizes as llama.cpp does.
+
+llama.cpp's byte-level BPE ("gpt2" vocabularies): the text is split by the pre-tokenizer's regular expressions
+in turn (chosen by ``tokenizer.ggml.pre``), each piece spelled in GPT-2's printable bytes, then merged by rank.
+Control tokens (type 3) are recognised in text only when special tokens are parsed; user-defined ones (type 4)
+always — as a ``tokenizers`` added token that is special / not special.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import UnsupportedArchitectureError, require
+from .ggufio import field
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# llama.cpp's (the version llama-cpp-python 0.3.36 pins) regular expressions per pre-tokenizer name (a file
+# without one gets llama.cpp's "default" set, not written here)
+PRE_TOKENIZERS = {
+    "gpt-2": (_GPT2,),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "codeshell"), (r"\p{N}", _GPT2)),
+}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
+    """Write tokenizer.json and tokenizer_config.json for the GGUF reader ``r`` into ``out``; returns the config."""
+    tokenizers = require("tokenizers", "onnx")
+    kind = field(r, "tokenizer.ggml.model")
+    pre = field(r, "tokenizer.ggml.pre", "default")
+    if kind != "gpt2" or pre not in PRE_TOKENIZERS:
+        raise UnsupportedArchitectureError(f"the GGUF's tokenizer ({kind!r}, pre-tokenizer {pre!r}) cannot be "
+                                           f"written without transformers yet (supported: byte-level BPE with "
+                                           f"{', '.join(PRE_TOKENIZERS)})")
+    tokens: list[str] = field(r, "tokenizer.ggml.tokens")
+    types: list[int] = field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges") or []]
+    model = tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False)
+    tok = tokenizers.Tokenizer(model)
+    pt = tokenizers.pre_tokenizers
+    tok.pre_tokenizer = pt.Sequence([pt.Split(tokenizers.Regex(expr), "isolated") for expr in PRE_TOKENIZERS[pre]]
+                                    + [pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.add_tokens([tokenizers.AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
+                    for i in range(len(tokens)) if types[i] in (_CONTROL, _USER_DEFINED)])
+
+    def special(name: str) -> str | None:
+        token_id = field(r, f"tokenizer.ggml.{name}_token_id")
+        return tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
+
+    bos, eos = special("bos"), special("eos")
+    add_bos = bool(field(r, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_eos = bool(field(r, "tokenizer.ggml.add_eos_token", False)) and eos is not None
+    if add_bos or add_eos:
+        template = " ".join([*(["$bos"] if add_bos else []), "$A", *(["$eos"] if add_eos else [])])
+        template = template.replace("$bos", bos or "").replace("$eos", eos or "")
+        tok.post_processor = tokenizers.processors.TemplateProcessing(
+            single=template, special_tokens=[(t, tokens.index(t)) for t in {bos, eos} if t and t in template])
+    tok.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "add_bos_token": add_bos, "add_eos_token": add_eos, "model_max_length": 1 << 30,
+              "chat_template": field(r, "tokenizer.chat_template")}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return config

@@ -1,0 +1,1 @@
+"""`edgespec bench`: configurations, reports, the revision machinery and timed passes, on short runs."""

@@ -1,0 +1,140 @@
+"""benchmarks/synthetic_gguf.py (issue 36, item 3): its random models of real shapes load in llama.cpp (through
+edgespec's backend and engine) and in the GGUF → ONNX exporter. Cut to one or two layers (and a small vocabulary
+for the big shapes) to stay quick; the tool runs as its command line, without edgespec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgespec
+from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
+
+TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "synthetic_gguf.py"
+TEXT = "the thin one on the table: 12 apples"
+STREAMS = TOOL.parents[0] / "reference" / "replay_streams-2026-11-23-smollm2-q4_0-128tok.jsonl"
+# Running the tool's main in a fresh interpreter, then checking it imported nothing of edgespec (the lead runs it
+# on machines where only numpy, gguf and llama-cpp-python are installed).
+STANDALONE = ("import runpy, sys; sys.argv = [{tool!r}, *sys.argv[1:]]\n"
+              "try:\n    runpy.run_path({tool!r}, run_name='__main__')\n"
+              "except SystemExit as e:\n    assert not e.code, e.code\n"
+              "assert not [m for m in sys.modules if m.startswith('edgespec')], 'imported edgespec'\n")
+
+
+def synthesize(out: Path, *args: str) -> Path:
+    done = subprocess.run([sys.executable, "-c", STANDALONE.format(tool=str(TOOL)), "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M's shape, two layers, Q8_0 (a type the ONNX exporter carries as it is)."""
+    return synthesize(tmp_path_factory.mktemp("synthetic") / "smol.gguf",
+                      "--shape", "smollm2-135m", "--quant", "q8_0", "--layers", "2")
+
+
+def greedy(path: Path, steps: int) -> tuple[list[int], np.ndarray]:
+    """The prompt's ids and the logits of ``steps`` greedy one-token decoding steps after it, in llama.cpp."""
+    model = LlamaModel(path, ContextOptions(n_ctx=128, n_threads=2))
+    try:
+        ids = model.tokenize(TEXT, add_special=False)
+        rows = [model.decode(ids, 0, 1)[-1].copy()]
+        for i in range(steps - 1):
+            rows.append(model.decode([int(rows[-1].argmax())], len(ids) + i, 1)[-1].copy())
+        return ids, np.array(rows)
+    finally:
+        model.close()
+
+
+def test_real_vocabulary_and_layers(smol: Path) -> None:
+    model = LlamaModel(smol, ContextOptions(n_ctx=64, n_threads=1))
+    try:
+        assert (model.n_vocab, model.n_layer) == (49152, 2)
+        assert model.tokenize(TEXT, add_special=False)  # the synthetic byte-level tokenizer works
+        assert model.chat_template is not None
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize(("shape", "quant"), [("llama-3.2-1b", "q4_k_m"), ("qwen2.5-7b", "q4_0")])
+def test_big_shapes_cut_to_one_layer_decode(tmp_path: Path, shape: str, quant: str) -> None:
+    """The real hidden sizes, heads and FFN widths (Llama 3.x's RoPE factors, Qwen2's q/k/v biases) load and
+    decode to finite logits that vary with the input; one layer and 1024 tokens keep it to seconds."""
+    path = synthesize(tmp_path / f"{shape}.gguf", "--shape", shape, "--quant", quant, "--layers", "1",
+                      "--vocab", "1024", "--threads", "2")
+    _, logits = greedy(path, 4)
+    assert logits.shape == (4, 1024) and np.isfinite(logits).all()
+    assert len({row.tobytes() for row in logits}) == 4
+
+
+def test_engine_decodes_it(smol: Path) -> None:
+    engine = edgespec.load(str(smol), mode="none", n_ctx=128, n_threads=2, tuning=False)
+    try:
+        result = engine.chat([{"role": "user", "content": TEXT}], max_tokens=8)  # the file's ChatML template
+        assert len(result.tokens) == 8 or engine.target.is_eog(result.tokens[-1])
+    finally:
+        engine.close()
+
+
+def test_onnx_export_follows_llama_cpp(smol: Path, tmp_path: Path) -> None:
+    """The GGUF → ONNX exporter reads the file (its Q8_0 blocks carried, its tokenizer written) and computes the
+    same model: llama.cpp's greedy token at most positions (not bit-identical: each rounds activations its own
+    way, see test_export_gguf_onnx)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    pytest.importorskip("tokenizers")
+    from edgespec.export.onnx.export import export_onnx
+    from edgespec.export.onnx.reference import OnnxReference
+
+    export_onnx(smol, tmp_path / "onnx", context_length=128, progress=False)
+    ids, expected = greedy(smol, 6)
+    tokens = [*ids, *(int(row.argmax()) for row in expected[:-1])]
+    got = OnnxReference(tmp_path / "onnx").logits(tokens)[len(ids) - 1:]
+    assert got.shape == expected.shape and np.isfinite(got).all()
+    assert np.abs(got - expected).mean() < 0.03 * expected.std()  # measured: 1%
+    assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.8  # measured: 6 of 6
+
+
+def test_verify_curve_benchmark_runs_on_it(smol: Path, tmp_path: Path) -> None:
+    """benchmarks/verify_curve_sizes.py end to end, cut short: every row count timed at each context, decode and
+    prefill speeds, memory, and its files written (timings are not checked: a shared machine)."""
+    import runpy
+
+    bench = runpy.run_path(str(TOOL.with_name("verify_curve_sizes.py")))
+    assert bench["main"]([str(smol), "--rounds", "2", "--contexts", "16", "40", "--decode-tokens", "4",
+                          "--prefill-tokens", "32", "--threads", "1", "--label", "test", "--out",
+                          str(tmp_path)]) == 0
+    [written] = tmp_path.glob("verify_curve_sizes-*-cpu-test.json")
+    [model] = json.loads(written.read_text())["models"]
+    assert set(model["curves"]) == {"16", "40"}
+    for curve in model["curves"].values():
+        assert [int(k) for k in curve] == list(bench["ROWS"])
+        assert all(len(row["samples_ms"]) == 2 and row["ms"] > 0 for row in curve.values())
+        assert curve["1"]["relative"] == 1.0
+    assert model["decode"]["tok_s"] > 0 and model["prefill"]["tok_s"] > 0 and model["n_layer"] == 2
+    assert model["rss_after_load_mib"] > 0
+
+
+def test_replay_takes_acceptance_from_real_outputs_and_costs_from_the_benchmark(tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]
+                                                                                ) -> None:
+    """`edgespec replay --curve-file`: the real SmolLM2's recorded outputs decide acceptance, a verify_curve_sizes
+    result's curves (one model, two contexts) the cost; each curve named MODEL@CONTEXT is replayed."""
+    from edgespec.cli.main import main
+
+    result = {"models": [{"path": "/data/llama-3.2-1b-q4_0.gguf", "curves": {
+        "128": {"1": {"relative": 1.0}, "2": {"relative": 1.1}, "4": {"relative": 1.3}, "8": {"relative": 2.0}},
+        "1024": {"1": {"relative": 1.0}, "2": {"relative": 1.5}, "4": {"relative": 2.5}, "8": {"relative": 5.0}}}}]}
+    (tmp_path / "curves.json").write_text(json.dumps(result))
+    assert main(["replay", str(STREAMS), "--curve-file", str(tmp_path / "curves.json"), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert set(replayed) == {"llama-3.2-1b-q4_0@128", "llama-3.2-1b-q4_0@1024"}
+    cheap, dear = (replayed[f"llama-3.2-1b-q4_0@{c}"]["overall"] for c in ("128", "1024"))
+    assert cheap["speedup"] > dear["speedup"]

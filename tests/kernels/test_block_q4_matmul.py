@@ -1,0 +1,162 @@
+"""edgespec.BlockQ4MatMul (edgespec/kernels/block_q4_matmul.cc) as onnxruntime runs it on random GGUF Q4_0 and Q4_1
+blocks packed by export/onnx/block_q4.py: the exact arithmetic against a float64 reference, every row bit-identical
+alone and in calls of 1–64 rows and with any thread count, the portable, AVX2, AVX-VNNI and AVX-512 builds giving the
+same bits as this machine's, and a graph off the contract refused with a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from edgespec.export.onnx import block_q4, block_weights
+
+from edgespec.backends.onnx.session import session_options
+from edgespec.kernels import library as custom_ops
+from tests.conftest import cpu_has
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+helper, numpy_helper, F = onnx.helper, onnx.numpy_helper, onnx.TensorProto.FLOAT
+pytestmark = pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
+
+K, N = 128, 48  # 4 blocks along K, 3 packed column groups
+KINDS = ("Q4_0", "Q4_1")
+
+
+def _ggml(kind: str, rng: np.random.Generator, n: int = N, k: int = K) -> np.ndarray:
+    """Random GGUF blocks of ``kind``: fp16 d (and m), random nibbles; the raw bytes [N, bytes per row]."""
+    blocks = n * k // 32
+    d = rng.uniform(0.001, 0.05, blocks).astype(np.float16)
+    head = [d.view(np.uint8).reshape(blocks, 2)]
+    if kind == "Q4_1":
+        head.append(rng.uniform(-0.4, 0.1, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2))
+    codes = rng.integers(0, 256, (blocks, 16), dtype=np.uint8)
+    codes[::7] = 0xFF  # every code 15 (the largest products)
+    return np.concatenate([*head, codes], axis=1).reshape(n, -1)
+
+
+def _weight(kind: str, rng: np.random.Generator, n: int = N, k: int = K) -> block_weights.BlockWeight:
+    return block_weights.from_ggml(kind, _ggml(kind, rng, n, k), n, k)
+
+
+def _model(codes: np.ndarray, scales: np.ndarray) -> object:
+    k = codes.shape[1] * block_q4.DEPTH
+    node = helper.make_node(block_q4.OP, ["x", "b", "s"], ["y"], domain=custom_ops.DOMAIN)
+    graph = helper.make_graph([node], "products", [helper.make_tensor_value_info("x", F, [1, "S", k])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(codes, "b"), numpy_helper.from_array(scales, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid(custom_ops.DOMAIN, 1)])
+    model.ir_version = 10
+    return model
+
+
+def _session(model: object, threads: int = 2, kernels: Path | None = None) -> object:
+    so, _ = session_options(threads, make_shared=False, kernels=kernels)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _reference(x: np.ndarray, weight: block_weights.BlockWeight) -> tuple[np.ndarray, np.ndarray]:
+    """The op's arithmetic in float64 ([M, K] → [M, N]): each row's blocks quantized to int8 by max|x| / 127 (in
+    float32, as the kernel), times the dequantized weights; and the sum of the terms' magnitudes (a rounding bound)."""
+    m, blocks = x.shape[0], x.shape[1] // 32
+    xb = x.reshape(m, blocks, 32)
+    step = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
+    inverse = np.where(step > 0, np.float32(1) / np.where(step > 0, step, 1), 0).astype(np.float32)
+    q = np.rint((xb * inverse[..., None]).astype(np.float32)).astype(np.float64) * step[..., None]
+    w = weight.unpacked_codes().astype(np.float64) - weight.zero_point
+    w = w * weight.scales[..., None].astype(np.float64)
+    if weight.minima is not None:
+        w = w + weight.minima[..., None].astype(np.float64)
+    terms = np.einsum("mbk,nbk->mnb", q, w)
+    return terms.sum(-1), np.abs(terms).sum(-1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_the_dequantized_weights_within_float_rounding(kind: str) -> None:
+    rng = np.random.default_rng(0)
+    weight = _weight(kind, rng)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    x[0, :32] = 0.0  # a block of zeros: scale 0
+    y_ref, magnitude = _reference(x, weight)
+    y = _session(_model(*block_q4.pack(weight))).run(None, {"x": x[None]})[0][0]
+    # float32 products of the scales and K/32 fused steps: a few units of 2⁻²⁴ of the terms' magnitudes
+    assert np.all(np.abs(y - y_ref) <= (K // 32 + 2) * 2.0**-23 * magnitude)
+    assert np.abs(y - x @ weight.dequantize().T).max() < 0.02 * np.abs(y).max()  # the activations' int8 rounding
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_are_bit_identical_alone_and_in_calls_of_1_to_64_rows(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    session = _session(_model(*block_q4.pack(_weight(kind, rng))))
+    x = rng.standard_normal((1, 64, K)).astype(np.float32)
+    alone = np.concatenate([session.run(None, {"x": x[:, i:i + 1]})[0] for i in range(64)], axis=1)
+    for rows in range(2, 65):  # every tile split, and the rows quantized by the pool from 16 on
+        start = (rows * 7) % (65 - rows)
+        together = session.run(None, {"x": x[:, start:start + rows]})[0]
+        assert np.array_equal(together, alone[:, start:start + rows]), f"{rows} rows"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_counts_give_the_same_bits(kind: str) -> None:
+    rng = np.random.default_rng(2)
+    model = _model(*block_q4.pack(_weight(kind, rng, n=160, k=96)))  # 10 column tasks
+    x = rng.standard_normal((1, 13, 96)).astype(np.float32)
+    one, *others = (_session(model, threads).run(None, {"x": x})[0] for threads in (1, 2, 3, 4))
+    assert all(np.array_equal(one, other) for other in others)
+
+
+# Each build's loop against this machine's (-march=native): the portable one (baseline x86-64: no AVX2, F16C or
+# FMA), AVX2's vpmaddubsw on pairs of 8-column vectors (x86-64-v3), the same with AVX-VNNI's 256-bit vpdpbusd, and
+# AVX-512 without VNNI (x86-64-v4: pairs, tiles of 4 rows).
+@pytest.mark.parametrize(("flags", "needs"), [(("-march=x86-64",), "avx2"), (("-march=x86-64-v3",), "avx2"),
+                                              (("-march=x86-64-v3", "-mavxvnni"), "avx_vnni"),
+                                              (("-march=x86-64-v4",), "avx512vl")])
+def test_every_path_gives_the_same_bits(tmp_path: Path, flags: tuple[str, ...], needs: str) -> None:
+    if not cpu_has(needs):
+        pytest.skip(f"the {' '.join(flags)} build needs an x86 CPU with {needs} to run beside this one's")
+    other = tmp_path / "other.so"
+    custom_ops.compile_library(other, list(flags))
+    rng = np.random.default_rng(3)
+    for kind in KINDS:
+        model = _model(*block_q4.pack(_weight(kind, rng)))
+        native, built = _session(model), _session(model, kernels=other)
+        for rows in (1, 3, 8, 17):
+            x = rng.standard_normal((1, rows, K)).astype(np.float32)
+            assert np.array_equal(native.run(None, {"x": x})[0], built.run(None, {"x": x})[0]), f"{kind} {rows}"
+        # activations that quantize to ties (each block's largest is 127: k + 0.5 rounds to the even neighbour)
+        ties = rng.integers(-127, 127, (1, 3, K)).astype(np.float32) + 0.5
+        ties[..., ::32] = 127.0
+        assert np.array_equal(native.run(None, {"x": ties})[0], built.run(None, {"x": ties})[0]), f"{kind} ties"
+
+
+def test_pack_carries_every_code_scale_and_minimum() -> None:
+    rng = np.random.default_rng(4)
+    for kind in KINDS:
+        weight = _weight(kind, rng, n=32, k=64)
+        codes, scales = block_q4.pack(weight)
+        q = weight.unpacked_codes().reshape(32, 64)
+        assert codes.shape == (2, 8, 64) and scales.shape == (2, 2, 16 if kind == "Q4_0" else 32)
+        for n, k in [(0, 0), (3, 5), (9, 63), (15, 36), (20, 7), (31, 62)]:
+            byte = codes[n // 16, k // 8, (n % 16) * 4 + k % 4]
+            assert (byte >> 4 if k % 8 >= 4 else byte & 0x0F) == q[n, k]
+            assert scales[n // 16, k // 32, n % 16] == weight.scales[n, k // 32]
+        if kind == "Q4_1":  # the file's m, back from block_weights' m + 8d
+            raw = _ggml(kind, np.random.default_rng(5), 32, 64).reshape(32, 2, 20)[..., 2:4].copy().view(np.float16)
+            again = block_q4.pack(_weight(kind, np.random.default_rng(5), n=32, k=64))[1]
+            assert np.array_equal(again[..., 16:], raw[..., 0].reshape(2, 16, 2).transpose(0, 2, 1))
+    codes, scales = block_q4.pack(_weight("Q4_1", rng, n=40, k=64))  # N not a multiple of 16: zero columns after
+    assert codes.shape == (3, 8, 64) and not codes[2, :, 32:].any() and not scales[2, :, 8:16].any()
+    with pytest.raises(ValueError, match="not a GGUF Q4_0/Q4_1 weight"):
+        block_q4.pack(block_weights.from_ggml("Q8_0", rng.integers(0, 256, (N, K // 32 * 34), dtype=np.uint8), N, K))
+
+
+def test_a_graph_off_the_contract_is_a_clear_error() -> None:
+    codes, scales = block_q4.pack(_weight("Q4_0", np.random.default_rng(6)))
+    session = _session(_model(codes, scales[:, :-1]))
+    with pytest.raises(Exception, match="BlockQ4MatMul: K must be a multiple of 32"):
+        session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
+    session = _session(_model(codes, np.concatenate([scales, scales[..., :8]], axis=2)))
+    with pytest.raises(Exception, match=r"scales \[N/16, K/32, 16\] \(Q4_0\)"):
+        session.run(None, {"x": np.zeros((1, 2, K), np.float32)})

@@ -1,0 +1,1 @@
+"""`edgespec serve` and `edgespec bridge` driven by real clients over real HTTP, sockets and pipes."""
