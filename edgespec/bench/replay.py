@@ -44,8 +44,9 @@ CURVES: dict[str, dict[int, float]] = {
     "amd-onnx-int8": {1: 1.0, 2: 1.07, 3: 1.47, 4: 1.70, 5: 2.05, 7: 2.53, 9: 3.34},
     "onnx-int8": {1: 1.0, 2: 1.22, 3: 1.35, 4: 1.47, 5: 1.59, 7: 1.85, 9: 2.07},
     "flat": {1: 1.0, 2: 1.02, 17: 1.3},
-    # AMD EPYC with AVX-512 and VNNI, edgespec's ops in tiles of 8 rows: the calibration (fastest of two) that
-    # benchmarks/reference/spec_bench-2026-11-24-epyc-avx512-2core-default-race-tie.json recorded
+    # AMD EPYC with AVX-512 and VNNI, edgespec's ops in tiles of 8 rows: the calibration (fastest of two) that a
+    # Spec-Bench run of the default recorded there, in git history only (removed from benchmarks/reference/):
+    # spec_bench-2026-11-24-epyc-avx512-2core-default-race-tie.json
     "avx512-onnx-int8": {1: 1.0, 2: 1.18, 3: 1.19, 4: 1.24, 5: 1.36, 6: 1.50, 7: 1.80, 8: 2.05, 9: 2.57},
     # The same machine with the 16-column products: the start-up calibration (~100 tokens of context) and the curve
     # the decode loop paid at Spec-Bench's contexts (k = 2 from 1431 passes, k ≥ 3 from 3-7 each), both from
@@ -60,8 +61,9 @@ CURVES: dict[str, dict[int, float]] = {
     # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-controller-belief.json
     "avx512-prefetch-calibration": {1: 1.0, 2: 1.0, 3: 1.05, 4: 1.15, 5: 1.21, 6: 1.24, 7: 1.28},
     # The same machine in its faster state (a one-token pass 3.3-3.6 ms instead of 4.6-4.7: docs/controller.md),
-    # where rows cost most: the start-up calibration of the default's README run at 40b2e8f (~100 tokens of context),
-    # benchmarks/reference/spec_bench-2026-11-26-epyc-avx512-2core-default-head-key-readme.json
+    # where rows cost most: the start-up calibration (~100 tokens of context) of a run of the README's smaller set,
+    # in git history only (removed from benchmarks/reference/):
+    # spec_bench-2026-11-26-epyc-avx512-2core-default-head-key-readme.json
     "avx512-fast-state": {1: 1.0, 2: 1.17, 3: 1.28, 4: 1.28, 5: 1.37, 6: 1.47, 7: 1.54, 8: 1.76, 9: 1.89},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
