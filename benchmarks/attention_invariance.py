@@ -1,4 +1,7 @@
-"""Batch-invariant attention without GroupQueryAttention's single-row padding: three designs beside it.
+"""Historical: a one-off probe, kept to reproduce a past finding.
+Kept for: the design study behind edgespec.ExactAttention (edgespec/kernels/exact_attention.cc), the
+attention op the exports use.
+Batch-invariant attention without GroupQueryAttention's single-row padding: three designs beside it.
 
     python benchmarks/attention_invariance.py [--keys 40,700,2000] [--threads 2] [--out DIR]
 
@@ -321,7 +324,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", default="40,700,2000", help="context lengths (comma-separated)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for attention_invariance.json/.png")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"),
+                        help="folder for attention_invariance.json/.png (default benchmarks/results, git-ignored)")
     args = parser.parse_args()
     results = [measure(int(n), args.threads) for n in args.keys.split(",")]
     header = f"{'keys':>6} {'design':>8} {'max |row in call − row alone|':>30}"

@@ -1,4 +1,5 @@
-"""The whole model with each attention op: edgespec's kernel against GroupQueryAttention, side by side.
+"""Current: a tool the manual uses.
+The whole model with each attention op: edgespec's kernel against GroupQueryAttention, side by side.
 
     python benchmarks/attention_op_decode.py [--contexts 100,500,1000,2000] [--rounds 2] [--threads 2] [--out DIR]
 
@@ -94,7 +95,8 @@ def main() -> None:
     parser.add_argument("--contexts", default="100,500,1000,2000")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for attention_op_decode.json/.png")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"),
+                        help="folder for attention_op_decode.json/.png (default benchmarks/results, git-ignored)")
     args = parser.parse_args()
     contexts = [int(n) for n in args.contexts.split(",")]
     folders = {op: export(op) for op in OPS}

@@ -1,4 +1,6 @@
-"""One export's products as MatMulNBits and as edgespec.BlockInt8MatMul, side by side in the decode loop.
+"""Historical: a one-off probe, kept to reproduce a past finding.
+Kept for: the decode-loop comparison that kept edgespec.BlockInt8MatMul over MatMulNBits.
+One export's products as MatMulNBits and as edgespec.BlockInt8MatMul, side by side in the decode loop.
 
     python benchmarks/block_int8_products.py --nbits DIR --op DIR [--per-category 3] [--max-tokens 128] [--out DIR]
 
@@ -37,7 +39,8 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for block_int8_products.json/.png")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"),
+                        help="folder for block_int8_products.json/.png (default benchmarks/results, git-ignored)")
     args = parser.parse_args()
     paths = {"nbits": args.nbits, "op": args.op}
     for export, path in paths.items():

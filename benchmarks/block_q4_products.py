@@ -1,4 +1,5 @@
-"""edgespec.BlockQ4MatMul against MatMulNBits (4-bit, block 32, accuracy level 4) on the same GGUF blocks: time per
+"""Current: a tool the manual uses.
+edgespec.BlockQ4MatMul against MatMulNBits (4-bit, block 32, accuracy level 4) on the same GGUF blocks: time per
 product at 1–16 rows, and what each extra row costs.
 
     PYTHONPATH=. python benchmarks/block_q4_products.py [--kind Q4_0] [--shapes 2048x3072,...] [--rows 1,2,4,8,16]
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--copies", type=int, default=4, help="copies of each weight taken in turn (past the caches)")
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     if custom_ops.ensure() is None:
         raise SystemExit(f"edgespec's kernels cannot be built here: {custom_ops.build_failure()}")

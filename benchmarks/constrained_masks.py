@@ -1,4 +1,5 @@
-"""Token-mask time per generated token: llguidance against xgrammar, for a JSON schema, at two vocabulary sizes.
+"""Current: a tool the manual uses.
+Token-mask time per generated token: llguidance against xgrammar, for a JSON schema, at two vocabulary sizes.
 
 49k: the shipped SmolLM2-135M's vocabulary (its GGUF, read through the llama.cpp backend, every token's bytes).
 ~150k: a synthetic byte-level vocabulary (the 256 bytes plus random multi-byte tokens of letters, digits, spaces and
@@ -6,7 +7,7 @@ JSON punctuation), built here, nothing downloaded. Both engines walk the same to
 satisfies the schema: a mask before every token, then the token consumed. Needs `pip install xgrammar` (not a
 dependency of edgespec). Prints a table and writes JSON (--out).
 
-    .venv/bin/python benchmarks/constrained_masks.py --out benchmarks/reference/constrained_masks.json
+    .venv/bin/python benchmarks/constrained_masks.py --out benchmarks/results/constrained_masks.json
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def summary(setup: float, times: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
     args = parser.parse_args()
     results = []
@@ -131,6 +132,7 @@ def main() -> None:
         meta = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
                 "llguidance": llguidance.__version__, "xgrammar": getattr(xgrammar, "__version__", "0.2.9"),
                 "note": "2 shared cores, other work running: approximate"}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 

@@ -1,4 +1,5 @@
-"""The verify curve the decode loop pays, beside the start-up calibration, and n-gram lookup's speed-up side by side.
+"""Current: a tool the manual uses.
+The verify curve the decode loop pays, beside the start-up calibration, and n-gram lookup's speed-up side by side.
 
     python benchmarks/decode_loop_curve.py [--model PATH] [--per-category 6] [--max-tokens 128] [--probe-every N]
         [--out DIR]
@@ -9,7 +10,7 @@ multi-turn ones as conversations carrying the target's answers; both engines ans
 turns around from one turn to the next, so the shared machine's load falls on both; every speculative answer is
 checked equal to the target's. (Before the weights were put on huge pages at load, an engine loaded second into a
 process ran 3-4% faster than the same engine loaded first, docs/kernels.md, "Side by side in one process": results
-of this script from before 2026-11-27 may read lookup's speed-up that much high; the curve compares passes of one
+of this script from before then may read lookup's speed-up that much high; the curve compares passes of one
 engine.) The speculative engine's target passes in the decode loop are timed by the rows
 they compute and the context they start at: the verify curve the loop pays (per k, the median of each k-row pass's
 seconds over the median 1-row pass at the same context, within ``CONTEXT_BIN`` tokens) beside a start-up calibration
@@ -175,7 +176,8 @@ def main() -> None:
                         help="before every N-th pass of the speculative engine, time probe passes of 1, 2 and 4 rows "
                              "at the same context (rolled back; default 0: none). Their time counts in the "
                              "speculative engine's: read its speed-up from a run without them")
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for decode_loop_curve.json/.png")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"),
+                        help="folder for decode_loop_curve.json/.png (default benchmarks/results, git-ignored)")
     args = parser.parse_args()
     model = args.model or default_choice(args.threads, "cpu").target
     questions = load_questions(args.questions, per_category=args.per_category)

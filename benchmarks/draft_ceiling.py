@@ -1,4 +1,5 @@
-"""What a speed-up mark asks of the verify curve and of the drafter, replayed over recorded outputs.
+"""Current: a tool the manual uses.
+What a speed-up mark asks of the verify curve and of the drafter, replayed over recorded outputs.
 
     python benchmarks/draft_ceiling.py STREAMS [--curve avx512-onnx-int8] [--out DIR]
 
@@ -85,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("streams")
     parser.add_argument("--curve", default="avx512-onnx-int8", choices=sorted(CURVES))
-    parser.add_argument("--out", default=".")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     streams = load_streams(args.streams)
     measured = curve_shape(CURVES[args.curve])

@@ -1,4 +1,7 @@
-"""How often a draft head guesses the target's next-but-one token, trained on the model's own answers.
+"""Historical: a one-off probe, kept to reproduce a past finding.
+Kept for: the evidence that a head trained on the model's own answers guesses well enough to pay. The head
+now ships, and `edgespec export head-weights` trains one.
+How often a draft head guesses the target's next-but-one token, trained on the model's own answers.
 
     python benchmarks/draft_head_probe.py EXPORT TEST_STREAMS [--answers 160] [--mlp-epochs N] [--eagle-epochs N]
                                           [--eagle-weights HEAD.npz [--eagle-rows N]] [--out DIR]
@@ -337,7 +340,7 @@ def main() -> None:
                         help="score a head trained elsewhere (`edgespec export head-weights`, .npz)")
     parser.add_argument("--eagle-rows", type=int, default=0,
                         help="with --eagle-weights: keep only the output rows of the N tokens its answers chose most")
-    parser.add_argument("--out", default=".")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     if args.mlp_epochs < 0:
         parser.error("--mlp-epochs must be 0 or more")

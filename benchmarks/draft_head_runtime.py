@@ -1,4 +1,5 @@
-"""The exported draft head in the runtime: how often its guesses are accepted, and what a pass of it costs.
+"""Current: a tool the manual uses.
+The exported draft head in the runtime: how often its guesses are accepted, and what a pass of it costs.
 
     python benchmarks/draft_head_runtime.py [EXPORT] [--questions FILE] [--count 10] [--max-tokens 128]
         [--passes 200] [--out benchmarks/results]
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--passes", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     if min(args.count, args.max_tokens, args.passes) < 1:
         parser.error("--count, --max-tokens and --passes must be 1 or more")

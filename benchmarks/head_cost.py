@@ -1,4 +1,7 @@
-"""What one token of an EAGLE-style draft head would cost against a target pass, on this CPU (issue 37).
+"""Historical: a one-off probe, kept to reproduce a past finding.
+Kept for: what a draft head would cost, measured before one existed. benchmarks/draft_head_runtime.py
+times the shipped head.
+What one token of an EAGLE-style draft head would cost against a target pass, on this CPU.
 
     python benchmarks/head_cost.py [TARGET_EXPORT] [--rows 13000] [--context 300] [--passes 200] [--rounds 3]
         [--threads 2] [--out benchmarks/results]
@@ -75,7 +78,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     target_path = args.target or onnx_export_path(families()[DEFAULT_MODEL])
     if not (target_path / MANIFEST).is_file():

@@ -1,4 +1,7 @@
-"""Which of the target's hidden states could a draft head read? Probes trained on each set, on recorded outputs.
+"""Historical: a one-off probe, kept to reproduce a past finding.
+Kept for: which hidden states a draft head could read (the last layer's, or EAGLE-3's low, middle and
+last), compared by probes.
+Which of the target's hidden states could a draft head read? Probes trained on each set, on recorded outputs.
 
     python benchmarks/head_feature_probe.py STREAMS [--model EXPORT] [--sets "29;9,19,29;24,29"] [--hidden 1024]
         [--epochs 25] [--test-every 3] [--out DIR]
@@ -103,7 +106,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--test-every", type=int, default=3, help="questions whose id is a multiple of it are tested")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     import torch
 

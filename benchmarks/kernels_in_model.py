@@ -1,4 +1,5 @@
-"""edgespec's kernels in the whole model: the working tree's build against another git revision's, or one export
+"""Current: a tool the manual uses.
+edgespec's kernels in the whole model: the working tree's build against another git revision's, or one export
 against another (their KV type, their graphs), pass by pass.
 
     python benchmarks/kernels_in_model.py [--against REV] [--against-model DIR] [--model DIR] [--context 100]
@@ -16,7 +17,7 @@ the same logits, bit for bit. The export must be one both revisions can run (the
 With ``--against-model`` the baseline runs that export instead (on REV's build, or on the working tree's without
 ``--against``); two exports' logits are not compared.
 Prints a table, writes kernels_in_model.json and .png. The working tree's build (loaded second) ran 1.5–1.8% faster
-than the same sources as REV in four runs on the AVX-512 EPYC (2026-11-25): a difference of a few percent holds
+than the same sources as REV in four runs on the AVX-512 EPYC: a difference of a few percent holds
 only if it holds with the roles swapped (commit the variant, check out the other, compare against the commit).
 """
 

@@ -1,4 +1,5 @@
-"""Fixed-shape (padded) passes on llama.cpp: are they exact over a long run, and what does a pass cost?
+"""Current: a tool the manual uses.
+Fixed-shape (padded) passes on llama.cpp: are they exact over a long run, and what does a pass cost?
 
     PYTHONPATH=. python benchmarks/padded_passes.py [MODEL] [--device cpu|cuda] [--fast-numerics]
         [--rows 0,4,8,16] [--positions 200:1100] [--seeds 0,1] [--out benchmarks/results]
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--rows", default="0,4,8,16", help="pass sizes; 0 is unpadded (default: %(default)s)")
     parser.add_argument("--positions", default="200:1100", help="first:last position of the long run")
     parser.add_argument("--seeds", default="0,1", help="pass-size sequences per pass size")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     first, last = (int(x) for x in args.positions.split(":"))
     model = LlamaModel(resolve(args.model), ContextOptions(n_ctx=max(2048, last + 64), n_threads=args.threads,

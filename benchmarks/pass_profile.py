@@ -1,4 +1,5 @@
-"""Where a target pass's time goes, by operator, at each row count: onnxruntime's profiler on an ONNX export.
+"""Current: a tool the manual uses.
+Where a target pass's time goes, by operator, at each row count: onnxruntime's profiler on an ONNX export.
 
     python benchmarks/pass_profile.py [--model DIR] [--context 300] [--rows 1,2,4,8] [--passes 40] [--out DIR]
 

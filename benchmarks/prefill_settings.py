@@ -1,4 +1,6 @@
-"""Prefill time of llama.cpp context settings side by side in one process, and whether they stay exact.
+"""Historical: a one-off probe, kept to reproduce a past finding.
+Kept for: the measurement behind the llama.cpp context settings edgespec prefills with.
+Prefill time of llama.cpp context settings side by side in one process, and whether they stay exact.
 
     python benchmarks/prefill_settings.py [MODEL] [--lengths 300,1200,2000] [--rounds 3] [--threads N]
 

@@ -1,4 +1,5 @@
-"""edgespec.BlockInt8MatMul's products loop against the same loop at another git revision: time and bits.
+"""Current: a tool the manual uses.
+edgespec.BlockInt8MatMul's products loop against the same loop at another git revision: time and bits.
 
     python benchmarks/products_kernel.py --against REV [--shapes 576x960,576x576,576x3072,1536x576]
                                          [--rows 1,2,4,8] [--copies 48] [--repeats 20] [--march ARCH] [--out DIR]
@@ -72,7 +73,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=48, help="weight matrices taken in turn (past the caches)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--march", default=None, help="compile for this -march instead of this CPU's")
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for products_kernel.json/.png")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"),
+                        help="folder for products_kernel.json/.png (default benchmarks/results, git-ignored)")
     args = parser.parse_args()
     base, head = source_at(args.against, SOURCE), SOURCE.read_text()
     rows = [int(r) for r in args.rows.split(",")]

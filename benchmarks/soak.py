@@ -1,4 +1,5 @@
-"""Soak: a real `edgespec serve` and `edgespec bridge` under a long bounded loop of mixed requests, watching memory.
+"""Current: a tool the manual uses.
+Soak: a real `edgespec serve` and `edgespec bridge` under a long bounded loop of mixed requests, watching memory.
 
     python benchmarks/soak.py [--minutes 60] [--clients 3] [--sample-s 5] [--flat-mb 5] [--out FILE]
 
@@ -387,7 +388,7 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="how long to run (default %(default)s)")
     parser.add_argument("--clients", type=int, default=3, help="concurrent HTTP clients (plus one bridge client)")
     parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")

@@ -1,10 +1,11 @@
-"""What a bridge client that stops reading costs the other sessions: their tokens/s with and without one.
+"""Current: a tool the manual uses.
+What a bridge client that stops reading costs the other sessions: their tokens/s with and without one.
 
     python benchmarks/stalled_client.py [--model M] [--threads 1] [--rounds 5] [--max-tokens 64] [--out FILE]
 
 Starts `edgespec bridge --port P` and, in each round, times one session's greedy generation alone, then beside
 another client that asked first for a --busy-tokens generation and --stats-lines `stats` answers and reads them,
-then beside one that asked the same and reads nothing (issue 38, finding 1: before each session had its own
+then beside one that asked the same and reads nothing (before each session had its own
 writer, the engine's worker blocked on the stalled client's full socket and every other session waited until it
 disconnected; here that would be never). Per scenario: the generating session's decode tokens/s (the engine's
 own clock) and end-to-end tokens/s (from sending its request to its last event, waiting included), medians over
@@ -83,7 +84,7 @@ def _drain(conn: socket.socket) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="(named: no default-model race first)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
@@ -92,7 +93,8 @@ def main() -> int:
     parser.add_argument("--stats-lines", type=int, default=2_000,
                         help="stats the busy client asks for (their answers stay below the bridge's 4 MB backlog "
                              "bound, so the stalled client stays connected throughout)")
-    parser.add_argument("--out", type=Path, default=Path("stalled_client.json"))
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().with_name("results") / "stalled_client.json")
     args = parser.parse_args()
 
     port = _free_port()
@@ -123,6 +125,7 @@ def main() -> int:
     for name, s in summary.items():
         print(f"{name:<26} {s['decode_tokens_per_s']:>13.1f} {s['end_to_end_tokens_per_s']:>17.1f} "
               f"{s['seconds']:>8.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "median": summary,
                                     "rounds": results}, indent=1))
     print(f"saved {args.out}")

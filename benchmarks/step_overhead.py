@@ -1,4 +1,5 @@
-"""What a speculative step costs outside the target's pass, and where it goes: the drafter, the γ controller, the
+"""Current: a tool the manual uses.
+What a speculative step costs outside the target's pass, and where it goes: the drafter, the γ controller, the
 engine's own bookkeeping.
 
     PYTHONPATH=. python benchmarks/step_overhead.py [MODEL] [--mode ngram|tree|head] [--fast-numerics]
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     model = args.model or (edgespec.DEFAULT_MODEL if args.fast_numerics else
                            default_choice(args.threads or physical_cores(), args.device).target)

@@ -1,5 +1,6 @@
-"""GGUFs of real architectures' shapes with random weights: speed, verify cost, memory and prefill at the sizes
-users run, without downloading anything (issue 36, item 3).
+"""Current: a tool the manual uses.
+GGUFs of real architectures' shapes with random weights: speed, verify cost, memory and prefill at the sizes
+users run, without downloading anything.
 
     python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_0 --out /tmp/llama-3.2-1b-q4_0.gguf
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 try:
     # Before numpy: on a CUDA build compiled with a newer g++, loading numpy's libstdc++ first made llama.cpp
-    # segfault at load (issue 36).
+    # segfault at load.
     import llama_cpp
 except ImportError:  # writing F16 needs no llama.cpp; quantizing does (checked where it is used)
     llama_cpp = None

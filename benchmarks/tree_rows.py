@@ -1,4 +1,5 @@
-"""Are llama.cpp's rows for a token tree what one-token decoding of each node's path gives? Per numerics and pass size.
+"""Current: a tool the manual uses.
+Are llama.cpp's rows for a token tree what one-token decoding of each node's path gives? Per numerics and pass size.
 
     PYTHONPATH=. python benchmarks/tree_rows.py [--contexts 40,250,300,900] [--trees 6] [--nodes 6:12]
                                                [--settings exact:0,fast:4] [--device cpu] [--threads 2] [--out DIR]
@@ -117,7 +118,7 @@ def main() -> None:
     parser.add_argument("--settings", default="exact:0,exact:4,fast:0,fast:4,fast:8")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "metal"))
-    parser.add_argument("--out", default=".")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     threads = args.threads or physical_cores()
     try:

@@ -1,8 +1,9 @@
-"""Verify-cost curves, decode and prefill speed and memory at the sizes users run (issue 36, item 3): for each GGUF
+"""Current: a tool the manual uses.
+Verify-cost curves, decode and prefill speed and memory at the sizes users run: for each GGUF
 (the random models of real shapes from benchmarks/synthetic_gguf.py, or any real one) through edgespec's engine.
 
     PYTHONPATH=. python benchmarks/verify_curve_sizes.py FILE.gguf [FILE.gguf ...] [--device cpu|cuda]
-        [--threads N] [--contexts 128 1024] [--rounds 7] [--label TEXT] [--out benchmarks/reference]
+        [--threads N] [--contexts 128 1024] [--rounds 7] [--label TEXT] [--out benchmarks/results]
 
 Per file, in one engine (target only, the engine's default numerics for the device):
 - the verify curve: one target pass over k rows through the engine's KV arena (what a verify of k−1 drafted
@@ -33,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 # llama_cpp before numpy: on a CUDA build compiled with a newer g++, loading numpy's libstdc++ first made
-# llama.cpp segfault at load (issue 36).
+# llama.cpp segfault at load.
 import llama_cpp
 import numpy as np
 
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--label", default="", help="appended to the output's name (e.g. shared-machine)")
     parser.add_argument("--note", default="", help="recorded in the JSON and the table's heading")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "reference")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args(argv)
     missing = [str(p) for p in args.models if not p.is_file()]
     if missing:
