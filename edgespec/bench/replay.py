@@ -4,8 +4,8 @@ Greedy output does not depend on drafting (edgespec is lossless), so the target-
 what every speculative run of it commits. Recorded once with the real model (``record``), it decides every draft
 offline: a draft token is accepted iff it equals the recorded next token. Time is counted, not measured: a step
 that verifies k draft tokens costs ``shape[k + 1]`` target passes, plus a per-step overhead. So a controller can be
-judged on a verify-cost curve of any machine (the AMD, Intel and ONNX curves measured in
-``../shared/notes/measured-facts.md``, or a flat one), deterministically, on a busy machine, in seconds.
+judged on a verify-cost curve of any machine (the AMD, Intel and ONNX curves measured on the machines
+edgespec was developed on, or a flat one), deterministically, on a busy machine, in seconds.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ CURVES: dict[str, dict[int, float]] = {
     "onnx-int8": {1: 1.0, 2: 1.22, 3: 1.35, 4: 1.47, 5: 1.59, 7: 1.85, 9: 2.07},
     "flat": {1: 1.0, 2: 1.02, 17: 1.3},
     # AMD EPYC with AVX-512 and VNNI, edgespec's ops in tiles of 8 rows: the calibration (fastest of two) that a
-    # Spec-Bench run of the default recorded there, in git history only (removed from benchmarks/reference/):
-    # spec_bench-2026-11-24-epyc-avx512-2core-default-race-tie.json
+    # Spec-Bench run of the default recorded there (docs/history/)
     "avx512-onnx-int8": {1: 1.0, 2: 1.18, 3: 1.19, 4: 1.24, 5: 1.36, 6: 1.50, 7: 1.80, 8: 2.05, 9: 2.57},
     # The same machine with the 16-column products: the start-up calibration (~100 tokens of context) and the curve
     # the decode loop paid at Spec-Bench's contexts (k = 2 from 1431 passes, k ≥ 3 from 3-7 each), both from
@@ -61,9 +60,8 @@ CURVES: dict[str, dict[int, float]] = {
     # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-controller-belief.json
     "avx512-prefetch-calibration": {1: 1.0, 2: 1.0, 3: 1.05, 4: 1.15, 5: 1.21, 6: 1.24, 7: 1.28},
     # The same machine in its faster state (a one-token pass 3.3-3.6 ms instead of 4.6-4.7: docs/controller.md),
-    # where rows cost most: the start-up calibration (~100 tokens of context) of a run of the README's smaller set,
-    # in git history only (removed from benchmarks/reference/):
-    # spec_bench-2026-11-26-epyc-avx512-2core-default-head-key-readme.json
+    # where rows cost most: the start-up calibration (~100 tokens of context) of a run of the README's smaller set
+    # (docs/history/)
     "avx512-fast-state": {1: 1.0, 2: 1.17, 3: 1.28, 4: 1.28, 5: 1.37, 6: 1.47, 7: 1.54, 8: 1.76, 9: 1.89},
 }
 _SCALE = 0.01  # seconds per single-token pass: any value; only ratios are reported
@@ -191,8 +189,8 @@ def _recorded_text(engine: Engine, streams: list[Stream], model: str, path: str 
     """Each stream's prompt + output in one target pass (with exact numerics, the rows and features one-token
     decoding gives): the stream and its output's rows, valid until the next. After the last, a recording that is not
     this model's greedy output is an error: another model (Q4_0 against Q4_1 agree on ~84% of top-1 tokens) would
-    describe other rows than the recording saw; an older build of the same model differs on near-ties only (a
-    2026-11-23 recording: 97.5%)."""
+    describe other rows than the recording saw; an older build of the same model differs on near-ties only (an
+    older recording: 97.5%)."""
     agree = total = 0
     for i, stream in enumerate(streams):
         engine.arena.reset([*stream.prompt, *stream.output], reuse=False)

@@ -1,4 +1,4 @@
-"""benchmarks/synthetic_gguf.py (issue 36, item 3): its random models of real shapes load in llama.cpp (through
+"""benchmarks/synthetic_gguf.py: its random models of real shapes load in llama.cpp (through
 edgespec's backend and engine) and in the GGUF → ONNX exporter. Cut to one or two layers (and a small vocabulary
 for the big shapes) to stay quick; the tool runs as its command line, without edgespec."""
 

@@ -1,9 +1,10 @@
 """What the repository says points somewhere real, and keeps its history in one place.
 
 Every path a doc, comment, docstring or message names (``edgespec/engine/arena.py``, ``docs/kernels.md``,
-``benchmarks/soak.py``, a glob of reference files) exists; every ``FILE.md#anchor`` and every ``(README, "Section")``
-names a heading that is there. The manual, the code and the tests hold no dates, commit ids, tracker numbers or
-paths outside the repository: those belong to docs/history/ (and the commit log)."""
+``benchmarks/soak.py``, a glob of reference files) exists; every ``FILE.md#anchor``, and every section named as
+README's or a doc's in quotes, is a heading there. The manual, the code and the tests hold no dates, commit ids,
+tracker numbers or paths outside the repository: those belong to the history pages under docs/ (and the commit
+log). A result file's name may say when it was measured: that is data."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ SECTION = re.compile(r"""\b(README|docs/[\w-]+\.md)(?:'s)?,? ["“]([^"”]+)["�
 DATE = re.compile(r"\b20\d\d-[01]\d(?:-[0-3]\d)?\b")
 TRACKER = re.compile(r"\bissues? #?\d+\b", re.IGNORECASE)
 COMMIT = re.compile(r"(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}\b")
-REFERENCE = re.compile(r"benchmarks/reference/[^\s`)\]]*")
+RESULT = re.compile(r"benchmarks/reference/[^\s`)\]]*|[\w./{},*-]*20\d\d-\d\d-\d\d[\w.{},*-]*\.(?:jsonl?|png)")
 OUTSIDE = re.compile(r"measured-facts|\.\./shared\b|/work/")
 
 
@@ -116,7 +117,7 @@ def test_history_stays_in_docs_history(rule: str) -> None:
         if name.startswith((HISTORY, "benchmarks/")) or name == "tests/unit/test_pointers.py":
             continue
         for number, line in enumerate(_text(name).splitlines(), 1):
-            line = REFERENCE.sub("", line)  # a result file's name says when and on what it was measured: data
+            line = RESULT.sub("", line)  # a result file's name says when and on what it was measured: data
             hits = [m for m in pattern.findall(line) if rule != "commit id" or not _is_data(line)]
             if hits:
                 found.append(f"{name}:{number}: {hits[0]}")
