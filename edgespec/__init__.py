@@ -17,6 +17,7 @@ from .backends.registry import BACKENDS
 from .backends.selfcheck import ExactnessWarning, NotExactError
 from .catalog.models import DEFAULT_MODEL
 from .cpu import physical_cores
+from .engine import constraints  # the public way to make a request's constraint (README)
 from .engine.engine import MODES, Completion, Engine, StreamChunk
 from .engine.sampling import SamplingParams
 from .engine.stats import GenerationStats
@@ -77,7 +78,25 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
 
 
 __all__ = [
-    "BACKENDS", "DEFAULT_MODEL", "MODES", "Completion", "ContextOptions", "ContextOverflowError", "EdgespecError",
-    "Engine", "ExactnessWarning", "GenerationStats", "InvalidParameterError", "LlamaModel", "ModelLoadError",
-    "NotExactError", "OnnxModel", "SamplingParams", "StreamChunk", "Tuning", "VocabMismatchError", "load",
+    "BACKENDS",
+    "DEFAULT_MODEL",
+    "MODES",
+    "Completion",
+    "ContextOptions",
+    "ContextOverflowError",
+    "EdgespecError",
+    "Engine",
+    "ExactnessWarning",
+    "GenerationStats",
+    "InvalidParameterError",
+    "LlamaModel",
+    "ModelLoadError",
+    "NotExactError",
+    "OnnxModel",
+    "SamplingParams",
+    "StreamChunk",
+    "Tuning",
+    "VocabMismatchError",
+    "constraints",
+    "load",
 ]

@@ -30,4 +30,4 @@ class InvalidParameterError(EdgespecError, ValueError):
 
 class MissingExtraError(EdgespecError):
     """A command needs a package that is not installed: one of edgespec's optional extras (``extras.require``), or
-    llama-cpp-python, a dependency, where a broken install lacks it (``llama_backend``)."""
+    llama-cpp-python, a dependency, where a broken install lacks it (``backends/llamacpp/model.py``)."""

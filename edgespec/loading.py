@@ -1,5 +1,5 @@
 """Opening a named model and its drafters into an ``Engine``: what ``edgespec.load`` does once the model is known.
-The default model's race (``default_race``) loads its candidates through here, so it needs nothing of the package
+The default model's race (``tuning/race.py``) loads its candidates through here, so it needs nothing of the package
 that asks it for the default."""
 
 from __future__ import annotations

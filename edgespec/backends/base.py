@@ -1,6 +1,6 @@
 """The backend contract: what the engine needs from a model, and the rules every backend shares.
 
-A backend (llama.cpp in ``llama_backend``, ONNX Runtime in ``onnx_backend``, the scripted fake in
+A backend (llama.cpp in ``llamacpp/model.py``, ONNX Runtime in ``onnx/model.py``, the scripted fake in
 tests/fake_backend.py) is a class implementing ``Backend`` plus a module-level ``open_model`` and ``claims``
 registered in ``edgespec/backends/registry.py``. The engine and the arena import this module, never a concrete backend.
 Capabilities are asked, not ``isinstance``-checked: ``self_draft()`` returns None where a backend cannot run a

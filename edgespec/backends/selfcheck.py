@@ -41,13 +41,13 @@ FORMAT = 4  # 2: verdicts name the padded pass size they chose; 3: and whether t
 BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and their remainder are both used
 # Committed tokens before the probe: a short context, one just below a multiple of 256 (llama.cpp rounds the
 # attended cache length n_kv up to one: a pass across it sees another n_kv than its first rows decoded alone;
-# llama_backend.KV_STEP) and several hundred.
+# llamacpp/model.py's KV_STEP) and several hundred.
 _KV_STEP = 256
 CONTEXTS = (24, _KV_STEP - 3, 320)
 GOES_ON = 2  # tokens decoded one at a time after a probed tree's second branch is kept
 REUSE = (100, 320)  # a kept prefix, and the prompt it starts: prefilled whole against the prefix and then the rest
 TREE_NODES = MAX_GAMMA + 1  # a probed tree's nodes: the most one verify pass carries (the trunk, then the draft)
-# Pass sizes tried, smallest first, where unpadded passes are not exact (llama_backend.LlamaModel.set_pass_rows):
+# Pass sizes tried, smallest first, where unpadded passes are not exact (LlamaModel.set_pass_rows):
 # every pass, a one-token decode too, is then padded to that many rows, and a draft is at most one fewer.
 PADDED_ROWS = (4, 8, 16)
 _TEXT = ("The river starts in the hills north of the town, runs past the mill and the old stone bridge, and "

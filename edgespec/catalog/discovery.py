@@ -12,7 +12,7 @@ and folders the user names. Each found file gets a name that works as ``--model`
   ``$EDGESPEC_HOME/config.toml``'s ``[models] paths = [...]``.
 
 Only files are read, never written: stores belong to the tools that made them. What each file is (its header,
-what edgespec can do with it) is ``model_info``'s.
+what edgespec can do with it) is ``info``'s.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ Q4_PRODUCTS_OP = "BlockQ4MatMul"
 ATTENTION, PRODUCTS = f"{DOMAIN}.{ATTENTION_OP}", f"{DOMAIN}.{PRODUCTS_OP}"
 Q4_PRODUCTS = f"{DOMAIN}.{Q4_PRODUCTS_OP}"
 LIBRARY = "edgespec_ops"
+KEPT_BUILDS = 4  # the most recent libraries kept in kernels_dir(), this source's included (``build``)
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
 HEADERS_URL = "https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 HEADERS_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
@@ -264,10 +265,21 @@ def build(say=print) -> Path:
     say(f"building {target.name}: {' '.join(FLAGS + _cpu_flags())}")
     with staged(target) as staging:
         compile_library(staging, say=say)
-    for older in [*target.parent.glob(f"{LIBRARY}-*"), *target.parent.glob("exact_attention-*")]:
-        if older != target:  # earlier builds (another source, flags or CPU; before the library had two ops)
+    # Builds of other sources stay a while: another checkout of this environment (a git worktree, the revision a
+    # `--configs NAME@REV` benchmark runs) may be using its own. The oldest beyond KEPT_BUILDS go, and so do the
+    # libraries of before the ops shared one.
+    builds = sorted(target.parent.glob(f"{LIBRARY}-*"), key=_built_at, reverse=True)
+    for older in [*builds[KEPT_BUILDS:], *target.parent.glob("exact_attention-*")]:
+        if older != target:
             older.unlink(missing_ok=True)
     return target
+
+
+def _built_at(library: Path) -> float:
+    try:
+        return library.stat().st_mtime
+    except OSError:  # removed meanwhile by another process's build
+        return 0.0
 
 
 def main() -> int:

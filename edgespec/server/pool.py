@@ -43,7 +43,7 @@ class EngineSpec:
         return self.model or DEFAULT_MODEL
 
     def load_engine(self) -> Engine:
-        if self.draft == "auto":  # a draft model only where it measurably pays here (draft_pairing)
+        if self.draft == "auto":  # a draft model only where it measurably pays here (catalog/pairing.py)
             from ..catalog.pairing import choose_draft
 
             choice = choose_draft(self.name, self.threads, self.device)

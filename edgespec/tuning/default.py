@@ -1,7 +1,7 @@
 """Which model ``edgespec.load()`` runs when none is named: measured once per machine, then read back.
 
 The candidates are the default family's variants that pass the quality bar (``ModelFamily.default_candidates``)
-and, with onnxruntime installed, an ONNX export of its shipped GGUF; ``default_race`` races them (with and without
+and, with onnxruntime installed, an ONNX export of its shipped GGUF; ``race`` races them (with and without
 n-gram drafting, and the export with its shipped draft head too) and stores the fastest lossless one. With
 ``EDGESPEC_TUNING=off`` (the tests) nothing is measured: the default is the family's default quantization with
 n-gram lookup, γ auto. The stored choice is a cache entry like any other in the home: one that is damaged, names

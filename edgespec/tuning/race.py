@@ -1,6 +1,6 @@
 """``edgespec tune --default``: the model, backend and drafter ``edgespec.load()`` uses on this machine.
 
-The first ``edgespec.load()`` / ``edgespec generate`` without a model runs this (``default_model``):
+The first ``edgespec.load()`` / ``edgespec generate`` without a model runs this (``default.py``):
 every variant of the default family that passes the quality bar, on llama.cpp, and (with onnxruntime) an INT8
 ONNX export of the shipped GGUF if it passes the same bar against the shipped weights; a candidate whose build
 is not batch-invariant here (edgespec/backends/selfcheck.py) is left out, since it could not be lossless. Each is raced
@@ -276,7 +276,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
     if onnx and on_gpu:
         where = device if device in GPU_DEVICES else "the GPU (device auto)"
         skipped["onnx int8"] = f"its exact kernels run on the CPU only, and this race is on {where}"
-    elif onnx and key["onnx"]:  # default_model.onnx_identity(): None without onnxruntime
+    elif onnx and key["onnx"]:  # onnx_identity(): None without onnxruntime
         try:
             path, note = onnx_candidate(family, threads, say)
         except OSError as e:

@@ -180,7 +180,7 @@ class DefaultChoice:
 # What the default race measures (edgespec/tuning/race.py); a choice measured by another race is measured again.
 # 2: replies to a document and three short texts, prefill included (1: decode speed on short texts only).
 # 3: the same race; choices stored by a race that skipped the ONNX candidate by a misread key are redone.
-# 4: the same race; plain decoding chosen over a model's γ auto only where it won by a margin (default_race.pick): a
+# 4: the same race; plain decoding chosen over a model's γ auto only where it won by a margin (race.pick): a
 #    choice of plain decoding on a tie is redone.
 DEFAULT_RACE = 4
 
@@ -188,7 +188,7 @@ DEFAULT_RACE = 4
 def default_choice_key(source: str | os.PathLike[str], candidates: list[str], onnx: str | None, threads: int,
                        device: str) -> dict[str, object]:
     """The shipped file the candidates derive from, which candidates, the ONNX candidate's runtime and graphs
-    (``default_model.onnx_identity``; None without onnxruntime), threads, device and CPU."""
+    (``race.onnx_identity``; None without onnxruntime), threads, device and CPU."""
     return {"source": file_identity(source), "candidates": candidates, "onnx": onnx, "threads": threads,
             "device": device, "cpu": cpu_identity(), "race": DEFAULT_RACE}
 

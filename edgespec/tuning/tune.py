@@ -32,7 +32,7 @@ from .store import Tuning, find_tuning, tuning_key, tuning_path
 
 _ACCEPTANCE_GAMMA = 8
 # What a fixed choice must win by, on a few built-in texts, over one that adapts to the text (γ auto) to be chosen:
-# a few percent is the race's noise (default_race.pick, _preference).
+# a few percent is the race's noise (race.pick, _preference).
 MARGIN = 1.05
 _MIN_TRIALS = 3  # draft positions tried fewer times than this take the previous position's rate
 

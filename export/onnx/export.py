@@ -92,7 +92,7 @@ def pads_every_product(bits: int | None, four_bit: bool, accuracy_level: int) ->
     """Whether single-token calls are padded around every weight product, not only around attention.
 
     float32 MatMul (prepacked weights) and 8-bit MatMulNBits at level 4 are exact for one row; other levels are
-    not (see onnx_graphs.single_row_padding), nor is 4-bit at level 4 on every CPU (measured on an AMD EPYC: up
+    not (see graphs.single_row_padding), nor is 4-bit at level 4 on every CPU (measured on an AMD EPYC: up
     to 1e-4 apart from the same row in a 2+-row call; on an Intel Xeon it was exact)."""
     return bool(bits) and (accuracy_level != 4 or four_bit)
 

@@ -4,7 +4,7 @@ The head (``edgespec export head``, docs/draft-head.md) is written as an export 
 that reads rows of features, its layer graph, its output graph. Run as a model is, a one-row pass takes three
 session calls and a dozen bindings; right after a target pass, which evicts the head's weights and onnxruntime's
 and Python's working state from the caches, each of those costs several times its warm time. So the three graphs
-are joined into one when the head loads (``onnx_segments.whole_pass``: the same kernels on the same rows, so the
+are joined into one when the head loads (``segments.whole_pass``: the same kernels on the same rows, so the
 same logits and states), the KV, the step's scalars and fixed buffers are bound once, and a pass copies its rows
 in, runs, and copies its last hidden states out. On the CPU only: a head drafts beside an export on the CPU.
 """
@@ -30,9 +30,9 @@ class HeadModel:
     feature), and its passes over new pairs."""
 
     def __init__(self, folder: Path, manifest: dict, n_ctx: int, session: Callable[[Path], tuple[Any, int]]) -> None:
-        """``manifest``: the head export's, checked (``onnx_backend.read_manifest``); ``session``: opens a graph
+        """``manifest``: the head export's, checked (``manifest.read_manifest``); ``session``: opens a graph
         file as an onnxruntime session on the CPU, returning it and the bytes it put on huge pages
-        (``onnx_backend.open_head`` passes both)."""
+        (``model.open_head`` passes both)."""
         self.path = folder
         self.manifest = m = manifest
         self.n_vocab: int = m["vocab_size"]
