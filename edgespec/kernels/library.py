@@ -66,8 +66,11 @@ class KernelBuildError(EdgespecError):
 
 def kernels_dir() -> Path:
     """Part of the Python environment, like llama.cpp's library: not of ``$EDGESPEC_HOME``, whose models and
-    exports another environment may share."""
-    return Path(sys.prefix) / "share" / "edgespec" / "kernels"
+    exports another environment may share. ``$EDGESPEC_KERNELS_DIR`` puts it elsewhere: a checkout whose kernel
+    sources differ builds there, and ``build`` (which removes the folder's other builds) leaves the environment's
+    library, which other checkouts' runs are loading, alone."""
+    given = os.environ.get("EDGESPEC_KERNELS_DIR")
+    return Path(given) if given else Path(sys.prefix) / "share" / "edgespec" / "kernels"
 
 
 def _cpu_flags() -> list[str]:
