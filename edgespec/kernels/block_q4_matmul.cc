@@ -1,5 +1,6 @@
-// edgespec.BlockQ4MatMul: Y = X · Wᵀ with W in a GGUF file's own 4-bit blocks (Q4_0, Q4_1), every row of a call
-// sharing each weight load, every row the same bits alone or in a batch of any size and any thread split.
+// edgespec.BlockQ4MatMul: Y = X · Wᵀ with W in a GGUF file's own 4-bit blocks (Q4_0, Q4_1; the K-quants below),
+// every row of a call sharing each weight load, every row the same bits alone or in a batch of any size and any
+// thread split.
 //
 // The arithmetic: W in blocks of 32 along K, a 4-bit code q (0 … 15) per weight and fp16 numbers per block and
 // output column: Q4_0's weight is (q − 8)·d, Q4_1's q·d + m. Each activation row is quantized per block of 32 to int8
@@ -25,6 +26,27 @@
 // Inputs: A float [..., K]; B uint8 [N/16, K/8, 64]: per group of 16 columns, per 8 k, byte 4j + i holds column j's
 // code of k + i in its low nibble and of k + 4 + i in its high one; scales float16 [N/16, K/32, 16] (Q4_0: d of the
 // group's 16 columns per block) or [N/16, K/32, 32] (Q4_1: the 16 d, then the 16 m). Output: float [..., N].
+//
+// edgespec.BlockKQuantMatMul, the same loop on GGUF's K-quant super-blocks of 256 along K (what Q4_K_M files hold):
+//   Q4_K: 8 sub-blocks of 32, 4-bit codes q, 6-bit sc and m per sub-block, fp16 d and dmin per super-block; a
+//         weight is (d·sc)·q − dmin·m.
+//   Q6_K: 16 sub-blocks of 16, 6-bit codes u (q = u − 32), an int8 scale per sub-block, fp16 d; (d·scale)·q.
+// d·sc and dmin·m (11 significant bits × 6) and d·scale (11 × 8) are exact float32 products, made in the loop from
+// the file's numbers (once per group of 16 columns, for every row of the tile), so each sub-block is a Q4_1 or Q4_0
+// step with a float32 scale. The activations are quantized per block of 32 as above; per (row, column), sub-blocks in
+// ascending order, s the row's scale of the block of 32 that holds the sub-block:
+//   Q4_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(float(Σa), s·(−(dmin·m)), acc)
+//   Q6_K: acc = fma(float(Σ u·a − 32·Σa), s·(d·scale), acc)    (Σ over the sub-block's 16 k: two steps per s)
+// (|Σ q·a| ≤ 32 · 15 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) one rounding, the fma another.)
+// Q6_K's codes go into vpdpbusd unsigned (u ≤ 63: vpmaddubsw's pairs ≤ 2 · 63 · 127, no saturation), its sums
+// starting at −32·Σa of the half block, as Q4_0's start at −8·Σa. Not llama.cpp's Q8_K activations (one scale per 256)
+// and integer sums over the super-block: the per-32 scales are finer, and every step above is the same in any call.
+// Inputs: A float [..., K]; Q4_K: B uint8 [N/16, K/8, 64] (as BlockQ4MatMul's) and scales uint8 [N/16, K/256, 320]:
+// per group and super-block the 16 columns' fp16 d, their fp16 dmin, then per sub-block their 16 sc and 16 m; Q6_K:
+// B uint8 [N/16, K/16, 192]: per 16 k the low 4 bits of k … k + 7 and of k + 8 … k + 15 as two 64-byte chunks of
+// nibbles, then 64 bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i
+// (bits 0–1, 2–3, 4–5, 6–7); scales uint8 [N/16, K/256, 288]: the 16 fp16 d, then per sub-block the 16 int8 scales
+// (export/onnx/block_kquant.py packs them). Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
 #include "block_products.h"  // quantize_row, kTileRows, for_each_tile
@@ -69,6 +91,30 @@ struct Call {
 template <bool kMinimum>
 constexpr int64_t kScalesPerBlock = kColumns * (kMinimum ? 2 : 1);
 
+// BlockKQuantMatMul: GGUF's K-quant super-blocks of 256 along K.
+constexpr int64_t kSuper = 256;
+constexpr int64_t kSubBlocks4 = kSuper / kBlock;  // Q4_K: 8 sub-blocks of 32, a 6-bit scale and minimum each
+constexpr int64_t kHalf = 16;  // Q6_K: 16 sub-blocks of 16, an int8 scale each
+constexpr int64_t kSubBlocks6 = kSuper / kHalf;
+// Per group of 16 columns and super-block, the numbers in the order the loop reads them (bytes): Q4_K's 16 fp16 d,
+// 16 fp16 dmin, then per sub-block the 16 scales and the 16 minima; Q6_K's 16 fp16 d, then per sub-block the 16
+// int8 scales.
+constexpr int64_t kQ4KBytes = 2 * kColumns * 2 + kSubBlocks4 * 2 * kColumns;  // 320
+constexpr int64_t kQ6KBytes = kColumns * 2 + kSubBlocks6 * kColumns;  // 288
+// Q6_K's codes per group and 16 k: two 64-byte chunks of low nibbles (as Q4's), then 64 bytes of 2-bit highs.
+constexpr int64_t kSixChunk = 3 * kChunk;
+
+struct KCall {
+  const uint8_t* codes;  // [M][K]: the rows' int8 codes
+  const float* row_scales;  // [M][K/32]
+  const int32_t* row_sums;  // [M][K/32]: Σ of each block's codes (Q4_K)
+  const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K)
+  const uint8_t* weights;  // B
+  const uint8_t* scales;  // [N/16][K/256][kQ4KBytes or kQ6KBytes]
+  float* out;
+  int64_t m, k, n;
+};
+
 #ifdef EDGESPEC_Q4_SIMD
 // The codes 8 KB ahead, asked for into L2 (as block_int8_matmul.cc's prefetch_ahead), by tiles of any size: without,
 // 8 rows took 1.5–2.1× as long with the weights from memory (docs/kernels.md); from one row or from three, as the INT8
@@ -93,6 +139,34 @@ struct Lanes8 : edgespec_blocks::FloatLanes8 {
 #endif
   }
   static Float load(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  // The K-quants' numbers (BlockKQuantMatMul): fp16 read from bytes, 8 unsigned or signed bytes widened to float
+  // (exact), products of floats
+  static Float load_half(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Float widen_u8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Float widen_i8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
+  static Float negate(Float a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  // Q6_K's 16 k of 8 columns as four vectors of 6-bit codes (k … k + 3, k + 4 …, k + 8 …, k + 12 …): the low
+  // nibbles of two 8-k chunks (at p and p + 64) or'ed with the 2-bit highs at p + 128 (bits 0–1, 2–3, 4–5, 6–7).
+  // The shifts are 16-bit; what crosses into the neighbouring byte is masked off.
+  static void six_bits(const uint8_t* p, Int* u) {
+    const __m256i mask = _mm256_set1_epi8(0x0f), top = _mm256_set1_epi8(0x30);
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128));
+    u[0] = _mm256_or_si256(_mm256_and_si256(v0, mask), _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+    u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), mask),
+                           _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+    u[2] = _mm256_or_si256(_mm256_and_si256(v1, mask), _mm256_and_si256(h, top));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), mask),
+                           _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+  }
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -105,6 +179,29 @@ struct Lanes16 : edgespec_blocks::FloatLanes16 {
   static Int splat(int32_t v) { return _mm512_set1_epi32(v); }
   static Int dot(Int sum, Int w, Int a) { return _mm512_dpbusd_epi32(sum, w, a); }
   static Float load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Float load_half(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static Float widen_u8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Float widen_i8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
+  static Float negate(Float a) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
+  }
+  static void six_bits(const uint8_t* p, Int* u) {
+    const __m512i mask = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
+    const __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_loadu_si512(p + 64), h = _mm512_loadu_si512(p + 128);
+    u[0] = _mm512_or_si512(_mm512_and_si512(v0, mask), _mm512_and_si512(_mm512_slli_epi16(h, 4), top));
+    u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), mask),
+                           _mm512_and_si512(_mm512_slli_epi16(h, 2), top));
+    u[2] = _mm512_or_si512(_mm512_and_si512(v1, mask), _mm512_and_si512(h, top));
+    u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), mask),
+                           _mm512_and_si512(_mm512_srli_epi16(h, 2), top));
+  }
 };
 using GroupLanes = Lanes16;
 #else
@@ -136,6 +233,17 @@ struct Pair {
   }
   static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
     return {V::step(acc.lo, sum.lo, row_scale, column_scales.lo), V::step(acc.hi, sum.hi, row_scale, column_scales.hi)};
+  }
+  static Float load_half(const uint8_t* p) { return {V::load_half(p), V::load_half(p + 2 * V::kWidth)}; }
+  static Float widen_u8(const uint8_t* p) { return {V::widen_u8(p), V::widen_u8(p + V::kWidth)}; }
+  static Float widen_i8(const uint8_t* p) { return {V::widen_i8(p), V::widen_i8(p + V::kWidth)}; }
+  static Float mul(Float a, Float b) { return {V::mul(a.lo, b.lo), V::mul(a.hi, b.hi)}; }
+  static Float negate(Float a) { return {V::negate(a.lo), V::negate(a.hi)}; }
+  static void six_bits(const uint8_t* p, Int* u) {  // columns 0–7 from each 64 bytes' first half, 8–15 its second
+    V::Int lo[4], hi[4];
+    V::six_bits(p, lo);
+    V::six_bits(p + kChunk / 2, hi);
+    for (int i = 0; i < 4; ++i) u[i] = {lo[i], hi[i]};
   }
 };
 using GroupLanes = Pair;
@@ -193,6 +301,93 @@ void columns(const Call& c, int64_t n0) {
     kPanels<kMinimum>[static_cast<size_t>(rows - 1)](c, m0, n0);
   });
 }
+
+// Q4_K, rows m0 … m0 + R − 1 against the 16 columns from n0: Q4_1's loop, the scale d·sc and minimum −dmin·m of each
+// sub-block made from the super-block's fp16 d and dmin and the sub-block's 6-bit numbers (exact products), once
+// for all the tile's rows.
+template <class V, int R>
+void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
+  const int64_t blocks = c.k / kBlock;
+  const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * kQ4KBytes;
+  const uint8_t* codes = c.codes + m0 * c.k;
+  const float* row_scales = c.row_scales + m0 * blocks;
+  const int32_t* row_sums = c.row_sums + m0 * blocks;
+  typename V::Float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* super = scales + b / kSubBlocks4 * kQ4KBytes;
+    typename V::Int sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = V::splat(0);
+    for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += kDepth) {
+      const uint8_t* chunk = packed + k / kDepth * kChunk;
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T1);
+      typename V::Int low, high;
+      V::nibbles(chunk, low, high);
+      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * c.k + k));
+      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], high, V::broadcast(codes + r * c.k + k + 4));
+    }
+    const uint8_t* sub = super + 4 * kColumns + b % kSubBlocks4 * 2 * kColumns;
+    const typename V::Float scale = V::mul(V::load_half(super), V::widen_u8(sub));
+    const typename V::Float minimum =
+        V::mul(V::negate(V::load_half(super + 2 * kColumns)), V::widen_u8(sub + kColumns));
+    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + b], scale);
+    for (int r = 0; r < R; ++r)
+      acc[r] = V::step(acc[r], V::splat(row_sums[r * blocks + b]), row_scales[r * blocks + b], minimum);
+  }
+  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
+}
+
+// Q6_K: per sub-block of 16 each row's integer sum of (u − 32)·a, u the unsigned 6-bit code (it starts at −32·Σa of
+// the half block), then one float step with d·scale; a block of 32 activations spans two sub-blocks, both steps
+// taking its row scale.
+template <class V, int R>
+void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
+  const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
+  const uint8_t* packed = c.weights + n0 / kColumns * halves * kSixChunk;
+  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * kQ6KBytes;
+  const uint8_t* codes = c.codes + m0 * c.k;
+  const float* row_scales = c.row_scales + m0 * blocks;
+  const int32_t* half_sums = c.half_sums + m0 * halves;
+  typename V::Float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
+  for (int64_t h = 0; h < halves; ++h) {
+    const int64_t k = h * kHalf;
+    const uint8_t* unit = packed + h * kSixChunk;
+    for (int64_t line = 0; line < kSixChunk; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
+    typename V::Int u[4], sum[R];
+    V::six_bits(unit, u);
+    for (int r = 0; r < R; ++r) sum[r] = V::splat(-32 * half_sums[r * halves + h]);
+    for (int i = 0; i < 4; ++i)
+      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], u[i], V::broadcast(codes + r * c.k + k + 4 * i));
+    const uint8_t* super = scales + h / kSubBlocks6 * kQ6KBytes;
+    const typename V::Float scale =
+        V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
+    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + h / 2], scale);
+  }
+  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
+}
+
+using KPanel = void (*)(const KCall&, int64_t, int64_t);
+
+template <bool kSix, size_t... I>
+constexpr std::array<KPanel, sizeof...(I)> kpanel_table(std::index_sequence<I...>) {
+  if constexpr (kSix) {
+    return {panel_q6k<GroupLanes, static_cast<int>(I) + 1>...};
+  } else {
+    return {panel_q4k<GroupLanes, static_cast<int>(I) + 1>...};
+  }
+}
+template <bool kSix>
+constexpr auto kKPanels = kpanel_table<kSix>(std::make_index_sequence<edgespec_blocks::kTileRows>());
+
+template <bool kSix>
+void kquant_columns(const KCall& c, int64_t n0) {
+  edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
+    kKPanels<kSix>[static_cast<size_t>(rows - 1)](c, m0, n0);
+  });
+}
 #else
 // The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the SIMD paths'
 // (each product of two scales rounded, then one fused multiply-add).
@@ -216,6 +411,59 @@ void columns(const Call& c, int64_t n0) {
         const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
         acc = std::fma(static_cast<float>(dot), s * edgespec_vec::widen(block_scales[j]), acc);
         if (kMinimum) acc = std::fma(static_cast<float>(sum), s * edgespec_vec::widen(block_scales[kColumns + j]), acc);
+      }
+      c.out[m * c.n + n0 + j] = acc;
+    }
+}
+
+inline float half_at(const uint8_t* p) {
+  Half h;
+  std::memcpy(&h, p, sizeof h);
+  return edgespec_vec::widen(h);
+}
+
+// Q4_K and Q6_K the same way: each sub-block's integer sum, its scale (and Q4_K's minimum) an exact float product
+// of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float steps.
+template <bool kSix>
+void kquant_columns(const KCall& c, int64_t n0) {
+  const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
+  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kSix ? kQ6KBytes : kQ4KBytes);
+  for (int64_t m = 0; m < c.m; ++m)
+    for (int64_t j = 0; j < kColumns; ++j) {
+      float acc = 0.0f;
+      if constexpr (kSix) {
+        const uint8_t* packed = c.weights + n0 / kColumns * halves * kSixChunk;
+        for (int64_t h = 0; h < halves; ++h) {
+          const uint8_t* unit = packed + h * kSixChunk;
+          int32_t dot = -32 * c.half_sums[m * halves + h];
+          for (int64_t i = 0; i < kHalf; ++i) {
+            const uint8_t byte = unit[i / kDepth * kChunk + j * kDepth / 2 + i % (kDepth / 2)];
+            const int32_t low = i % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
+            const int32_t high = unit[2 * kChunk + j * kDepth / 2 + i % (kDepth / 2)] >> (2 * (i / 4)) & 0x03;
+            dot += (low | high << 4) * int32_t(static_cast<int8_t>(c.codes[m * c.k + h * kHalf + i]));
+          }
+          const uint8_t* super = scales + h / kSubBlocks6 * kQ6KBytes;
+          const auto sub_scale = static_cast<int8_t>(super[2 * kColumns + h % kSubBlocks6 * kColumns + j]);
+          const float scale = half_at(super + 2 * j) * static_cast<float>(sub_scale);
+          acc = std::fma(static_cast<float>(dot), c.row_scales[m * blocks + h / 2] * scale, acc);
+        }
+      } else {
+        const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+        for (int64_t b = 0; b < blocks; ++b) {
+          int32_t dot = 0;
+          for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k) {
+            const uint8_t byte = packed[k / kDepth * kChunk + j * kDepth / 2 + k % (kDepth / 2)];
+            const int32_t q = k % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
+            dot += q * int32_t(static_cast<int8_t>(c.codes[m * c.k + k]));
+          }
+          const uint8_t* super = scales + b / kSubBlocks4 * kQ4KBytes;
+          const uint8_t* sub = super + 4 * kColumns + b % kSubBlocks4 * 2 * kColumns;
+          const float scale = half_at(super + 2 * j) * static_cast<float>(sub[j]);
+          const float minimum = -half_at(super + 2 * kColumns + 2 * j) * static_cast<float>(sub[kColumns + j]);
+          const float s = c.row_scales[m * blocks + b];
+          acc = std::fma(static_cast<float>(dot), s * scale, acc);
+          acc = std::fma(static_cast<float>(c.row_sums[m * blocks + b]), s * minimum, acc);
+        }
       }
       c.out[m * c.n + n0 + j] = acc;
     }
@@ -295,9 +543,98 @@ struct BlockQ4MatMulOp : Ort::CustomOpBase<BlockQ4MatMulOp, BlockQ4MatMulKernel>
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
+template <bool kSix>
+void kquant_task(void* data, size_t task) {
+  kquant_columns<kSix>(*static_cast<const KCall*>(data), static_cast<int64_t>(task) * kColumns);
+}
+
+struct KQuantizeCall {
+  const float* x;
+  uint8_t* codes;
+  float* scales;
+  int32_t* sums;
+  int32_t* half_sums;  // null for Q4_K
+  int64_t k;
+};
+
+void kquantize_task(void* data, size_t row) {
+  const KQuantizeCall& q = *static_cast<const KQuantizeCall*>(data);
+  const int64_t r = static_cast<int64_t>(row), blocks = q.k / kBlock;
+  uint8_t* codes = q.codes + r * q.k;
+  int32_t* sums = q.sums + r * blocks;
+  edgespec_blocks::quantize_row(q.x + r * q.k, q.k, codes, q.scales + r * blocks, 0, sums);
+  if (!q.half_sums) return;
+  for (int64_t b = 0; b < blocks; ++b) {  // each block's first half summed, the second the rest (exact integers)
+    int32_t first = 0;
+    for (int64_t i = 0; i < kHalf; ++i) first += static_cast<int8_t>(codes[b * kBlock + i]);
+    q.half_sums[r * 2 * blocks + 2 * b] = first;
+    q.half_sums[r * 2 * blocks + 2 * b + 1] = sums[b] - first;
+  }
+}
+
+struct BlockKQuantMatMulKernel {
+  BlockKQuantMatMulKernel(const OrtApi&, const OrtKernelInfo*) {}
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue a = ctx.GetInput(0), b = ctx.GetInput(1), s = ctx.GetInput(2);
+    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> b_shape = b.GetTensorTypeAndShapeInfo().GetShape();
+    const std::vector<int64_t> s_shape = s.GetTensorTypeAndShapeInfo().GetShape();
+    const auto fail = [](const std::string& why) {
+      ORT_CXX_API_THROW("BlockKQuantMatMul: " + why, ORT_INVALID_ARGUMENT);
+    };
+    // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles), 192 per 16 k (Q6_K's six bits).
+    const bool six = b_shape.size() == 3 && b_shape[2] == kSixChunk;
+    if (shape.empty() || b_shape.size() != 3 || (b_shape[2] != kChunk && !six) || s_shape.size() != 3 ||
+        s_shape[2] != (six ? kQ6KBytes : kQ4KBytes))
+      fail("A must be [..., K], B [N/16, K/8, 64] and scales [N/16, K/256, 320] (Q4_K) or B [N/16, K/16, 192] and "
+           "scales [N/16, K/256, 288] (Q6_K)");
+    const int64_t k = shape.back(), n = b_shape[0] * kColumns;
+    if (k % kSuper != 0 || b_shape[1] * (six ? kHalf : kDepth) != k || s_shape[0] != b_shape[0] ||
+        s_shape[1] != k / kSuper)
+      fail("K must be a multiple of 256 and A, B and scales must agree on K and N");
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+    shape.back() = n;
+    Ort::UnownedValue out = ctx.GetOutput(0, shape);
+    if (m == 0) return;
+
+    thread_local std::vector<uint8_t> codes;
+    thread_local std::vector<float> row_scales;
+    thread_local std::vector<int32_t> row_sums, half_sums;
+    KQuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock),
+                    scratch(row_sums, m * k / kBlock), six ? scratch(half_sums, m * k / kHalf) : nullptr, k};
+    for_each_row(ctx, m, kquantize_task, &q);
+    KCall call{q.codes, q.scales, q.sums, q.half_sums, b.GetTensorData<uint8_t>(), s.GetTensorData<uint8_t>(),
+               out.GetTensorMutableData<float>(), m, k, n};
+    const size_t groups = static_cast<size_t>(b_shape[0]);
+    ctx.ParallelFor(six ? kquant_task<true> : kquant_task<false>, groups, groups, &call);
+  }
+};
+
+struct BlockKQuantMatMulOp : Ort::CustomOpBase<BlockKQuantMatMulOp, BlockKQuantMatMulKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
+    return new BlockKQuantMatMulKernel(api, info);
+  }
+  const char* GetName() const { return "BlockKQuantMatMul"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 }  // namespace
 
 void add_block_q4_matmul(Ort::CustomOpDomain& domain) {
   static BlockQ4MatMulOp op;
+  domain.Add(&op);
+}
+
+void add_block_kquant_matmul(Ort::CustomOpDomain& domain) {
+  static BlockKQuantMatMulOp op;
   domain.Add(&op);
 }

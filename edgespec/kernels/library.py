@@ -7,7 +7,8 @@ costs one row, a verify batch reads each key once, and a row's result is the sam
 ``edgespec.BlockInt8MatMul`` (``kernels/block_int8_matmul.cc``): MatMulNBits' 8-bit products with the rows of a
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/onnx/block_int8.py``).
 ``edgespec.BlockQ4MatMul`` (``kernels/block_q4_matmul.cc``): a GGUF's Q4_0 / Q4_1 blocks as llama.cpp computes
-them (int8 activations per block), the rows of a verify batch sharing each weight load (``export/onnx/block_q4.py``).
+them (int8 activations per block), the rows of a verify batch sharing each weight load (``export/onnx/block_q4.py``);
+``edgespec.BlockKQuantMatMul`` (the same file): its Q4_K / Q6_K super-blocks so (``export/onnx/block_kquant.py``).
 ``edgespec.SwiGlu`` (``kernels/swiglu.cc``): a Llama MLP's silu(gate) · up in one op instead of three.
 
 Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s; else the first
@@ -46,9 +47,9 @@ SOURCES = [KERNELS / name for name in ("register.cc", "exact_attention.cc", "blo
 HEADERS = [KERNELS / name for name in ("ops.h", "vector_math.h", "block_products.h")]
 # The ops' names, as the exported graphs and manifests write them (export/onnx/graphs.py, export/onnx/block_int8.py)
 DOMAIN, ATTENTION_OP, PRODUCTS_OP, SWIGLU_OP = "edgespec", "ExactAttention", "BlockInt8MatMul", "SwiGlu"
-Q4_PRODUCTS_OP = "BlockQ4MatMul"
+Q4_PRODUCTS_OP, KQUANT_PRODUCTS_OP = "BlockQ4MatMul", "BlockKQuantMatMul"
 ATTENTION, PRODUCTS = f"{DOMAIN}.{ATTENTION_OP}", f"{DOMAIN}.{PRODUCTS_OP}"
-Q4_PRODUCTS = f"{DOMAIN}.{Q4_PRODUCTS_OP}"
+Q4_PRODUCTS, KQUANT_PRODUCTS = f"{DOMAIN}.{Q4_PRODUCTS_OP}", f"{DOMAIN}.{KQUANT_PRODUCTS_OP}"
 LIBRARY = "edgespec_ops"
 KEPT_BUILDS = 4  # the most recent libraries kept in kernels_dir(), this source's included (``build``)
 # Debian trixie's libonnxruntime-dev: only its headers are used (the library comes from the onnxruntime wheel)
@@ -151,10 +152,10 @@ def uses_exact_attention(manifest: dict) -> bool:
 
 def needs_library(manifest: dict) -> bool:
     """Whether an export's graphs use any of edgespec's ops (its attention, or its products: "weights",
-    "four_bit_products")."""
+    "four_bit_products", "kquant_products")."""
     options = manifest.get("quant_options", {})
     return (uses_exact_attention(manifest) or str(options.get("weights", "")).startswith(PRODUCTS)
-            or options.get("four_bit_products") == Q4_PRODUCTS)
+            or options.get("four_bit_products") == Q4_PRODUCTS or options.get("kquant_products") == KQUANT_PRODUCTS)
 
 
 def require_for(manifest: dict, where: Path, device_type: str) -> None:

@@ -34,4 +34,5 @@ inline void for_each_row(const Ort::KernelContext& ctx, int64_t rows, void (*tas
 void add_exact_attention(Ort::CustomOpDomain& domain);
 void add_block_int8_matmul(Ort::CustomOpDomain& domain);
 void add_block_q4_matmul(Ort::CustomOpDomain& domain);
+void add_block_kquant_matmul(Ort::CustomOpDomain& domain);
 void add_swiglu(Ort::CustomOpDomain& domain);

@@ -8,6 +8,7 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
     add_exact_attention(domain);
     add_block_int8_matmul(domain);
     add_block_q4_matmul(domain);
+    add_block_kquant_matmul(domain);
     add_swiglu(domain);
     Ort::UnownedSessionOptions(options).Add(domain);
     domain.release();  // leaked on purpose: onnxruntime keeps the pointer, it must outlive every session

@@ -41,10 +41,16 @@ def pack(weight: BlockWeight) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("not a GGUF Q4_0/Q4_1 weight: its scales or minima are not fp16 numbers")
     extra = -n % COLUMNS
     groups, blocks = (n + extra) // COLUMNS, k // 32
-    q = np.pad(weight.unpacked_codes().reshape(n, k), ((0, extra), (0, 0)))
-    q = q.reshape(groups, COLUMNS, k // DEPTH, 2, DEPTH // 2)
-    codes = (q[:, :, :, 0] | q[:, :, :, 1] << 4).transpose(0, 2, 1, 3).reshape(groups, k // DEPTH, 64)
+    codes = nibbles(np.pad(weight.unpacked_codes().reshape(n, k), ((0, extra), (0, 0))))
     scales = np.stack([np.pad(p, ((0, extra), (0, 0))).reshape(groups, COLUMNS, blocks)  # type: ignore[arg-type]
                        for p in parts], axis=2)
     scales = scales.transpose(0, 3, 2, 1).reshape(groups, blocks, COLUMNS * len(parts))
     return np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales)
+
+
+def nibbles(q: np.ndarray) -> np.ndarray:
+    """4-bit codes [N′, K] (N′ a multiple of 16) → [N′/16, K/8, 64]: per 16 columns and 8 k, byte 4j + i holds
+    column j's code of k + i in its low nibble and of k + 4 + i in its high one."""
+    n, k = q.shape
+    q = q.reshape(n // COLUMNS, COLUMNS, k // DEPTH, 2, DEPTH // 2)
+    return (q[:, :, :, 0] | q[:, :, :, 1] << 4).transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // DEPTH, 64)

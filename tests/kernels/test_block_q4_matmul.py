@@ -1,7 +1,8 @@
-"""edgespec.BlockQ4MatMul (edgespec/kernels/block_q4_matmul.cc) as onnxruntime runs it on random GGUF Q4_0 and Q4_1
-blocks packed by export/onnx/block_q4.py: the exact arithmetic against a float64 reference, every row bit-identical
-alone and in calls of 1–64 rows and with any thread count, the portable, AVX2, AVX-VNNI and AVX-512 builds giving the
-same bits as this machine's, and a graph off the contract refused with a clear error."""
+"""edgespec.BlockQ4MatMul and edgespec.BlockKQuantMatMul (edgespec/kernels/block_q4_matmul.cc) as onnxruntime runs
+them on random GGUF Q4_0, Q4_1, Q4_K and Q6_K blocks packed by export/onnx/block_q4.py and block_kquant.py: the exact
+arithmetic against a float64 reference, every row bit-identical alone and in calls of 1–64 rows and with any thread
+count, the portable, AVX2, AVX-VNNI and AVX-512 builds giving the same bits as this machine's, and a graph off the
+contract refused with a clear error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgespec.export.onnx import block_q4, block_weights
+from edgespec.export.onnx import block_kquant, block_q4, block_weights
 
 from edgespec.backends.onnx.session import session_options
 from edgespec.kernels import library as custom_ops
@@ -21,11 +22,32 @@ helper, numpy_helper, F = onnx.helper, onnx.numpy_helper, onnx.TensorProto.FLOAT
 pytestmark = pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
 
 K, N = 128, 48  # 4 blocks along K, 3 packed column groups
-KINDS = ("Q4_0", "Q4_1")
+KINDS = ("Q4_0", "Q4_1", "Q4_K", "Q6_K")
+DEPTH = {"Q4_0": K, "Q4_1": K, "Q4_K": 512, "Q6_K": 512}  # K per kind: K-quants in super-blocks of 256
+Weight = block_weights.BlockWeight | block_kquant.KQuantWeight
+
+
+def _kquant(kind: str, rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Random Q4_K / Q6_K super-blocks (every scale, minimum and code possible, the largest included); raw bytes."""
+    blocks = n * k // 256
+    raw = rng.integers(0, 256, (blocks, 144 if kind == "Q4_K" else 210), dtype=np.uint8)
+    d = rng.uniform(0.0005, 0.004, blocks).astype(np.float16)
+    if kind == "Q4_K":
+        raw[:, 0:2] = d.view(np.uint8).reshape(blocks, 2)
+        raw[:, 2:4] = rng.uniform(0.0005, 0.01, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+        raw[::7, 4:] = 0xFF  # every sc and m 63, every code 15
+    else:
+        signs = np.where(rng.random(blocks) < 0.3, -1, 1)  # d of either sign
+        raw[:, 208:210] = (d * signs).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+        raw[::7, :192] = 0  # every code −32 …
+        raw[::7, 192:208] = 0x80  # … times scale −128
+    return raw.reshape(n, -1)
 
 
 def _ggml(kind: str, rng: np.random.Generator, n: int = N, k: int = K) -> np.ndarray:
     """Random GGUF blocks of ``kind``: fp16 d (and m), random nibbles; the raw bytes [N, bytes per row]."""
+    if kind in block_kquant.KINDS:
+        return _kquant(kind, rng, n, k)
     blocks = n * k // 32
     d = rng.uniform(0.001, 0.05, blocks).astype(np.float16)
     head = [d.view(np.uint8).reshape(blocks, 2)]
@@ -36,13 +58,22 @@ def _ggml(kind: str, rng: np.random.Generator, n: int = N, k: int = K) -> np.nda
     return np.concatenate([*head, codes], axis=1).reshape(n, -1)
 
 
-def _weight(kind: str, rng: np.random.Generator, n: int = N, k: int = K) -> block_weights.BlockWeight:
+def _weight(kind: str, rng: np.random.Generator, n: int = N, k: int | None = None) -> Weight:
+    k = k or DEPTH[kind]
+    if kind in block_kquant.KINDS:
+        return block_kquant.from_ggml(kind, _ggml(kind, rng, n, k), n, k)
     return block_weights.from_ggml(kind, _ggml(kind, rng, n, k), n, k)
 
 
-def _model(codes: np.ndarray, scales: np.ndarray) -> object:
-    k = codes.shape[1] * block_q4.DEPTH
-    node = helper.make_node(block_q4.OP, ["x", "b", "s"], ["y"], domain=custom_ops.DOMAIN)
+def _pack(weight: Weight) -> tuple[str, np.ndarray, np.ndarray]:
+    if isinstance(weight, block_kquant.KQuantWeight):
+        return (block_kquant.OP, *block_kquant.pack(weight))
+    return (block_q4.OP, *block_q4.pack(weight))
+
+
+def _model(packed: tuple[str, np.ndarray, np.ndarray], k: int) -> object:
+    op, codes, scales = packed
+    node = helper.make_node(op, ["x", "b", "s"], ["y"], domain=custom_ops.DOMAIN)
     graph = helper.make_graph([node], "products", [helper.make_tensor_value_info("x", F, [1, "S", k])],
                               [helper.make_tensor_value_info("y", F, None)],
                               [numpy_helper.from_array(codes, "b"), numpy_helper.from_array(scales, "s")])
@@ -57,40 +88,58 @@ def _session(model: object, threads: int = 2, kernels: Path | None = None) -> ob
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _reference(x: np.ndarray, weight: block_weights.BlockWeight) -> tuple[np.ndarray, np.ndarray]:
+def _exact_parts(weight: Weight) -> tuple[np.ndarray, np.ndarray, int]:
+    """The weights in float64, exactly, as the op's two float steps split them ([N, K] each: the codes' part, the
+    minima's), and the span of a float step along K."""
+    n, k = weight.shape
+    if isinstance(weight, block_kquant.KQuantWeight):
+        codes, scales, minima = weight.gathered()  # the scales exact products, the minima's too
+        w = (scales.astype(np.float64) * codes).reshape(n, k)
+        span = codes.shape[2]
+        return w, np.zeros_like(w) if minima is None else np.repeat(minima.reshape(n, -1), span, axis=1), span
+    w = (weight.unpacked_codes().astype(np.float64) - weight.zero_point) * weight.scales[..., None]
+    minima = np.zeros_like(w) if weight.minima is None else np.broadcast_to(weight.minima[..., None], w.shape)
+    return w.reshape(n, k), minima.reshape(n, k).astype(np.float64), 32
+
+
+def _reference(x: np.ndarray, weight: Weight) -> tuple[np.ndarray, np.ndarray, int]:
     """The op's arithmetic in float64 ([M, K] → [M, N]): each row's blocks quantized to int8 by max|x| / 127 (in
-    float32, as the kernel), times the dequantized weights; and the sum of the terms' magnitudes (a rounding bound)."""
+    float32, as the kernel), times the dequantized weights; the sum of the float steps' magnitudes (a rounding
+    bound); and the number of float steps a column takes."""
     m, blocks = x.shape[0], x.shape[1] // 32
     xb = x.reshape(m, blocks, 32)
     step = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
     inverse = np.where(step > 0, np.float32(1) / np.where(step > 0, step, 1), 0).astype(np.float32)
-    q = np.rint((xb * inverse[..., None]).astype(np.float32)).astype(np.float64) * step[..., None]
-    w = weight.unpacked_codes().astype(np.float64) - weight.zero_point
-    w = w * weight.scales[..., None].astype(np.float64)
-    if weight.minima is not None:
-        w = w + weight.minima[..., None].astype(np.float64)
-    terms = np.einsum("mbk,nbk->mnb", q, w)
-    return terms.sum(-1), np.abs(terms).sum(-1)
+    q = (np.rint((xb * inverse[..., None]).astype(np.float32)).astype(np.float64) * step[..., None]).reshape(m, -1)
+    w, minima, span = _exact_parts(weight)
+    sub = x.shape[1] // span
+    terms = [np.einsum("mbk,nbk->mnb", q.reshape(m, sub, span), part.reshape(-1, sub, span)) for part in (w, minima)]
+    steps = sub * (2 if np.any(minima) else 1)
+    return terms[0].sum(-1) + terms[1].sum(-1), (np.abs(terms[0]) + np.abs(terms[1])).sum(-1), steps
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_matches_the_dequantized_weights_within_float_rounding(kind: str) -> None:
     rng = np.random.default_rng(0)
     weight = _weight(kind, rng)
-    x = rng.standard_normal((9, K)).astype(np.float32)
+    k = weight.shape[1]
+    x = rng.standard_normal((9, k)).astype(np.float32)
     x[0, :32] = 0.0  # a block of zeros: scale 0
-    y_ref, magnitude = _reference(x, weight)
-    y = _session(_model(*block_q4.pack(weight))).run(None, {"x": x[None]})[0][0]
-    # float32 products of the scales and K/32 fused steps: a few units of 2⁻²⁴ of the terms' magnitudes
-    assert np.all(np.abs(y - y_ref) <= (K // 32 + 2) * 2.0**-23 * magnitude)
+    x[1, 32:64] *= 100.0  # a block far larger than the rest
+    y_ref, magnitude, steps = _reference(x, weight)
+    y = _session(_model(_pack(weight), k)).run(None, {"x": x[None]})[0][0]
+    # float32 products of the scales and one fused step per sub-block (and minimum): a few units of 2⁻²⁴ of the
+    # terms' magnitudes
+    assert np.all(np.abs(y - y_ref) <= (steps + 2) * 2.0**-23 * magnitude)
     assert np.abs(y - x @ weight.dequantize().T).max() < 0.02 * np.abs(y).max()  # the activations' int8 rounding
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_are_bit_identical_alone_and_in_calls_of_1_to_64_rows(kind: str) -> None:
     rng = np.random.default_rng(1)
-    session = _session(_model(*block_q4.pack(_weight(kind, rng))))
-    x = rng.standard_normal((1, 64, K)).astype(np.float32)
+    weight = _weight(kind, rng)
+    session = _session(_model(_pack(weight), weight.shape[1]))
+    x = rng.standard_normal((1, 64, weight.shape[1])).astype(np.float32)
     alone = np.concatenate([session.run(None, {"x": x[:, i:i + 1]})[0] for i in range(64)], axis=1)
     for rows in range(2, 65):  # every tile split, and the rows quantized by the pool from 16 on
         start = (rows * 7) % (65 - rows)
@@ -101,8 +150,9 @@ def test_rows_are_bit_identical_alone_and_in_calls_of_1_to_64_rows(kind: str) ->
 @pytest.mark.parametrize("kind", KINDS)
 def test_thread_counts_give_the_same_bits(kind: str) -> None:
     rng = np.random.default_rng(2)
-    model = _model(*block_q4.pack(_weight(kind, rng, n=160, k=96)))  # 10 column tasks
-    x = rng.standard_normal((1, 13, 96)).astype(np.float32)
+    k = 96 if kind in ("Q4_0", "Q4_1") else 256
+    model = _model(_pack(_weight(kind, rng, n=160, k=k)), k)  # 10 column tasks
+    x = rng.standard_normal((1, 13, k)).astype(np.float32)
     one, *others = (_session(model, threads).run(None, {"x": x})[0] for threads in (1, 2, 3, 4))
     assert all(np.array_equal(one, other) for other in others)
 
@@ -120,20 +170,21 @@ def test_every_path_gives_the_same_bits(tmp_path: Path, flags: tuple[str, ...], 
     custom_ops.compile_library(other, list(flags))
     rng = np.random.default_rng(3)
     for kind in KINDS:
-        model = _model(*block_q4.pack(_weight(kind, rng)))
+        k = DEPTH[kind]
+        model = _model(_pack(_weight(kind, rng)), k)
         native, built = _session(model), _session(model, kernels=other)
         for rows in (1, 3, 8, 17):
-            x = rng.standard_normal((1, rows, K)).astype(np.float32)
+            x = rng.standard_normal((1, rows, k)).astype(np.float32)
             assert np.array_equal(native.run(None, {"x": x})[0], built.run(None, {"x": x})[0]), f"{kind} {rows}"
         # activations that quantize to ties (each block's largest is 127: k + 0.5 rounds to the even neighbour)
-        ties = rng.integers(-127, 127, (1, 3, K)).astype(np.float32) + 0.5
+        ties = rng.integers(-127, 127, (1, 3, k)).astype(np.float32) + 0.5
         ties[..., ::32] = 127.0
         assert np.array_equal(native.run(None, {"x": ties})[0], built.run(None, {"x": ties})[0]), f"{kind} ties"
 
 
 def test_pack_carries_every_code_scale_and_minimum() -> None:
     rng = np.random.default_rng(4)
-    for kind in KINDS:
+    for kind in ("Q4_0", "Q4_1"):
         weight = _weight(kind, rng, n=32, k=64)
         codes, scales = block_q4.pack(weight)
         q = weight.unpacked_codes().reshape(32, 64)
@@ -152,11 +203,63 @@ def test_pack_carries_every_code_scale_and_minimum() -> None:
         block_q4.pack(block_weights.from_ggml("Q8_0", rng.integers(0, 256, (N, K // 32 * 34), dtype=np.uint8), N, K))
 
 
+@pytest.mark.parametrize("kind", block_kquant.KINDS)
+def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
+    """Every weight's code and its sub-block's numbers where the layout puts them, the file's fp16 bytes as they
+    are, and the super-blocks read as gguf's own dequantization reads them."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(7)
+    n, k = 40, 512  # N not a multiple of 16: zero columns after
+    raw = _ggml(kind, rng, n, k)
+    weight = block_kquant.from_ggml(kind, raw, n, k)
+    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(n, k)
+    assert np.array_equal(weight.dequantize(), expected)
+    assert np.array_equal(weight.rows(np.arange(n)[::-1]).dequantize(), expected[::-1])
+    codes, scales = block_kquant.pack(weight)
+    gathered, _, _ = weight.gathered()
+    q = gathered.reshape(n, k).astype(np.int16) + (32 if kind == "Q6_K" else 0)  # Q6_K's unsigned 6-bit codes
+    assert scales.shape == (3, 2, 320 if kind == "Q4_K" else 288) and not codes[2].reshape(-1, 64)[:, 32:].any()
+    fp16 = 2 if kind == "Q4_K" else 1  # d (and dmin) of the 16 columns, then a byte per column and sub-block
+    halves, small = scales[2, :, :32 * fp16].reshape(2, fp16, 16, 2), scales[2, :, 32 * fp16:].reshape(2, -1, 16)
+    assert not halves[:, :, 8:].any() and not small[:, :, 8:].any() and small[:, :, :8].any()
+    super_blocks = raw.reshape(n, 2, -1)
+    d_bytes = super_blocks[..., 0:2] if kind == "Q4_K" else super_blocks[..., 208:210]  # the file's fp16 d
+    for col, at in [(0, 0), (3, 5), (9, 63), (15, 36), (20, 7), (31, 300), (39, 511), (17, 255)]:
+        g, j, s = col // 16, col % 16, at // 256
+        if kind == "Q4_K":
+            byte = codes[g, at // 8, 4 * j + at % 4]
+            assert (byte >> 4 if at % 8 >= 4 else byte & 0x0F) == q[col, at]
+            d, dmin, sc, m, _ = weight.q4_k()
+            assert scales[g, s, 2 * j:2 * j + 2].tobytes() == d_bytes[col, s].tobytes() == d[col, s].tobytes()
+            assert scales[g, s, 32 + 2 * j:34 + 2 * j].tobytes() == dmin[col, s].tobytes()
+            sub = at % 256 // 32
+            assert scales[g, s, 64 + 32 * sub + j] == sc[col, s, sub]
+            assert scales[g, s, 64 + 32 * sub + 16 + j] == m[col, s, sub]
+        else:
+            unit = codes[g, at // 16]
+            i = at % 16
+            byte = unit[i // 8 * 64 + 4 * j + i % 4]
+            low = byte >> 4 if i % 8 >= 4 else byte & 0x0F
+            assert low | (unit[128 + 4 * j + i % 4] >> (2 * (i // 4)) & 3) << 4 == q[col, at]
+            d, signed, _ = weight.q6_k()
+            assert scales[g, s, 2 * j:2 * j + 2].tobytes() == d_bytes[col, s].tobytes() == d[col, s].tobytes()
+            assert scales[g, s, 32 + 16 * (at % 256 // 16) + j].view(np.int8) == signed[col, s, at % 256 // 16]
+    with pytest.raises(ValueError, match="whole super-blocks"):
+        block_kquant.from_ggml(kind, raw[:, :10], n, 128)
+
+
 def test_a_graph_off_the_contract_is_a_clear_error() -> None:
-    codes, scales = block_q4.pack(_weight("Q4_0", np.random.default_rng(6)))
-    session = _session(_model(codes, scales[:, :-1]))
+    op, codes, scales = _pack(_weight("Q4_0", np.random.default_rng(6)))
+    session = _session(_model((op, codes, scales[:, :-1]), K))
     with pytest.raises(Exception, match="BlockQ4MatMul: K must be a multiple of 32"):
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
-    session = _session(_model(codes, np.concatenate([scales, scales[..., :8]], axis=2)))
+    session = _session(_model((op, codes, np.concatenate([scales, scales[..., :8]], axis=2)), K))
     with pytest.raises(Exception, match=r"scales \[N/16, K/32, 16\] \(Q4_0\)"):
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
+    op, codes, scales = _pack(_weight("Q6_K", np.random.default_rng(6)))
+    session = _session(_model((op, codes, scales[..., :-16]), 512))  # Q4_K's 320 bytes would be right for Q4_K
+    with pytest.raises(Exception, match=r"BlockKQuantMatMul: .*scales \[N/16, K/256, 288\] \(Q6_K\)"):
+        session.run(None, {"x": np.zeros((1, 2, 512), np.float32)})
+    session = _session(_model((op, codes[:, :-1], scales), 512))
+    with pytest.raises(Exception, match="BlockKQuantMatMul: K must be a multiple of 256"):
+        session.run(None, {"x": np.zeros((1, 2, 512), np.float32)})
