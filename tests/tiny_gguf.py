@@ -133,3 +133,42 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def quantize_kquant(values: np.ndarray, kind: str) -> np.ndarray:
+    """float32 [N, K] (K a multiple of 256) → GGUF Q4_K or Q6_K super-blocks, uint8 [N, K/256 · bytes], in
+    llama.cpp's layout (ggml-common.h's block_q4_K, block_q6_K; gguf's Python package only dequantizes these). The
+    scales are plain (range over 15, or max|x| over 31, each sub-block's rounded to the super-block's 6- or 8-bit
+    grid), not llama.cpp's searched ones: a valid file whose weights are close to ``values``."""
+    n, k = values.shape
+    x = values.astype(np.float32).reshape(n * k // 256, -1)
+    if kind == "Q4_K":
+        x = x.reshape(-1, 8, 32)
+        low, high = np.minimum(x.min(-1), 0), x.max(-1)
+        step, lift = (high - low) / 15, -low  # per sub-block: w ≈ step·q − lift
+        d = (step.max(-1) / 63).astype(np.float16)
+        dmin = (lift.max(-1) / 63).astype(np.float16)
+        sc = np.clip(np.rint(step / np.where(d > 0, d, 1).astype(np.float32)[:, None]), 0, 63).astype(np.uint8)
+        m = np.clip(np.rint(lift / np.where(dmin > 0, dmin, 1).astype(np.float32)[:, None]), 0, 63).astype(np.uint8)
+        ds = d.astype(np.float32)[:, None] * sc
+        dm = dmin.astype(np.float32)[:, None] * m
+        q = np.clip(np.rint((x + dm[..., None]) / np.where(ds > 0, ds, 1)[..., None]), 0, 15).astype(np.uint8)
+        scales = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, m[:, :4] | (m[:, 4:] >> 4) << 6,
+                                 (sc[:, 4:] & 0x0F) | (m[:, 4:] & 0x0F) << 4], axis=1)
+        qs = (q[:, 0::2] | q[:, 1::2] << 4).reshape(-1, 128)  # sub-block 2j in the low nibbles, 2j + 1 in the high
+        blocks = [d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), scales, qs]
+    elif kind == "Q6_K":
+        x = x.reshape(-1, 16, 16)
+        step = np.abs(x).max(-1) / 31
+        d = (step.max(-1) / 127).astype(np.float16)
+        sc = np.clip(np.rint(step / np.where(d > 0, d, 1).astype(np.float32)[:, None]), -128, 127).astype(np.int8)
+        ds = d.astype(np.float32)[:, None] * sc
+        u = (np.clip(np.rint(x / np.where(ds > 0, ds, 1)[..., None]), -32, 31) + 32).astype(np.uint8)
+        u = u.reshape(-1, 2, 4, 32)  # per half of 128: quarters of 32
+        ql = np.concatenate([(u[:, :, 0] & 0x0F) | (u[:, :, 2] & 0x0F) << 4,
+                             (u[:, :, 1] & 0x0F) | (u[:, :, 3] & 0x0F) << 4], axis=2).reshape(-1, 128)
+        qh = sum((u[:, :, t] >> 4) << 2 * t for t in range(4)).astype(np.uint8).reshape(-1, 64)
+        blocks = [ql, qh, sc.view(np.uint8), d[:, None].view(np.uint8)]
+    else:
+        raise ValueError(f"not a K-quant: {kind}")
+    return np.concatenate([b.reshape(x.shape[0], -1) for b in blocks], axis=1).reshape(n, -1)

@@ -1,8 +1,9 @@
 """SRC (GGUF file, HF folder or model name) → an edgespec ONNX directory (docs/onnx-format.md).
 
 A llama-family GGUF is read with the ``gguf`` package alone (``gguf_source``: no torch, no transformers), and by
-default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits as they are
-(``block_weights``); tensors of other types are dequantized and quantized to 8 bits. Other sources (Hugging
+default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits or edgespec's 4-bit products
+as they are (``block_weights``, ``block_q4``), and under edgespec's kernels its Q4_K / Q6_K super-blocks too
+(``block_kquant``); tensors of other types are dequantized and quantized to 8 bits. Other sources (Hugging
 Face folders, GGUFs of other architectures) go through transformers (``hf``, the ``export-hf`` extra).
 
 FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
@@ -34,7 +35,8 @@ from .. import require
 from ..gguf.ggufio import info, reader
 from ..gguf.hf import hf_folder, resolve_source
 from ..gguf.tokenizer import write_tokenizer
-from . import block_int8
+from . import block_int8, block_kquant
+from .block_kquant import KQuantWeight
 from .block_weights import CARRIED, BlockWeight
 from .gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
 from .gguf_source import GgufWeights, spec_from_gguf
@@ -144,7 +146,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     ``products``: 8-bit products at block size 32 and level 4 as "edgespec" (``edgespec.BlockInt8MatMul``, in the
     kernel's library: needs attention "exact"), "nbits" (MatMulNBits) or "auto": whichever one layer's products
     run faster here (``block_int8.choose``). A GGUF's carried Q4_0 / Q4_1 blocks are ``edgespec.BlockQ4MatMul``
-    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded).
+    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded); its Q4_K / Q6_K
+    super-blocks are ``edgespec.BlockKQuantMatMul`` there, and dequantized and quantized to 8 bits otherwise.
     """
     path = resolve_source(src)
     gguf = not path.is_dir() and info(path).architecture in GGUF_ARCHITECTURES
@@ -195,9 +198,12 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     # carried blocks need no quantizer; tensors of other types in a GGUF are quantized to 8 bits
     bits = {"int8": 8, "int4": 4, GGUF_QUANT: 8}.get(quant)
     carried_four_bit = quant == GGUF_QUANT and bool({"Q4_0", "Q4_1"} & set(source["gguf_types"]))
-    # A GGUF's 4-bit blocks under edgespec's kernels (the exact attention's library): BlockQ4MatMul, exact for one
-    # row, so nothing is padded
-    q4_products = carried_four_bit and attention == "exact" and products != "nbits"
+    kquants = quant == GGUF_QUANT and bool(set(block_kquant.KINDS) & set(source["gguf_types"]))
+    # A GGUF's 4-bit blocks under edgespec's kernels (the exact attention's library): BlockQ4MatMul, and its K-quants
+    # BlockKQuantMatMul, exact for one row, so nothing is padded
+    q4_products = (carried_four_bit or kquants) and attention == "exact" and products != "nbits"
+    if isinstance(weights, GgufWeights):
+        weights.kquants = kquants and q4_products
     pad_matmuls = pads_every_product(bits, quant == "int4" or (carried_four_bit and not q4_products), accuracy_level)
     with replacing(out) as tmp:
         if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
@@ -209,7 +215,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
             chat_template = _chat_template(folder)
         bar = tqdm(total=spec.num_layers + 2, desc=f"ONNX {quant}", unit="graph", disable=not progress)
         embed = weights("model.embed_tokens.weight")
-        _save(embed_graph(spec, embed if isinstance(embed, BlockWeight) else embed.astype(store)), tmp / "embed.onnx")
+        carried = isinstance(embed, BlockWeight | KQuantWeight)
+        _save(embed_graph(spec, embed if carried else embed.astype(store)), tmp / "embed.onnx")
         bar.update()
         timed: dict = {"op": block_int8.OP if products == "edgespec" else "MatMulNBits"}
         for i, name in enumerate(layers):
@@ -237,15 +244,21 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         if timed["op"] == block_int8.OP:
             manifest["quant_options"]["weights"] = f"{custom_ops.PRODUCTS} (MatMulNBits' 8-bit blocks)"
         if q4_products:
-            manifest["quant_options"].update(weights=f"{custom_ops.Q4_PRODUCTS} and MatMulNBits with the GGUF's own "
-                                             "blocks", four_bit_products=custom_ops.Q4_PRODUCTS)
+            ops = [op for op, used in ((custom_ops.Q4_PRODUCTS, carried_four_bit),
+                                       (custom_ops.KQUANT_PRODUCTS, kquants)) if used]
+            manifest["quant_options"]["weights"] = f"{', '.join(ops)} and MatMulNBits with the GGUF's own blocks"
+            if carried_four_bit:
+                manifest["quant_options"]["four_bit_products"] = custom_ops.Q4_PRODUCTS
+            if kquants:
+                manifest["quant_options"]["kquant_products"] = custom_ops.KQUANT_PRODUCTS
         if "median_us" in timed:
             manifest["quant_options"]["products_timed_us"] = timed["median_us"]
         manifest["quant_options"]["single_row_padding"] = ("layer" if pad_matmuls else
                                                            "none" if attention == "exact" else "attention")
         manifest["quant_options"]["attention_min_total"] = attention_min_total(spec, context_length, attention)
         if quant == GGUF_QUANT:
-            manifest["quant_options"].update(carried=list(CARRIED), other_bits=bits, block_size=block_size,
+            carried_types = list(CARRIED) + (list(block_kquant.KINDS) if kquants and q4_products else [])
+            manifest["quant_options"].update(carried=carried_types, other_bits=bits, block_size=block_size,
                                              accuracy_level=accuracy_level)
         elif bits:
             manifest["quant_options"].update(bits=bits, head_bits=head_bits, block_size=block_size,

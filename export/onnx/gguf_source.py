@@ -1,8 +1,9 @@
 """A GGUF file as the ONNX graph writer's source, read with the ``gguf`` package (no torch, no transformers):
 the ``ModelSpec`` from its metadata and its weights under the Hugging Face names ``onnx_graphs`` asks for.
 
-Q4_0 / Q4_1 / Q8_0 tensors come back as ``BlockWeight`` (carried, nothing rounded) when asked to; every other
-type is dequantized to float32 by gguf's reference code. llama.cpp's converter permutes the rows of q and k so
+Q4_0 / Q4_1 / Q8_0 tensors come back as ``BlockWeight`` (carried, nothing rounded) when asked to, and Q4_K / Q6_K
+ones as ``KQuantWeight`` where the graphs run them with edgespec's kernels (``kquants``); every other type is
+dequantized to float32 by gguf's reference code. llama.cpp's converter permutes the rows of q and k so
 that rotary pairs are adjacent (its "normal" RoPE); the graphs rotate halves (GroupQueryAttention,
 ``rotary_interleaved=0``, as transformers does), so those rows are put back: whole rows move, nothing is rounded.
 """
@@ -20,6 +21,8 @@ from edgespec.errors import ModelLoadError
 from .. import UnsupportedArchitectureError, require
 from ..gguf.ggufio import field, reader
 from ..gguf.hf import check_rope_factors
+from . import block_kquant
+from .block_kquant import KQuantWeight
 from .block_weights import CARRIED, BlockWeight, from_ggml
 from .graphs import ModelSpec, Weight
 
@@ -82,12 +85,14 @@ def unpermute_rows(n_heads: int, rows: int) -> np.ndarray:
 
 
 class GgufWeights:
-    """``weights(hf_name)`` for the graph writer: float32 arrays, or ``BlockWeight`` for carried types."""
+    """``weights(hf_name)`` for the graph writer: float32 arrays, or ``BlockWeight`` / ``KQuantWeight`` for carried
+    types (K-quants only with ``kquants``: edgespec.BlockKQuantMatMul is in the kernels' library)."""
 
-    def __init__(self, path: Path, spec: ModelSpec, carry: bool) -> None:
+    def __init__(self, path: Path, spec: ModelSpec, carry: bool, kquants: bool = False) -> None:
         self.path = path
         self.spec = spec
         self.carry = carry
+        self.kquants = kquants
         self._tensors = {t.name: t for t in reader(path).tensors}
 
     def gguf_name(self, name: str) -> str:
@@ -118,11 +123,13 @@ class GgufWeights:
         weight: Weight
         if self.carry and kind in CARRIED and len(t.shape) == 2:
             weight = from_ggml(kind, t.data, n, k)
+        elif self.carry and self.kquants and kind in block_kquant.KINDS and len(t.shape) == 2:
+            weight = block_kquant.from_ggml(kind, t.data, n, k)
         else:
             weight = require("gguf").quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(
                 [int(d) for d in reversed(t.shape)])
         if gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.spec.num_heads if gguf_name.endswith("attn_q.weight") else self.spec.num_kv_heads
             order = unpermute_rows(heads, n)
-            weight = weight.rows(order) if isinstance(weight, BlockWeight) else weight[order]
+            weight = weight.rows(order) if isinstance(weight, BlockWeight | KQuantWeight) else weight[order]
         return weight

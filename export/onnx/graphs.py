@@ -22,14 +22,15 @@ from edgespec.kernels import library as custom_ops
 
 from .. import UnsupportedArchitectureError, require
 from ..gguf.hf import check_architecture
-from . import block_q4
+from . import block_kquant, block_q4
+from .block_kquant import KQuantWeight
 from .block_weights import BLOCK, BlockWeight, stack
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 12  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 13  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
@@ -37,7 +38,9 @@ GRAPHS_REVISION = 12  # 2: calls padded to attention_min_total keys (Gemma 3 bat
 # 16 columns × 4 k per 64 bytes (was 8 × 4 per 32); 9: half KV under the exact attention (``kv_dtype``); 10: the
 # exact attention's ``tree_parents`` input (token trees verified in one pass); 11: a Llama MLP's gate under the
 # exact attention as edgespec.SwiGlu (one op for Split, QuickGelu and Mul); 12: a GGUF's Q4_0 / Q4_1 blocks as
-# edgespec.BlockQ4MatMul under the exact attention (nothing padded)
+# edgespec.BlockQ4MatMul under the exact attention (nothing padded); 13: its Q4_K / Q6_K super-blocks as
+# edgespec.BlockKQuantMatMul (q|k|v and gate|up of mixed types as one product per run of a type), the embedding's
+# gathered and dequantized as llama.cpp does
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ class GraphBuilder:
         self.onnx = require("onnx")
         self.name = name
         self.weight_dtype = weight_dtype  # float16: stored half size, cast to float32 when the session loads
-        self.q4_products = q4_products  # carried 4-bit blocks as edgespec.BlockQ4MatMul (else MatMulNBits)
+        # carried 4-bit blocks as edgespec.BlockQ4MatMul (else MatMulNBits), K-quants as BlockKQuantMatMul
+        self.q4_products = q4_products
         self.nodes: list = []
         self.initializers: list = []
         self._n = 0
@@ -192,18 +196,56 @@ def skip_rms_norm(g: GraphBuilder, x: str, skip: str, weight: np.ndarray, eps: f
 # A GGUF file's own blocks run at the export's default level, the fast integer path (int8 activations): 8-bit is
 # exact for one row there, 4-bit not on every CPU, so the exporter pads single-row calls for 4-bit files.
 CARRIED_ACCURACY_LEVEL = 4
-Weight = np.ndarray | BlockWeight  # float rows [out, in], or a GGUF file's blocks carried as they are
+@dataclass(frozen=True)
+class Joined:
+    """Several projections' rows where their GGUF types differ (a Q4_K_M file's Q4_K q and k beside a Q6_K v): one
+    product per run of a type, the outputs concatenated, so that every part keeps the file's blocks."""
+
+    parts: tuple[np.ndarray | BlockWeight | KQuantWeight, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+
+# float rows [out, in], or a GGUF file's blocks carried as they are
+Weight = np.ndarray | BlockWeight | KQuantWeight | Joined
+
+
+def _type(part: Weight) -> object:
+    return part.kind if isinstance(part, BlockWeight | KQuantWeight) else "float"
 
 
 def join_rows(parts: list[Weight]) -> Weight:
-    """Several projections' rows stacked into one weight; blocks stay blocks when they are all alike."""
+    """Several projections' rows stacked into one weight; blocks stay blocks when they are all alike. With K-quants
+    among them the parts of one type stay one weight each (``Joined``)."""
     if all(isinstance(p, BlockWeight) for p in parts) and len({p.kind for p in parts}) == 1:  # type: ignore[union-attr]
         return stack(parts)  # type: ignore[arg-type]
+    if any(isinstance(p, KQuantWeight) for p in parts):
+        runs: list[list] = []
+        for p in parts:
+            if runs and _type(runs[-1][0]) == _type(p):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        joined = [block_kquant.stack(r) if isinstance(r[0], KQuantWeight) else
+                  stack(r) if isinstance(r[0], BlockWeight) else np.concatenate(r) for r in runs]
+        return joined[0] if len(joined) == 1 else Joined(tuple(joined))
     return np.concatenate([p.dequantize() if isinstance(p, BlockWeight) else p for p in parts])
 
 
 def linear(g: GraphBuilder, x: str, weight: Weight, name: str) -> str:
     """x @ W.T with W stored transposed ([in, out]) so MatMulNBitsQuantizer can quantize it."""
+    if isinstance(weight, Joined):
+        return g.one("Concat", [linear(g, x, p, f"{name}_{i}") for i, p in enumerate(weight.parts)], axis=-1)
+    if isinstance(weight, KQuantWeight):
+        if not g.q4_products:  # not under edgespec's kernels: float, quantized to 8 bits as other types are
+            return linear(g, x, weight.dequantize(), name)
+        codes, scales = block_kquant.pack(weight)
+        y = g.one(block_kquant.OP, [x, g.const(name + "_kq", codes), g.const(name + "_kq_scales", scales)],
+                  domain=custom_ops.DOMAIN)
+        n = weight.shape[0]
+        return y if codes.shape[0] * block_q4.COLUMNS == n else g.one("Slice", [y, g.ints(0), g.ints(n), g.ints(-1)])
     if isinstance(weight, BlockWeight):
         return block_linear(g, x, weight, name)
     w = g.const(name, np.ascontiguousarray(weight.T.astype(g.weight_dtype)))
@@ -439,6 +481,8 @@ def embed_graph(spec: ModelSpec, table: Weight):
     g = GraphBuilder("embed")
     if isinstance(table, BlockWeight):
         x = _gather_blocks(g, table)
+    elif isinstance(table, KQuantWeight):
+        x = _gather_kquant(g, table)
     else:
         x = g.one("Gather", [g.const("embed_tokens", table), "input_ids"], axis=0)
     if isinstance(table, np.ndarray) and table.dtype != np.float32:
@@ -482,4 +526,17 @@ def _gather_blocks(g: GraphBuilder, table: BlockWeight) -> str:
     x = g.one("Mul", [scales, x])
     if table.minima is not None:
         x = g.one("Add", [x, g.one("Gather", [g.const("embed_minima", table.minima[..., None]), "input_ids"], axis=0)])
+    return g.one("Reshape", [x, g.ints(0, 0, table.shape[1])])
+
+
+def _gather_kquant(g: GraphBuilder, table: KQuantWeight) -> str:
+    """The rows of input_ids from Q4_K / Q6_K super-blocks, dequantized in float32 as gguf and llama.cpp compute
+    them (``KQuantWeight.dequantize``: the sub-block's exact float scale times the code, Q4_K's minimum added): a
+    byte per code and a float per sub-block, and nothing rounded that they do not round."""
+    codes, scales, minima = table.gathered()
+    x = g.one("Cast", [g.one("Gather", [g.const("embed_codes", codes), "input_ids"], axis=0)],
+              to=g.onnx.TensorProto.FLOAT)
+    x = g.one("Mul", [g.one("Gather", [g.const("embed_scales", scales), "input_ids"], axis=0), x])
+    if minima is not None:
+        x = g.one("Add", [x, g.one("Gather", [g.const("embed_minima", minima), "input_ids"], axis=0)])
     return g.one("Reshape", [x, g.ints(0, 0, table.shape[1])])
