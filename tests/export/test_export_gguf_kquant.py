@@ -36,9 +36,16 @@ TEXT = "the thin one on the table, in 2024: naïve café 東京 {x: [1, 22]} the
 TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
          "ffn_up": "Q4_K", "ffn_down": "Q4_K"}
 LAYER_TYPES = [TYPES | {"ffn_down": "Q6_K"}, TYPES | {"ffn_gate": "Q6_K"}]
+# K-quants beside the types carried otherwise (Q4_0 / Q4_1: BlockQ4MatMul; Q8_0: MatMulNBits) and one dequantized and
+# quantized to 8 bits (Q5_0), within q|k|v and gate|up
+MIXED = [{"attn_q": "Q4_K", "attn_k": "Q8_0", "attn_v": "Q5_0", "attn_output": "Q4_0", "ffn_gate": "Q4_1",
+          "ffn_up": "Q4_K", "ffn_down": "Q6_K"}, TYPES]
 
 
-def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
+def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str]] = LAYER_TYPES,
+                      embedding: str = "Q6_K") -> Path:
+    """The tiny llama with its matrices in ``layer_types`` (per layer, GGUF name → type) and its tied embedding in
+    ``embedding``: K-quants written in llama.cpp's layout here, other types by gguf.quants."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
@@ -54,14 +61,15 @@ def write_kquant_gguf(path: Path, seed: int = 0) -> Path:
 
     def matrix(name: str, kind: str, rows: int, cols: int, scale: float = 1.0) -> None:
         values = (scale * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-        w.add_tensor(name, quantize_kquant(values, kind), raw_dtype=QT[kind])
+        data = quantize_kquant(values, kind) if kind.endswith("_K") else gguf.quants.quantize(values, QT[kind])
+        w.add_tensor(name, data, raw_dtype=QT[kind])
 
     def norm(name: str) -> None:
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
 
-    matrix("token_embd.weight", "Q6_K", n_vocab, HIDDEN, scale=16.0)
+    matrix("token_embd.weight", embedding, n_vocab, HIDDEN, scale=16.0)
     norm("output_norm.weight")
-    for i, types in enumerate(LAYER_TYPES):
+    for i, types in enumerate(layer_types):
         norm(f"blk.{i}.attn_norm.weight")
         norm(f"blk.{i}.ffn_norm.weight")
         shapes = {"attn_q": (HIDDEN, HIDDEN, 4.0), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN, 4.0),
@@ -107,6 +115,27 @@ def test_every_k_quant_is_carried_into_the_op(tiny: tuple[Path, Path, dict]) -> 
     assert ops["head.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) == 1 and "Gather" in ops["embed.onnx"]
 
 
+def _llama_logits(path: Path) -> tuple[list[int], np.ndarray]:
+    llama = LlamaModel(path, ContextOptions(n_ctx=256, n_batch=256, n_threads=1))
+    try:
+        ids = llama.tokenize(TEXT * 3, add_special=False, parse_special=False)
+        return ids, llama.decode(ids, 0, len(ids)).copy()
+    finally:
+        llama.close()
+
+
+def _batch_invariant(folder: Path) -> None:
+    """A position's logits are the same alone, in a verify batch, and in one prefill (exactly)."""
+    runner = OnnxReference(folder)
+    ids = list(range(3, 200))
+    batch = runner.logits(ids)
+    runner.truncate(0)
+    single = np.concatenate([runner.forward([t]) for t in ids])
+    runner.truncate(len(ids) - 5)
+    verify = runner.forward(ids[-5:])
+    assert np.array_equal(single, batch) and np.array_equal(verify, batch[-5:])
+
+
 def test_logits_follow_llama_cpp(tiny: tuple[Path, Path, dict], tmp_path: Path) -> None:
     """Every position's logits against llama.cpp on the same file. Not bit-identical by design: llama.cpp rounds the
     activations of a K-quant product to Q8_K (one scale per 256), the op to int8 per 32, and sums in another order;
@@ -117,12 +146,7 @@ def test_logits_follow_llama_cpp(tiny: tuple[Path, Path, dict], tmp_path: Path) 
     from edgespec.export.onnx.export import export_onnx
 
     path, folder, _ = tiny
-    llama = LlamaModel(path, ContextOptions(n_ctx=256, n_batch=256, n_threads=1))
-    try:
-        ids = llama.tokenize(TEXT * 3, add_special=False, parse_special=False)
-        expected = llama.decode(ids, 0, len(ids)).copy()
-    finally:
-        llama.close()
+    ids, expected = _llama_logits(path)
     got = OnnxReference(folder).logits(ids)
     export_onnx(path, tmp_path / "fp32", "fp32", context_length=256, progress=False)
     dense = OnnxReference(tmp_path / "fp32").logits(ids)
@@ -134,14 +158,31 @@ def test_logits_follow_llama_cpp(tiny: tuple[Path, Path, dict], tmp_path: Path) 
 
 
 def test_a_position_has_the_same_logits_alone_in_a_verify_batch_and_in_a_prefill(tiny: tuple[Path, Path, dict]) -> None:
-    runner = OnnxReference(tiny[1])
-    ids = list(range(3, 200))
-    batch = runner.logits(ids)
-    runner.truncate(0)
-    single = np.concatenate([runner.forward([t]) for t in ids])
-    runner.truncate(len(ids) - 5)
-    verify = runner.forward(ids[-5:])
-    assert np.array_equal(single, batch) and np.array_equal(verify, batch[-5:])
+    _batch_invariant(tiny[1])
+
+
+def test_k_quants_beside_other_types(tmp_path: Path) -> None:
+    """Q4_K and Q6_K in one packed product with Q8_0 and Q5_0 (q|k|v), with Q4_1 (gate|up), beside Q4_0, a Q8_0
+    embedding: each run of a type keeps its own op, all within the bounds above of llama.cpp, exact for any row
+    count."""
+    from edgespec.export.onnx.export import export_onnx
+
+    path = write_kquant_gguf(tmp_path / "mixed.gguf", layer_types=MIXED, embedding="Q8_0")
+    manifest = export_onnx(path, tmp_path / "onnx", context_length=256, progress=False)
+    options = manifest["quant_options"]
+    assert options["four_bit_products"] == custom_ops.Q4_PRODUCTS
+    assert options["kquant_products"] == custom_ops.KQUANT_PRODUCTS and options["single_row_padding"] == "none"
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "onnx" / "layer_00.onnx")).graph.node]
+    # q (Q4_K), k (Q8_0), v (Q5_0 → 8 bits): three products; o (Q4_0); gate (Q4_1) and up (Q4_K); down (Q6_K). The
+    # 8-bit ones are MatMulNBits or BlockInt8MatMul, whichever the export timed faster here.
+    eight_bit = ops.count("MatMulNBits") + ops.count(custom_ops.PRODUCTS_OP)
+    assert (ops.count(custom_ops.KQUANT_PRODUCTS_OP), ops.count(custom_ops.Q4_PRODUCTS_OP), eight_bit,
+            ops.count("Concat")) == (3, 2, 2, 2), ops
+    ids, expected = _llama_logits(path)
+    got = OnnxReference(tmp_path / "onnx").logits(ids)
+    assert np.abs(got - expected).mean() < 0.08 * float(expected.std())
+    assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.97
+    _batch_invariant(tmp_path / "onnx")
 
 
 @pytest.mark.parametrize("mode", ["ngram", "layerskip"])
