@@ -21,10 +21,12 @@ from .. import UnsupportedArchitectureError, require
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
-# Architectures whose layer subsets edgespec can write, with llama.cpp's (as llama-cpp-python 0.3.36 pins it) default
-# sliding-window period when the file has a window but no explicit per-layer pattern: layer il is
-# sliding-window iff il % period < period - 1 (gemma3: 5 local layers, then 1 global; llama: none).
-DRAFT_ARCHITECTURES: dict[str, int | None] = {"llama": None, "gemma3": 6}
+# Architectures whose layer subsets edgespec can write
+DRAFT_ARCHITECTURES = ("llama", "gemma3")
+# llama.cpp's (as llama-cpp-python 0.3.36 pins it) sliding window where the file leaves it out: (window, period);
+# with a window and no explicit per-layer pattern, layer il is sliding-window iff il % period < period - 1
+# (gemma2: every other layer; gemma3: 5 local layers, then 1 global). Other architectures: no default.
+SLIDING_WINDOW_DEFAULTS: dict[str, tuple[int, int]] = {"gemma2": (4096, 2), "gemma3": (0, 6)}
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,22 @@ def info(path: Path) -> GgufInfo:
                     sum(int(t.n_bytes) for t in r.tensors), path.stat().st_size)
 
 
+def sliding_window(r: Any) -> int:
+    """The sliding window's length in the file's metadata, or llama.cpp's default (0: none)."""
+    arch = field(r, "general.architecture")
+    return int(field(r, f"{arch}.attention.sliding_window", SLIDING_WINDOW_DEFAULTS.get(arch, (0, 0))[0]) or 0)
+
+
 def sliding_window_layers(r: Any) -> list[bool] | None:
     """Which layers llama.cpp runs with sliding-window attention (None: the model has no window)."""
     arch = field(r, "general.architecture")
     n_layers = int(field(r, f"{arch}.block_count", 0))
-    if not field(r, f"{arch}.attention.sliding_window", 0):
+    if not sliding_window(r):
         return None
     pattern = field(r, f"{arch}.attention.sliding_window_pattern")
     if isinstance(pattern, list):  # explicit per-layer flags: llama.cpp honours them as they are
         return [bool(x) for x in pattern[:n_layers]]
-    period = pattern if isinstance(pattern, int) else DRAFT_ARCHITECTURES.get(arch)
+    period = pattern if isinstance(pattern, int) else SLIDING_WINDOW_DEFAULTS.get(arch, (0, None))[1]
     if period is None:
         raise UnsupportedArchitectureError(f"{arch} has a sliding window but no known layer pattern")
     return [period == 0 or il % period < period - 1 for il in range(n_layers)]

@@ -45,7 +45,8 @@ GRAPHS_REVISION = 13  # 2: calls padded to attention_min_total keys (Gemma 3 bat
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the graphs need to know about a model, read from its HF config.json."""
+    """What the graphs need to know about a model, read from its HF config.json (``from_hf``) or a GGUF's
+    metadata (``gguf_source.spec_from_gguf``)."""
 
     architecture: str  # "llama" (also Mistral) | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3"
     num_layers: int
@@ -67,6 +68,12 @@ class ModelSpec:
     # [per-architecture] Gemma 2: tanh soft-capping of attention scores and final logits (0: none)
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    # [per-architecture] Llama 3.x from a GGUF: its rope_freqs tensor, by which llama.cpp divides each rotary
+    # frequency (head_dim / 2 factors)
+    rope_freq_factors: tuple[float, ...] | None = None
+    # [per-architecture] Gemma: whether norm weights are stored as w and the graph adds 1 (transformers) or
+    # already as 1 + w (llama.cpp's GGUF converter adds it)
+    norm_offset: bool = True
 
     @property
     def gemma(self) -> bool:  # (1 + w) norms, post-attention/post-FFN norms, scaled embeddings, GELU
@@ -334,6 +341,8 @@ def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[n
     inv_freq = (np.float32(1.0) / (np.float32(spec.rope_theta[layer_type]) ** exponent)).astype(np.float32)
     if spec.rope_llama3:
         inv_freq = _llama3_scaled(inv_freq, *spec.rope_llama3)
+    if spec.rope_freq_factors:  # as ggml's rope with freq_factors: each frequency divided by its factor
+        inv_freq = (inv_freq / np.asarray(spec.rope_freq_factors, np.float32)).astype(np.float32)
     freqs = np.arange(context_length, dtype=np.float32)[:, None] * inv_freq[None, :]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
@@ -351,7 +360,7 @@ def _llama3_scaled(inv_freq: np.ndarray, factor: float, low: float, high: float,
 
 
 def _norm_weight(spec: ModelSpec, w: np.ndarray) -> np.ndarray:
-    return (np.float32(1.0) + w.astype(np.float32)) if spec.gemma else w
+    return (np.float32(1.0) + w.astype(np.float32)) if spec.gemma and spec.norm_offset else w
 
 
 def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, context_length: int,
