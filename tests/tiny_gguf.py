@@ -30,7 +30,10 @@ ARCHITECTURES = {
     "qwen3": "per-head q/k RMSNorm",
     "phi3": "fused qkv and gate_up projections",
     "gemma2": "post-attention/post-FFN norms, logit soft-capping, alternating sliding-window layers",
+    "gemma3": "per-head q/k RMSNorm, post norms, a local (sliding-window) and a global layer with their own RoPE bases",
 }
+GEMMA3_ROPE_BASES = (1e6, 2e4)  # global, local: neither the default, so a reader that ignored either would differ
+QUANTS = {"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # the matrices' type (norms stay F32) → general.file_type
 
 
 # The small vocabulary: the 256 byte tokens, a few merges, and the two chat-template specials (BOS and EOS).
@@ -61,6 +64,25 @@ def add_small_tokenizer(writer: gguf.GGUFWriter, pre: str = "gpt-2") -> int:
     return len(tokens)
 
 
+def add_sentencepiece_tokenizer(writer: gguf.GGUFWriter) -> int:
+    """A small SentencePiece vocabulary as Gemma's GGUFs write theirs (``tokenizer.ggml.model`` "llama", scores,
+    byte tokens, no space prefix); return the vocabulary size."""
+    pieces = ["▁", "▁t", "he", "▁the", "th", "▁th", "in", "on", "▁a", "e", "t", "h", "a", "i", "n", "o"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces, *SPECIALS]
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0] * len(SPECIALS))
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces) + [3] * len(SPECIALS))  # unknown, control, byte
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(TEMPLATE)
+    return len(tokens)
+
+
 @functools.cache
 def _tokenizer() -> dict[str, tuple[object, object, object]]:
     """The shipped SmolLM2's tokenizer.* keys as (value, type, sub-type): read once (gguf parses ~100k strings
@@ -72,9 +94,13 @@ def _tokenizer() -> dict[str, tuple[object, object, object]]:
 
 
 def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int | None = None,
-              smollm2_vocabulary: bool = True) -> Path:
+              smollm2_vocabulary: bool = True, quant: str = "F32", sentencepiece: bool = False,
+              extra: dict[str, np.ndarray | int | float | str] | None = None) -> Path:
     """Write a tiny random model of ``arch`` (a key of ARCHITECTURES) to ``dst``, with SmolLM2's vocabulary or
-    the small one; ``rename_token`` changes one of SmolLM2's tokens' text (same size, another vocabulary)."""
+    the small one (byte-level BPE, or with ``sentencepiece`` a SentencePiece one); ``rename_token`` changes one of
+    SmolLM2's tokens' text (same size, another vocabulary);
+    ``quant`` (a key of QUANTS): the type of the matrices, the embedding among them; ``extra``: tensors (arrays)
+    and metadata keys (numbers, strings; "{arch}" stands for the architecture) added or replaced."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(dst, "llama" if arch == "llama3" else arch)
     if smollm2_vocabulary:
@@ -85,7 +111,7 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
             writer.add_key_value(name, value, vtype, sub_type=sub_type)
         n_vocab = len(_tokenizer()["tokenizer.ggml.tokens"][0])
     else:
-        n_vocab = add_small_tokenizer(writer)
+        n_vocab = add_sentencepiece_tokenizer(writer) if sentencepiece else add_small_tokenizer(writer)
     writer.add_context_length(2048)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(N_LAYERS)
@@ -94,11 +120,24 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
     writer.add_head_count_kv(N_KV_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_file_type(0)
+    writer.add_file_type(QUANTS[quant])
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(50.0)
         writer.add_final_logit_softcapping(30.0)
         writer.add_sliding_window(SLIDING_WINDOW)
+    if arch == "gemma3":
+        writer.add_sliding_window(SLIDING_WINDOW)
+        writer.add_sliding_window_pattern([True, False])  # layer 0 local, layer 1 global
+        writer.add_rope_freq_base(GEMMA3_ROPE_BASES[0])
+        writer.add_rope_freq_base_swa(GEMMA3_ROPE_BASES[1])
+    gguf_arch = "llama" if arch == "llama3" else arch
+    for key, value in (extra or {}).items():  # a key written above is replaced (gguf logs a warning)
+        if not isinstance(value, np.ndarray):
+            key = key.format(arch=gguf_arch)
+            if isinstance(value, str):
+                writer.add_string(key, value)
+            else:
+                (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
     rng = np.random.default_rng(seed)
 
     def w(*shape: int) -> np.ndarray:  # numpy shape (out, in); gguf stores it reversed, as llama.cpp reads it
@@ -108,7 +147,15 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
         return (1 + rng.standard_normal(N_EMBD) * 0.1).astype(np.float32)
 
     kv_dim = N_KV_HEAD * HEAD_DIM
-    writer.add_tensor("token_embd.weight", w(n_vocab, N_EMBD) * 20)  # wider logits: random text with some peaks
+    qtype = None if quant == "F32" else gguf.GGMLQuantizationType[quant]
+
+    def add(name: str, value: np.ndarray) -> None:
+        if qtype is None or value.ndim == 1:
+            writer.add_tensor(name, value)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", w(n_vocab, N_EMBD) * 20)  # wider logits: random text with some peaks
     writer.add_tensor("output_norm.weight", norm())
     if arch == "llama3":
         writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, HEAD_DIM // 2).astype(np.float32))
@@ -122,12 +169,15 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
                         "ffn_gate": w(N_FF, N_EMBD), "ffn_up": w(N_FF, N_EMBD)}
         if arch == "qwen2":
             tensors |= {"attn_q.bias": w(N_EMBD), "attn_k.bias": w(kv_dim), "attn_v.bias": w(kv_dim)}
-        if arch == "qwen3":
-            tensors |= {"attn_q_norm": norm()[:HEAD_DIM], "attn_k_norm": norm()[:HEAD_DIM]}
-        if arch == "gemma2":
+        if arch in ("gemma2", "gemma3"):
             tensors |= {"post_attention_norm": norm(), "post_ffw_norm": norm()}
+        if arch in ("qwen3", "gemma3"):
+            tensors |= {"attn_q_norm": norm()[:HEAD_DIM], "attn_k_norm": norm()[:HEAD_DIM]}
         for name, value in tensors.items():
-            writer.add_tensor(f"blk.{il}.{name}" + ("" if name.endswith(".bias") else ".weight"), value)
+            add(f"blk.{il}.{name}" + ("" if name.endswith(".bias") else ".weight"), value)
+    for name, value in (extra or {}).items():
+        if isinstance(value, np.ndarray):
+            writer.add_tensor(name, value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,7 @@ not a model load), whether this llama.cpp build runs it, whether the exporter wr
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +40,11 @@ def describe(path: Path) -> ModelInfo:
     meta = gguf_header.read_metadata(path)
     arch = gguf_header.text(meta, "general.architecture")
     context = meta.get(f"{arch}.context_length")
-    # Llama 3.x RoPE factors do not survive transformers' GGUF loader: the exporter refuses such files
-    rope_factors = "rope_freqs.weight" in meta[gguf_header.TENSORS]  # type: ignore[operator]
+    layers = meta.get(f"{arch}.block_count")
+    exportable = onnx_exportable(arch, int(layers) if isinstance(layers, int) else 0,
+                                 meta[gguf_header.TENSORS])  # type: ignore[arg-type]
     return ModelInfo(arch, quant_name(meta), int(context) if isinstance(context, int) else None,
-                     llamacpp_knows(path), onnx_exportable(arch) and not rope_factors)
+                     llamacpp_knows(path), exportable)
 
 
 def quant_name(meta: dict[str, object]) -> str | None:
@@ -66,10 +68,13 @@ def llamacpp_knows(path: Path) -> bool:
     return True
 
 
-def onnx_exportable(architecture: str | None) -> bool:
-    from edgespec.export.gguf.hf import ARCHITECTURES, FROM_GGUF
+def onnx_exportable(architecture: str | None, n_layers: int, tensors: Iterable[str]) -> bool:
+    """Whether the exporter's GGUF reader maps the architecture and every tensor of the file."""
+    from edgespec.export.onnx.gguf_source import ARCHITECTURES, unsupported_tensor
 
-    return FROM_GGUF.get(architecture or "") in ARCHITECTURES
+    if architecture not in ARCHITECTURES:
+        return False
+    return unsupported_tensor(architecture, n_layers, tensors) is None  # type: ignore[arg-type]
 
 
 def onnx_exports(model: FoundModel) -> list[Path]:

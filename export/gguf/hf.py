@@ -15,6 +15,7 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
+from edgespec import extras
 from edgespec.catalog.discovery import is_store_name
 from edgespec.catalog.gguf_header import check_gguf
 from edgespec.catalog.models import prepare_named, resolve
@@ -28,8 +29,8 @@ from .ggufio import reader
 
 # model_type values the ONNX exporter handles
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
-# GGUF architecture → the model_type transformers loads it as, where the ONNX exporter's path from a GGUF is
-# tested (tests/export/test_export_gguf_archs.py; Qwen3 and Gemma 2 GGUFs failed transformers' loader there)
+# GGUF architecture → the model_type transformers loads it as (Qwen3 and Gemma 2 GGUFs failed transformers'
+# loader on the tests' tiny models); the ONNX exporter reads these GGUFs itself (export/onnx/gguf_source.py)
 FROM_GGUF = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma3": "gemma3_text"}
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -58,14 +59,14 @@ def check_architecture(model_type: str, where: Path, supported: Collection[str] 
 
 
 def check_rope_factors(gguf: Path) -> None:
-    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops
-    and edgespec's own GGUF reader does not write yet: the export would silently compute another model (measured
-    on a tiny Llama with rope_freqs: logits off by 0.27 of 69 against llama.cpp's). Refused on both paths; the
-    model's Hugging Face folder exports correctly."""
+    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops:
+    the folder written from such a GGUF would silently compute another model (measured on a tiny Llama with
+    rope_freqs: logits off by 0.27 of 69 against llama.cpp's), so it is refused. The ONNX exporter reads such a
+    GGUF itself (export/onnx/gguf_source.py), rope_freqs included."""
     if any(t.name == "rope_freqs.weight" for t in reader(gguf).tensors):
-        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) are not "
-                                           "carried over from a GGUF yet; export the model's Hugging Face folder "
-                                           "instead")
+        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) do not "
+                                           "survive transformers' GGUF loader; export the GGUF to ONNX directly, or "
+                                           "convert the model's Hugging Face folder instead")
 
 
 def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
@@ -102,6 +103,18 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
         _inline_chat_template(tmp, tokenizer.chat_template)
         _check_saved(tmp)
     return out
+
+
+def write_sentencepiece_tokenizer(gguf: Path, out: Path) -> str | None:
+    """tokenizer.json and tokenizer_config.json for a GGUF with a SentencePiece vocabulary (``tokenizer.ggml.model``
+    "llama": Gemma, Phi-3, Mistral), which edgespec's own writer (``tokenizer.py``) does not handle yet: written by
+    transformers' GGUF tokenizer conversion, as the folder ``gguf_to_hf`` writes has it. Returns the chat
+    template. Needs transformers (the ``export-hf`` extra), not the model's weights."""
+    transformers = extras.require("transformers", "export-hf", "a SentencePiece vocabulary's tokenizer")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.save_pretrained(out)
+    _inline_chat_template(out, tokenizer.chat_template)
+    return tokenizer.chat_template
 
 
 def _inline_chat_template(folder: Path, template: str | None) -> None:

@@ -1,10 +1,12 @@
 """SRC (GGUF file, HF folder or model name) → an edgespec ONNX directory (docs/onnx-format.md).
 
-A llama-family GGUF is read with the ``gguf`` package alone (``gguf_source``: no torch, no transformers), and by
-default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits or edgespec's 4-bit products
-as they are (``block_weights``, ``block_q4``), and under edgespec's kernels its Q4_K / Q6_K super-blocks too
-(``block_kquant``); tensors of other types are dequantized and quantized to 8 bits. Other sources (Hugging
-Face folders, GGUFs of other architectures) go through transformers (``hf``, the ``export-hf`` extra).
+A GGUF of a mapped architecture (``gguf_source.ARCHITECTURES``: llama — Llama 2/3.x, Mistral, SmolLM2 —,
+Qwen2/2.5, Qwen3, Phi-3, Gemma 2 and 3) is read with the ``gguf`` package alone (``gguf_source``: no torch, no
+transformers), and by default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits or
+edgespec's 4-bit products as they are (``block_weights``, ``block_q4``), and under edgespec's kernels its Q4_K /
+Q6_K super-blocks too (``block_kquant``); tensors of other types are dequantized and quantized to 8 bits. Other
+sources (Hugging Face folders, GGUFs of other architectures) go through transformers (``hf``, the ``export-hf``
+extra).
 
 FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
 session loads, so compute stays float32); ``int8``/``int4`` quantize every MatMul weight with
@@ -32,8 +34,8 @@ from edgespec.files import staged
 from edgespec.kernels import library as custom_ops
 
 from .. import require
-from ..gguf.ggufio import info, reader
-from ..gguf.hf import hf_folder, resolve_source
+from ..gguf.ggufio import field, info, reader
+from ..gguf.hf import hf_folder, resolve_source, write_sentencepiece_tokenizer
 from ..gguf.tokenizer import write_tokenizer
 from . import block_int8, block_kquant
 from .block_kquant import KQuantWeight
@@ -138,7 +140,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
                 attention: str | None = None, products: str = "auto") -> dict:
     """Write the ONNX directory for SRC into ``out`` and return its manifest (without the quality report).
 
-    ``quant``: default ``"gguf"`` for a llama-family GGUF (its own blocks carried), else ``"int8"``.
+    ``quant``: default ``"gguf"`` for a GGUF the reader maps (its own blocks carried), else ``"int8"``.
     ``head_bits``: the output projection's bits for int8/int4 (default 8: measured on SmolLM2 int4, an int8
     head raises top-1 agreement with FP32 from 0.58 to 0.65 for 15 MB).
     ``attention``: "exact" (edgespec's kernel, no single-row padding) or "gqa"; default "exact" where the kernel
@@ -207,7 +209,7 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     pad_matmuls = pads_every_product(bits, quant == "int4" or (carried_four_bit and not q4_products), accuracy_level)
     with replacing(out) as tmp:
         if folder is None:  # first: a vocabulary it cannot write is refused before any layer is
-            chat_template = write_tokenizer(reader(path), tmp)["chat_template"]
+            chat_template = _gguf_tokenizer(path, tmp)
         else:
             for name in TOKENIZER_FILES:
                 if (folder / name).is_file():
@@ -278,6 +280,16 @@ def replacing(out: Path) -> Iterator[Path]:
             yield tmp
     except OSError as e:
         raise OnnxExportError(f"could not write {out}: {e}") from e
+
+
+def _gguf_tokenizer(path: Path, out: Path) -> str | None:
+    """Write the GGUF's tokenizer into ``out``; returns the chat template. Byte-level BPE vocabularies are written
+    by edgespec's own writer (no transformers); SentencePiece ones by transformers' conversion, as the
+    transformers path wrote every GGUF's tokenizer before (the weights are still read without it)."""
+    r = reader(path)
+    if field(r, "tokenizer.ggml.model") == "llama":
+        return write_sentencepiece_tokenizer(path, out)
+    return write_tokenizer(r, out)["chat_template"]
 
 
 def _chat_template(folder: Path) -> str | None:
