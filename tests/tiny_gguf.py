@@ -1,6 +1,6 @@
 """Tiny random GGUFs of the edge architectures, written with ``gguf``'s writer: 2 layers, hidden size 64, and
 either SmolLM2's tokenizer (so they share SmolLM2's vocabulary and can draft for it) or a small byte-level BPE
-one (264 tokens: readers parse it in milliseconds, where SmolLM2's ~100k strings take ``gguf``'s pure-Python
+one (268 tokens: readers parse it in milliseconds, where SmolLM2's ~100k strings take ``gguf``'s pure-Python
 reader ~8 s a read, and transformers' GGUF loader reads a file four times). Each architecture gets the tensors
 and keys llama.cpp's loader (src/models/*.cpp, as llama-cpp-python 0.3.36 pins it) reads for it."""
 
@@ -36,21 +36,24 @@ GEMMA3_ROPE_BASES = (1e6, 2e4)  # global, local: neither the default, so a reade
 QUANTS = {"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # the matrices' type (norms stay F32) → general.file_type
 
 
-# The small vocabulary: the 256 byte tokens, a few merges, and the two chat-template specials (BOS and EOS).
-MERGES = ["Ġ t", "h e", "Ġt he", "i n", "o n", "Ġ a"]
+# The small vocabulary: the 256 byte tokens, a few merges (digits too: the pre-tokenizers split runs of digits
+# differently), a word no merge reaches (Llama 3's takes a piece found whole in the vocabulary as it is), and the
+# two chat-template specials (BOS and EOS).
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "o n", "Ġ a", "1 2", "12 3", "123 4"]
+WHOLE = ["Ġtable"]
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _small_vocabulary() -> list[str]:
+def small_vocabulary() -> list[str]:
     by_byte = {b: c for c, b in _byte_level_decoder().items()}
-    return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + SPECIALS
+    return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + WHOLE + SPECIALS
 
 
 def add_small_tokenizer(writer: gguf.GGUFWriter, pre: str = "gpt-2") -> int:
     """Write the small vocabulary's tokenizer keys; return the vocabulary size."""
-    tokens = _small_vocabulary()
+    tokens = small_vocabulary()
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)

@@ -17,12 +17,23 @@ from .. import UnsupportedArchitectureError, require
 from .ggufio import field
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# Llama 3's and Qwen2's expressions as llama.cpp writes them (their tokenizer.json's (?i:'s|…) spelled out); they
+# differ in the digits: runs of up to three, or one at a time
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 # llama.cpp's (the version llama-cpp-python 0.3.36 pins) regular expressions per pre-tokenizer name (a file
 # without one gets llama.cpp's "default" set, not written here)
+_LLAMA3_NAMES = ("llama3", "llama-v3", "llama-bpe")
 PRE_TOKENIZERS = {
     "gpt-2": (_GPT2,),
     **dict.fromkeys(("smollm", "starcoder", "refact", "codeshell"), (r"\p{N}", _GPT2)),
+    **dict.fromkeys(_LLAMA3_NAMES, (_LLAMA3,)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), (_QWEN2,)),
 }
+# Llama 3: a piece found whole in the vocabulary is that token, merges or not; a BOS unless the file says otherwise
+IGNORE_MERGES = _LLAMA3_NAMES
+ADD_BOS_BY_DEFAULT = _LLAMA3_NAMES
 _CONTROL, _USER_DEFINED = 3, 4
 
 
@@ -38,7 +49,8 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
     tokens: list[str] = field(r, "tokenizer.ggml.tokens")
     types: list[int] = field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges") or []]
-    model = tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False)
+    model = tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
+                                  ignore_merges=pre in IGNORE_MERGES)
     tok = tokenizers.Tokenizer(model)
     pt = tokenizers.pre_tokenizers
     tok.pre_tokenizer = pt.Sequence([pt.Split(tokenizers.Regex(expr), "isolated") for expr in PRE_TOKENIZERS[pre]]
@@ -52,7 +64,7 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
         return tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
 
     bos, eos = special("bos"), special("eos")
-    add_bos = bool(field(r, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_bos = bool(field(r, "tokenizer.ggml.add_bos_token", pre in ADD_BOS_BY_DEFAULT)) and bos is not None
     add_eos = bool(field(r, "tokenizer.ggml.add_eos_token", False)) and eos is not None
     if add_bos or add_eos:
         template = " ".join([*(["$bos"] if add_bos else []), "$A", *(["$eos"] if add_eos else [])])

@@ -32,7 +32,7 @@ from edgespec.export.onnx.graphs import GraphBuilder, block_linear  # noqa: E402
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
 from tests.conftest import SpecBench  # noqa: E402
-from tests.tiny_gguf import TEMPLATE, add_small_tokenizer  # noqa: E402
+from tests.tiny_gguf import TEMPLATE, add_small_tokenizer, small_vocabulary  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
@@ -169,6 +169,40 @@ SAMPLE = [
     "<|endoftext|> and <repo_name> markup inside text",
     "'s 't 're 've 'm 'll 'd — quotes “like this” and ‘this’",
 ]
+
+
+PRE_TOKENIZERS = ["gpt-2", "smollm", "llama-bpe", "qwen2"]  # GPT-2, SmolLM2, Llama 3.x, Qwen2/2.5/3
+DIGITS = "1234567 12 123, 0.1234 the table"
+
+
+@pytest.mark.parametrize("pre", PRE_TOKENIZERS)
+def test_pre_tokenizers_equal_llama_cpp(pre: str, tmp_path: Path) -> None:
+    """The tokenizer written for each pre-tokenizer name the writer knows, on the small vocabulary (merges across
+    digits, which the expressions split in runs of any length, of three or one by one; a word no merge reaches,
+    which Llama 3's takes whole), tokenizes as llama.cpp does."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", QT.Q8_0, pre=pre)
+    write_tokenizer(reader(path), tmp_path)
+    mine = HFTokenizer(tmp_path)
+    llama = LlamaModel(path, ContextOptions(n_ctx=256, n_threads=1))
+    try:
+        for text in [*SAMPLE, DIGITS, TEXT]:
+            for add_special in (False, True):
+                for parse_special in (False, True):
+                    assert mine.tokenize(text, add_special, parse_special) == \
+                        llama.tokenize(text, add_special, parse_special), (pre, text, add_special, parse_special)
+    finally:
+        llama.close()
+
+
+def test_the_pre_tokenizers_differ_on_thesmall_vocabulary(tmp_path: Path) -> None:
+    """So that the test above tells Llama 3's and Qwen2's apart from GPT-2's and from each other (SmolLM2's splits
+    digits as Qwen2's does)."""
+    got = {}
+    for pre in ("gpt-2", "llama-bpe", "qwen2"):
+        write_tokenizer(reader(write_tiny_gguf(tmp_path / f"{pre}.gguf", QT.Q8_0, pre=pre)), tmp_path)
+        got[pre] = HFTokenizer(tmp_path).tokenize(DIGITS, False, False)
+    assert len({tuple(ids) for ids in got.values()}) == len(got)
+    assert got["llama-bpe"][-1] == small_vocabulary().index("Ġtable")  # whole, though no merge makes it
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +375,8 @@ def test_smollm2_carried_is_batch_invariant(smol_carried: tuple[Path, dict, str]
 def test_a_vocabulary_it_cannot_write_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from edgespec.cli.main import main
 
-    path = write_tiny_gguf(tmp_path / "odd.gguf", QT.Q8_0, pre="qwen2")
+    path = write_tiny_gguf(tmp_path / "odd.gguf", QT.Q8_0, pre="deepseek-llm")
     assert main(["export", "onnx", str(path), "--out", str(tmp_path / "o"), "--no-quality"]) == 2
     err = capsys.readouterr().err
-    assert "pre-tokenizer 'qwen2'" in err and "Traceback" not in err
+    assert "pre-tokenizer 'deepseek-llm'" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists() and not list(tmp_path.glob("o.tmp*"))
