@@ -39,7 +39,7 @@ from ..gguf.hf import hf_folder, resolve_source, write_sentencepiece_tokenizer
 from ..gguf.tokenizer import write_tokenizer
 from . import block_int8, block_kquant
 from .block_kquant import KQuantWeight
-from .block_weights import CARRIED, BlockWeight
+from .block_weights import BLOCK, CARRIED, BlockWeight
 from .gguf_source import ARCHITECTURES as GGUF_ARCHITECTURES
 from .gguf_source import GgufWeights, spec_from_gguf
 from .graphs import (
@@ -216,9 +216,16 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
                     shutil.copy2(folder / name, tmp / name)
             chat_template = _chat_template(folder)
         bar = tqdm(total=spec.num_layers + 2, desc=f"ONNX {quant}", unit="graph", disable=not progress)
-        embed = weights("model.embed_tokens.weight")
-        carried = isinstance(embed, BlockWeight | KQuantWeight)
-        _save(embed_graph(spec, embed if carried else embed.astype(store)), tmp / "embed.onnx")
+        # A GGUF's vocabulary-sized matrices are read a chunk of rows at a time, and none is held while the layers
+        # are written: a float32 copy of one can outweigh the whole file
+        embed_name = "model.embed_tokens.weight"
+        if isinstance(weights, GgufWeights):
+            embed = weights.table(embed_name, store)
+        else:
+            embed = weights(embed_name)
+            embed = embed if isinstance(embed, BlockWeight | KQuantWeight) else embed.astype(store)
+        _save(embed_graph(spec, embed), tmp / "embed.onnx")
+        del embed
         bar.update()
         timed: dict = {"op": block_int8.OP if products == "edgespec" else "MatMulNBits"}
         for i, name in enumerate(layers):
@@ -232,8 +239,13 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
                     block_int8.rewrite(layer)
             _save(layer, tmp / name)
             bar.update()
-        lm_head = weights("lm_head.weight") if "lm_head.weight" in weights else embed  # tied embeddings
+        head_name = "lm_head.weight" if "lm_head.weight" in weights else embed_name  # tied embeddings
+        # A GGUF's output projection, to be quantized to MatMulNBits' 8-bit blocks, is quantized as it is read
+        streamed = (isinstance(weights, GgufWeights) and bits and head_bits == 8 and block_size == BLOCK and symmetric
+                    and accuracy_level == CARRIED_ACCURACY_LEVEL)
+        lm_head = weights.blocks_8bit(head_name) if streamed else weights(head_name)  # type: ignore[union-attr]
         head = head_graph(spec, weights("model.norm.weight"), lm_head, dense, pad_matmuls, q4_products)
+        del lm_head
         if bits:
             head = _quantized(head, head_bits, block_size, accuracy_level, symmetric)
             if timed["op"] == block_int8.OP:

@@ -20,7 +20,7 @@ is rounded.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from .. import UnsupportedArchitectureError, require
 from ..gguf.ggufio import SLIDING_WINDOW_DEFAULTS, field, reader, sliding_window, sliding_window_layers
 from . import block_kquant
 from .block_kquant import KQuantWeight
-from .block_weights import CARRIED, BlockWeight, from_ggml
+from .block_weights import BLOCK, CARRIED, BlockWeight, from_ggml
 from .graphs import ModelSpec, Weight, join_rows
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")  # GGUF architectures this reader maps
@@ -197,10 +197,15 @@ def unpermute_rows(n_heads: int, rows: int) -> np.ndarray:
     return np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
+ROWS_AT_A_TIME = 4096  # rows of a vocabulary-sized matrix dequantized at once (at hidden size 4096: 64 MB)
+
+
 class GgufWeights:
     """``weights(hf_name)`` for the graph writer: float32 arrays, or ``BlockWeight`` / ``KQuantWeight`` for carried
     types (K-quants only with ``kquants``: edgespec.BlockKQuantMatMul is in the kernels' library). Each call reads
-    one tensor from the memory-mapped file: nothing else is held."""
+    one tensor from the memory-mapped file: nothing else is held. The vocabulary-sized matrices (embedding,
+    output) can be read a chunk of rows at a time instead (``table``, ``blocks_8bit``): a float32 copy of one is
+    often larger than the whole file (Llama 3.2 1B Q4_K_M: a 1 GB embedding, 0.8 GB file)."""
 
     def __init__(self, path: Path, spec: ModelSpec, carry: bool, kquants: bool = False) -> None:
         self.path = path
@@ -235,22 +240,66 @@ class GgufWeights:
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
         return counts
 
+    def _rows(self, name: str) -> tuple[Any, int, int]:
+        """(the GGUF tensor, rows, columns) of a 2-D weight."""
+        gguf_name = self.gguf_name(name)
+        t = self._tensors.get(gguf_name)
+        if t is None:
+            raise ModelLoadError(f"{self.path}: tensor {gguf_name} ({name}) is missing")
+        return t, int(np.prod(t.shape[1:])), int(t.shape[0])
+
+    def _carried(self, t: Any) -> bool:
+        kind = t.tensor_type.name
+        return (self.carry and len(t.shape) == 2
+                and (kind in CARRIED or (self.kquants and kind in block_kquant.KINDS)))
+
+    def _chunks(self, t: Any, n: int, k: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, float32 rows) a chunk at a time, as gguf's reference code dequantizes them."""
+        dequantize = require("gguf").quants.dequantize
+        for start in range(0, n, ROWS_AT_A_TIME):
+            rows = dequantize(t.data[start:start + ROWS_AT_A_TIME], t.tensor_type)
+            yield start, rows.astype(np.float32, copy=False).reshape(-1, k)
+
+    def table(self, name: str, dtype: type) -> Weight:
+        """A 2-D weight as rows of ``dtype`` (float16 for the embedding of a quantized export), dequantized a chunk
+        of rows at a time, or its carried blocks."""
+        t, n, k = self._rows(name)
+        if self._carried(t):
+            return self(name)
+        out = np.empty((n, k), dtype)
+        for start, rows in self._chunks(t, n, k):
+            out[start:start + len(rows)] = rows
+        return out
+
+    def blocks_8bit(self, name: str) -> Weight:
+        """A 2-D weight (an output projection) as the 8-bit blocks onnxruntime's MatMulNBits quantizer makes of it
+        (symmetric, 32 weights a block: codes and scales bit for bit, since each row is quantized alone), a
+        chunk of rows at a time; its carried blocks where the file's are carried; float32 where K is not a
+        multiple of 32."""
+        t, n, k = self._rows(name)
+        if self._carried(t) or k % BLOCK:
+            return self(name)
+        quantize = require("onnxruntime.capi._pybind_state", "onnx").quantize_matmul_8bits
+        codes = np.empty((n, k // BLOCK, BLOCK), np.uint8)
+        scales = np.empty((n, k // BLOCK), np.float32)
+        for start, rows in self._chunks(t, n, k):
+            part = slice(start, start + len(rows))
+            chunk_codes, chunk_scales = np.empty_like(codes[part]), np.empty_like(scales[part])
+            quantize(chunk_codes, np.ascontiguousarray(rows.T), chunk_scales, np.zeros_like(chunk_scales, np.uint8),
+                     BLOCK, len(rows), k, True)
+            codes[part], scales[part] = chunk_codes, chunk_scales
+        return BlockWeight(8, codes, scales, 128)
+
     def __call__(self, name: str) -> Weight:
         gguf_name = self.gguf_name(name)
         if gguf_name.endswith(".attn_qkv.weight") and gguf_name not in self._tensors:  # Phi-3 with q, k, v apart
             prefix = name.removesuffix("qkv_proj.weight")
             return join_rows([self(f"{prefix}{n}_proj.weight") for n in "qkv"])
-        t = self._tensors.get(gguf_name)
-        if t is None:
-            raise ModelLoadError(f"{self.path}: tensor {gguf_name} ({name}) is missing")
+        t, n, k = self._rows(name)
         kind = t.tensor_type.name
-        k = int(t.shape[0])
-        n = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
         weight: Weight
-        if self.carry and kind in CARRIED and len(t.shape) == 2:
-            weight = from_ggml(kind, t.data, n, k)
-        elif self.carry and self.kquants and kind in block_kquant.KINDS and len(t.shape) == 2:
-            weight = block_kquant.from_ggml(kind, t.data, n, k)
+        if self._carried(t):
+            weight = (from_ggml if kind in CARRIED else block_kquant.from_ggml)(kind, t.data, n, k)
         else:
             weight = _dequantized(t)
         if self.spec.architecture in _PERMUTED_QK and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):

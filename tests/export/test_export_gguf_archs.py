@@ -159,3 +159,24 @@ def test_a_sentencepiece_vocabulary_is_written_by_transformers(tmp_path: Path, m
                 assert mine.tokenize(text, add_special, False) == llama.tokenize(text, add_special, False), text
     finally:
         llama.close()
+
+
+def test_vocabulary_matrices_read_in_chunks_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedding and the output projection are read a chunk of rows at a time, the output quantized to 8-bit
+    blocks as it is read (peak memory: a float32 copy of either can outweigh the file): the logits are those of the
+    same export from whole tensors quantized by onnxruntime's quantizer, bit for bit."""
+    from edgespec.export.onnx import gguf_source
+    from edgespec.export.onnx.export import export_onnx
+
+    gguf = tiny_gguf(tmp_path / "tiny.gguf", "llama3", smollm2_vocabulary=False)  # F32: nothing carried
+    logits = {}
+    for chunked in (True, False):
+        with monkeypatch.context() as m:
+            if chunked:
+                m.setattr(gguf_source, "ROWS_AT_A_TIME", 100)  # 268 rows: three chunks
+            else:
+                m.setattr(gguf_source.GgufWeights, "table", lambda self, name, dtype: self(name).astype(dtype))
+                m.setattr(gguf_source.GgufWeights, "blocks_8bit", lambda self, name: self(name))
+            export_onnx(gguf, tmp_path / str(chunked), "gguf", context_length=256, progress=False, products="nbits")
+        logits[chunked] = OnnxReference(tmp_path / str(chunked)).logits(list(range(3, 120)))
+    assert np.array_equal(logits[True], logits[False])
