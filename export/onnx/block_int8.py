@@ -60,7 +60,9 @@ def eligible(node: object, initializers: dict) -> bool:
 def pack(codes: np.ndarray, scales: np.ndarray, zero_point: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """MatMulNBits' B (uint8 [N, K/32, 32]) and scales ([N·K/32]) → the op's B (int8 [N/16, K/4, 64]: columns
     n..n+15 × k..k+3 per 64 bytes, k fastest) and scales (float32 [K/32, N]). Nothing is rounded."""
-    w = (codes.reshape(n, k).astype(np.int16) - zero_point).astype(np.int8)
+    # code − zero point in uint8 arithmetic, read as int8: exact for every code ``eligible`` lets through (its
+    # result lies in int8's range), with no wider copy of a vocabulary-sized matrix
+    w = (codes.reshape(n, k) - np.uint8(zero_point)).view(np.int8)
     packed = w.reshape(n // COLUMNS, COLUMNS, k // DEPTH, DEPTH).transpose(0, 2, 1, 3)
     return (np.ascontiguousarray(packed.reshape(n // COLUMNS, k // DEPTH, COLUMNS * DEPTH)),
             np.ascontiguousarray(scales.reshape(n, k // BLOCK).T.astype(np.float32)))
