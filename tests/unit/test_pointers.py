@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUFFIXES = {".py", ".md", ".cc", ".h", ".toml", ".java", ".kt", ".sh", ".txt", ""}
 HISTORY = "docs/history/"
 # Outputs and scratch that the tools write and git ignores: named as where things go, not as things that exist.
-WRITTEN = ("benchmarks/results/", "tests/artifacts/", "edgespec/_models")
+WRITTEN = ("benchmarks/results", "tests/artifacts", "edgespec/_models")
 
 PATH = re.compile(r"(?<![\w./~$-])((?:edgespec|export|tests|docs|benchmarks|models|android_demo)/[\w./*{},-]*[\w*}])")
 ANCHOR = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.md)#([\w-]+)")
