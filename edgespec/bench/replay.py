@@ -49,15 +49,15 @@ CURVES: dict[str, dict[int, float]] = {
     "avx512-onnx-int8": {1: 1.0, 2: 1.18, 3: 1.19, 4: 1.24, 5: 1.36, 6: 1.50, 7: 1.80, 8: 2.05, 9: 2.57},
     # The same machine with the 16-column products: the start-up calibration (~100 tokens of context) and the curve
     # the decode loop paid at Spec-Bench's contexts (k = 2 from 1431 passes, k ≥ 3 from 3-7 each), both from
-    # benchmarks/reference/decode_loop_curve-2026-11-24-epyc-avx512-2core-16col.json
+    # benchmarks/reference/decode_loop_curve-epyc-avx512-2core-16col.json
     "avx512-16col-calibration": {1: 1.0, 2: 1.07, 3: 1.19, 4: 1.19, 5: 1.19, 6: 1.19, 7: 1.25},
     "avx512-16col-loop": {1: 1.0, 2: 1.28, 3: 1.31, 4: 1.34, 5: 1.40, 6: 1.44, 7: 1.54},
     # The same machine after the prefetching products (a second row nearly free): the curve the decode loop paid,
-    # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-prefetch.json
+    # benchmarks/reference/decode_loop_curve-epyc-avx512-2core-prefetch.json
     "avx512-prefetch-loop": {1: 1.0, 2: 1.05, 3: 1.15, 4: 1.22, 5: 1.22, 6: 1.34, 7: 1.40},
     # A start-up calibration of that build, flat at 2 rows, whose excess is a fifth to a half of the loop's (the
     # form the γ controller once fitted one factor to: docs/controller.md); replay it with --calibration,
-    # benchmarks/reference/decode_loop_curve-2026-11-25-epyc-avx512-2core-controller-belief.json
+    # benchmarks/reference/decode_loop_curve-epyc-avx512-2core-controller-belief.json
     "avx512-prefetch-calibration": {1: 1.0, 2: 1.0, 3: 1.05, 4: 1.15, 5: 1.21, 6: 1.24, 7: 1.28},
     # The same machine in its faster state (a one-token pass 3.3-3.6 ms instead of 4.6-4.7: docs/controller.md),
     # where rows cost most: the start-up calibration (~100 tokens of context) of a run of the README's smaller set

@@ -17,7 +17,7 @@ from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
 
 TOOL = Path(__file__).resolve().parents[2] / "benchmarks" / "synthetic_gguf.py"
 TEXT = "the thin one on the table: 12 apples"
-STREAMS = TOOL.parents[0] / "reference" / "replay_streams-2026-11-23-smollm2-q4_0-128tok.jsonl"
+STREAMS = TOOL.parents[0] / "reference" / "replay_streams-smollm2-q4_0-128tok.jsonl"
 # Running the tool's main in a fresh interpreter, then checking it imported nothing of edgespec (the lead runs it
 # on machines where only numpy, gguf and llama-cpp-python are installed).
 STANDALONE = ("import runpy, sys; sys.argv = [{tool!r}, *sys.argv[1:]]\n"
