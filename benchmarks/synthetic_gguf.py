@@ -7,9 +7,22 @@ users run, without downloading anything.
 The file has the real model's hyperparameters (layers, hidden size, heads, KV heads, FFN width, RoPE base and
 Llama 3.x's RoPE scaling factors, norm epsilon, tied or separate output matrix, vocabulary size), seeded normal
 random weights, written as F16 one tensor at a time (an 8B model is never held in memory twice), then quantized
-by llama.cpp's own quantizer (``llama_model_quantize``) to the requested type, as a user's file would be. Its
+by llama.cpp's own quantizer (``llama_model_quantize``) to the requested type, as a user's file would be (q4_k_m:
+llama.cpp's mix, Q4_K with Q6_K for the output matrix or tied embedding and some layers' attn_v and ffn_down;
+q4_0: Q4_0 with a Q6_K output matrix or tied embedding). Its
 tokenizer is synthetic: GPT-2 byte-level BPE (the 256 byte tokens, a few merges, ChatML's special tokens), padded
 with unused tokens to the real vocabulary size so the embedding and output matrices have the real shape.
+
+Llama 3.x's shapes carry their RoPE scaling factors as the real files do (a ``rope_freqs`` tensor) and name
+their real pre-tokenizer (``llama-bpe``), neither of which the GGUF → ONNX exporter (``edgespec export onnx FILE
+--quant gguf``) reads yet. For an export, ``--no-rope-freqs`` leaves the tensor out and ``--pre gpt-2`` names
+GPT-2's pre-tokenizer:
+
+    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_k_m --no-rope-freqs --pre gpt-2 \
+        --out /tmp/llama-3.2-1b-q4_k_m.gguf
+
+Neither changes what a pass costs: the factors only rescale the rotary angles (the model computed is another one),
+and the pre-tokenizer only splits text before the byte-level BPE (the benchmarks feed token ids).
 
 What it is good for: the time a pass costs (per row, per context), prefill, memory. What it says nothing about:
 acceptance. A random model's text is noise, so drafts are accepted at random; take acceptance from the real
@@ -227,10 +240,13 @@ def quantize(src: Path, dst: Path, quant: str, threads: int) -> None:
         raise SystemExit(f"llama.cpp could not quantize {src} to {quant}")
 
 
-def shape_of(name: str, vocab: int | None = None, layers: int | None = None) -> Shape:
-    """The named shape, with a smaller (or larger) vocabulary or fewer layers if asked."""
+def shape_of(name: str, vocab: int | None = None, layers: int | None = None, rope_freqs: bool = True,
+             pre: str | None = None) -> Shape:
+    """The named shape, with a smaller (or larger) vocabulary, fewer layers, without Llama 3.x's rope_freqs or
+    naming another pre-tokenizer if asked."""
     shape = SHAPES[name]
-    return replace(shape, vocab=vocab or shape.vocab, layers=layers or shape.layers)
+    return replace(shape, vocab=vocab or shape.vocab, layers=layers or shape.layers,
+                   llama3_rope=shape.llama3_rope if rope_freqs else None, pre=pre or shape.pre)
 
 
 def write(shape: Shape, name: str, quant: str, out: Path, seed: int = 0, threads: int | None = None) -> Path:
@@ -254,16 +270,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the real model's)")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the real model (tests)")
+    parser.add_argument("--no-rope-freqs", action="store_true",
+                        help="leave out Llama 3.x's rope_freqs tensor (the ONNX exporter refuses it for now)")
+    parser.add_argument("--pre", default=None, help="the pre-tokenizer's name in llama.cpp (default: the real "
+                                                    "model's; gpt-2 for the ONNX exporter)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="quantizer threads (default: all CPUs)")
     args = parser.parse_args(argv)
     for flag in ("vocab", "layers", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1")
-    shape = shape_of(args.shape, args.vocab, args.layers)
+    shape = shape_of(args.shape, args.vocab, args.layers, rope_freqs=not args.no_rope_freqs, pre=args.pre)
     began = time.perf_counter()
+    rope = "" if SHAPES[args.shape].llama3_rope is None else (", no rope_freqs" if args.no_rope_freqs else
+                                                               ", rope_freqs")
     print(f"{args.shape}: {shape.parameters() / 1e9:.2f}B parameters, {shape.layers} layers, vocabulary "
-          f"{shape.vocab} → {args.out} ({args.quant})", file=sys.stderr)
+          f"{shape.vocab}{rope}, pre-tokenizer {shape.pre} → {args.out} ({args.quant})", file=sys.stderr)
     write(shape, args.shape, args.quant, args.out, args.seed, args.threads)
     print(f"wrote {args.out}: {args.out.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - began:.0f} s",
           file=sys.stderr)
