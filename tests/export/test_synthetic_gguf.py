@@ -138,3 +138,45 @@ def test_replay_takes_acceptance_from_real_outputs_and_costs_from_the_benchmark(
     assert set(replayed) == {"llama-3.2-1b-q4_0@128", "llama-3.2-1b-q4_0@1024"}
     cheap, dear = (replayed[f"llama-3.2-1b-q4_0@{c}"]["overall"] for c in ("128", "1024"))
     assert cheap["speedup"] > dear["speedup"]
+
+
+def test_compare_exports_a_kquant_file_and_times_both_backends(tmp_path: Path) -> None:
+    """benchmarks/verify_curve_sizes.py --compare end to end, cut short: Llama-3.2-1B's shape (one layer, a small
+    vocabulary, without rope_freqs and naming GPT-2's pre-tokenizer, as the exporter reads today) quantized to
+    Q4_K_M by llama.cpp, exported with its K-quant blocks carried, then timed on both backends taking turns, peak
+    memory probed per backend; the engine's curve then takes the export directory (timings are not checked)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    pytest.importorskip("tokenizers")
+    import runpy
+
+    from edgespec.kernels import library as custom_ops
+
+    if custom_ops.ensure() is None:
+        pytest.skip("the kernel library cannot be built here")
+    path = synthesize(tmp_path / "llama1b.gguf", "--shape", "llama-3.2-1b", "--quant", "q4_k_m", "--layers", "1",
+                      "--vocab", "1024", "--threads", "2", "--no-rope-freqs", "--pre", "gpt-2")
+    bench = runpy.run_path(str(TOOL.with_name("verify_curve_sizes.py")))
+    out = tmp_path / "results"
+    assert bench["main"](["--compare", str(path), "--context", "24", "--rows", "1,2,4", "--rounds", "2", "--runs",
+                          "1", "--decode-tokens", "3", "--prefill-tokens", "16", "--label", "test", "--out",
+                          str(out)]) == 0
+    [written] = out.glob("verify_curve_compare-*-2t-llama1b-test.json")
+    result = json.loads(written.read_text())
+    assert {"Q4_K", "Q6_K"} <= set(result["gguf"]["types"]) and not result["gguf"]["rope_freqs"]
+    assert result["export"]["made"] and result["export"]["path"] == str(tmp_path / "llama1b-onnx")
+    assert "BlockKQuantMatMul" in result["export"]["quant_options"]["weights"]
+    assert set(result["backends"]) == {"onnx", "llamacpp"}
+    for backend in result["backends"].values():
+        assert [int(k) for k in backend["verify"]] == [1, 2, 4] and backend["verify"]["1"]["relative"] == 1.0
+        assert all(len(row["samples_ms"]) == 2 and row["ms"] > 0 for row in backend["verify"].values())
+        assert backend["decode"]["tok_s"] > 0 and backend["prefill"]["tok_s"] > 0
+        assert backend["memory"]["rss_peak_mib"] >= backend["memory"]["rss_after_load_mib"] > 0
+        assert backend["exactness"]["exact"]
+    assert result["agreement"]["llamacpp"]["max_abs_diff"] < 0.5 * result["agreement"]["llamacpp"]["logit_std"]
+
+    assert bench["main"]([result["export"]["path"], "--rounds", "1", "--contexts", "8", "--decode-tokens", "3",
+                          "--prefill-tokens", "8", "--threads", "2", "--label", "onnx", "--out", str(out)]) == 0
+    [written] = out.glob("verify_curve_sizes-*-cpu-onnx.json")
+    [model] = json.loads(written.read_text())["models"]
+    assert model["backend"] == "onnx" and model["n_layer"] == 1 and model["decode"]["tok_s"] > 0
