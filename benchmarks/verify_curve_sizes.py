@@ -4,23 +4,20 @@ export (the random models of real shapes from benchmarks/synthetic_gguf.py, or a
 engine, or (``--compare``) edgespec's ONNX export of a GGUF against llama.cpp on that same file, taking turns.
 
 The comparison at Llama-3.2-1B (all 16 layers), Q4_K_M and Q4_0, on a quiet machine, 2 threads (from the checkout;
-the GGUFs without rope_freqs and with GPT-2's pre-tokenizer, which the GGUF → ONNX exporter reads today):
+the files as users have them: Llama 3's rope_freqs and llama-bpe pre-tokenizer, quantized by llama.cpp):
 
-    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_k_m --no-rope-freqs --pre gpt-2 \
-        --threads 2 --out /tmp/llama-3.2-1b-q4_k_m.gguf
+    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_k_m --threads 2 \
+        --out /tmp/llama-3.2-1b-q4_k_m.gguf
     PYTHONPATH=. python benchmarks/verify_curve_sizes.py --compare /tmp/llama-3.2-1b-q4_k_m.gguf --label quiet
-    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_0 --no-rope-freqs --pre gpt-2 \
-        --threads 2 --out /tmp/llama-3.2-1b-q4_0.gguf
+    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_0 --threads 2 \
+        --out /tmp/llama-3.2-1b-q4_0.gguf
     PYTHONPATH=. python benchmarks/verify_curve_sizes.py --compare /tmp/llama-3.2-1b-q4_0.gguf --label quiet
 
-Each GGUF takes 1-2 minutes to write (2.5 GB of F16 written, then quantized; 0.8 GB left), each comparison about
-3 minutes: the export ~25 s the first time (~1.2 GB beside the file, FILE-onnx/), the peak-memory probes ~25 s,
-30 rounds of verify passes ~60 s, decoding ~25 s, prefill ~20 s. Estimated, not measured: from 2- and 4-layer
-cuts of the same shape on the 2-core EPYC (4 layers, these settings: 90 s in all beside another job; 2 layers,
-quiet, 5 rounds: 12 s), scaled by the weights a pass reads and by layers; 3B takes ~2.5× as long, 8B ~6× (and
-~11 GB of memory with both backends loaded). ``--backends
-onnx,llamacpp,llamacpp-stock`` adds llama.cpp with its own defaults (F16 KV cache, flash attention); ``--backends
-llamacpp`` alone shows what taking turns costs a backend, if anything.
+Measured on the 2-core EPYC: each GGUF 30-50 s to write (2.5 GB of F16, then quantized), each comparison 100-180 s
+(the export ~15 s the first time, ~1.1 GB beside the file in FILE-onnx/; the peak-memory probes; 30 rounds of
+verify passes; decoding; prefill); 3B about 2.5× as long, 8B ~6× (and ~11 GB of memory with both backends loaded).
+``--backends onnx,llamacpp,llamacpp-stock`` adds llama.cpp with its own defaults (F16 KV cache, flash attention);
+``--backends llamacpp`` alone shows what taking turns costs a backend, if anything.
 
     PYTHONPATH=. python benchmarks/verify_curve_sizes.py --compare FILE.gguf [--onnx DIR | --export-to DIR]
         [--backends onnx,llamacpp] [--threads 2] [--context 1024] [--rows 1,2,4,8] [--rounds 30] [--runs 3]

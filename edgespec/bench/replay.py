@@ -87,7 +87,8 @@ def curve_shape(points: dict[int, float]) -> np.ndarray:
 
 def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
     """The verify-cost curves a benchmark measured, as ``CURVES`` entries: from ``benchmarks/verify_curve_sizes.py``,
-    each model's at each context, named MODEL@CONTEXT (the GGUF's file name without .gguf), real model sizes' costs;
+    each model's at each context, named MODEL@CONTEXT (the GGUF's file name without .gguf), real model sizes' costs,
+    and with ``--compare`` each backend's on one file, BACKEND@FILE;
     from ``benchmarks/decode_loop_curve.py``, the curve its decode loop paid (each k's points pooled with its
     neighbours' by their passes where they dip) and its start-up calibration, named loop@FILE and calibration@FILE
     (the result's file name without .json): one machine's costs, to replay real outputs on; from ``edgespec bench``
@@ -98,6 +99,9 @@ def measured_curves(path: str | Path) -> dict[str, dict[int, float]]:
         result = json.loads(path.read_text())
         if "workers" in result and "summary" in result:
             return _bench_curves(result, path.stem)
+        if result.get("mode") == "compare":  # verify_curve_sizes.py --compare: each backend's passes on one file
+            return {f"{name}@{path.stem}": {int(k): float(row["relative"]) for k, row in info["verify"].items()}
+                    for name, info in result["backends"].items()}
         if "loop_curve" in result:
             loop = sorted((int(k), float(row["relative"]), float(row["passes"]))
                           for k, row in result["loop_curve"].items())

@@ -93,6 +93,18 @@ def _scripted_streams() -> list[Stream]:
     return streams
 
 
+
+def test_a_backend_comparison_is_replayed_as_each_backends_curve(tmp_path: Path) -> None:
+    """`--curve-file` takes `verify_curve_sizes.py --compare`'s result: one curve per backend on the same file,
+    relative to its own one-row pass, so one recording replays on edgespec's kernels and on llama.cpp's alike."""
+    result = {"mode": "compare", "backends": {
+        "onnx": {"verify": {"1": {"ms": 22.0, "relative": 1.0}, "2": {"ms": 23.1, "relative": 1.05},
+                            "8": {"ms": 34.8, "relative": 1.58}}},
+        "llamacpp": {"verify": {"1": {"ms": 34.0, "relative": 1.0}, "2": {"ms": 60.9, "relative": 1.79}}}}}
+    (tmp_path / "cmp.json").write_text(json.dumps(result))
+    assert measured_curves(tmp_path / "cmp.json") == {"onnx@cmp": {1: 1.0, 2: 1.05, 8: 1.58},
+                                                      "llamacpp@cmp": {1: 1.0, 2: 1.79}}
+
 def test_the_controller_never_loses_on_a_steep_curve_and_drafts_where_it_pays() -> None:
     streams = _scripted_streams()
     steep = simulate(streams, curve_shape({1: 1.0, 2: 2.0, 9: 9.0}))  # a draft token costs a whole pass
