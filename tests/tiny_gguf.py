@@ -51,6 +51,21 @@ def small_vocabulary() -> list[str]:
     return [by_byte[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + WHOLE + SPECIALS
 
 
+def llama_writer(path: Path, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int) -> gguf.GGUFWriter:
+    """A GGUF writer for a tiny llama with these sizes: its header keys written, its tensors and tokenizer to come."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    return w
+
+
 def add_small_tokenizer(writer: gguf.GGUFWriter, pre: str = "gpt-2") -> int:
     """Write the small vocabulary's tokenizer keys; return the vocabulary size."""
     tokens = small_vocabulary()

@@ -23,7 +23,7 @@ onnx = pytest.importorskip("onnx")
 
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
-from tests.tiny_gguf import add_small_tokenizer, quantize_kquant  # noqa: E402
+from tests.tiny_gguf import add_small_tokenizer, llama_writer, quantize_kquant  # noqa: E402
 
 pytestmark = pytest.mark.skipif(custom_ops.ensure() is None, reason="the kernel library cannot be built here")
 
@@ -47,16 +47,7 @@ def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str
     """The tiny llama with its matrices in ``layer_types`` (per layer, GGUF name → type) and its tied embedding in
     ``embedding``: K-quants written in llama.cpp's layout here, other types by gguf.quants."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(LAYERS)
-    w.add_context_length(512)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    w = llama_writer(path, LAYERS, HIDDEN, FFN, HEADS, KV_HEADS)
     n_vocab = add_small_tokenizer(w)
 
     def matrix(name: str, kind: str, rows: int, cols: int, scale: float = 1.0) -> None:

@@ -32,7 +32,7 @@ from edgespec.export.onnx.graphs import GraphBuilder, block_linear  # noqa: E402
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
 from tests.conftest import SpecBench  # noqa: E402
-from tests.tiny_gguf import TEMPLATE, add_small_tokenizer, small_vocabulary  # noqa: E402
+from tests.tiny_gguf import TEMPLATE, add_small_tokenizer, llama_writer, small_vocabulary  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
@@ -43,16 +43,7 @@ TEXT = "the thin one on the table, in 2024: naïve café 東京 {x: [1, 22]} the
 def write_tiny_gguf(path: Path, qtype: int, seed: int = 0, pre: str = "gpt-2") -> Path:
     """A 2-layer llama GGUF whose every matrix is quantized to ``qtype`` by gguf.quants (tied embeddings)."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(LAYERS)
-    w.add_context_length(512)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    w = llama_writer(path, LAYERS, HIDDEN, FFN, HEADS, KV_HEADS)
     n_vocab = add_small_tokenizer(w, pre)
 
     def matrix(name: str, rows: int, cols: int, scale: float = 1.0) -> None:
