@@ -14,12 +14,11 @@ tokenizer is synthetic: GPT-2 byte-level BPE (the 256 byte tokens, a few merges,
 with unused tokens to the real vocabulary size so the embedding and output matrices have the real shape.
 
 Llama 3.x's shapes carry their RoPE scaling factors as the real files do (a ``rope_freqs`` tensor) and name
-their real pre-tokenizer (``llama-bpe``), neither of which the GGUF → ONNX exporter (``edgespec export onnx FILE
---quant gguf``) reads yet. For an export, ``--no-rope-freqs`` leaves the tensor out and ``--pre gpt-2`` names
-GPT-2's pre-tokenizer:
+their real pre-tokenizer (``llama-bpe``); the GGUF → ONNX exporter (``edgespec export onnx FILE --quant gguf``)
+reads both. ``--no-rope-freqs`` leaves the tensor out and ``--pre NAME`` names another pre-tokenizer (a file as an
+older converter wrote it). The 1B file as users have it:
 
-    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_k_m --no-rope-freqs --pre gpt-2 \
-        --out /tmp/llama-3.2-1b-q4_k_m.gguf
+    python benchmarks/synthetic_gguf.py --shape llama-3.2-1b --quant q4_k_m --out /tmp/llama-3.2-1b-q4_k_m.gguf
 
 Neither changes what a pass costs: the factors only rescale the rotary angles (the model computed is another one),
 and the pre-tokenizer only splits text before the byte-level BPE (the benchmarks feed token ids).
@@ -271,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the real model's)")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the real model (tests)")
     parser.add_argument("--no-rope-freqs", action="store_true",
-                        help="leave out Llama 3.x's rope_freqs tensor (the ONNX exporter refuses it for now)")
+                        help="leave out Llama 3.x's rope_freqs tensor (as an older converter wrote the file)")
     parser.add_argument("--pre", default=None, help="the pre-tokenizer's name in llama.cpp (default: the real "
                                                     "model's; gpt-2 for the ONNX exporter)")
     parser.add_argument("--seed", type=int, default=0)
