@@ -246,6 +246,16 @@ def test_layer_without_kv_inputs(tmp_path: Path) -> None:
         edgespec.load(folder, n_threads=1)
 
 
+
+def test_an_export_folder_named_like_a_graph_file_loads(tmp_path: Path) -> None:
+    """`edgespec export onnx ... --out m.onnx` writes a folder with that name: it is the export, not a lone graph."""
+    folder = _linked_copy(onnx_export_dir(), tmp_path / "m.onnx")
+    engine = edgespec.load(folder, n_threads=1, n_ctx=64, tuning=False)
+    try:
+        assert engine.generate("Hello", max_tokens=3).tokens
+    finally:
+        engine.close()
+
 def test_lone_onnx_file_without_kv(tmp_path: Path) -> None:
     _graph_without_kv(tmp_path / "model.onnx")
     with pytest.raises(ModelLoadError, match="no KV cache inputs"):

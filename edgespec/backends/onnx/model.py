@@ -170,7 +170,7 @@ class OnnxModel:
         require("onnxruntime", "onnx", "an ONNX model")
         self.path = Path(path).expanduser()
         self.options = options or OnnxOptions()
-        if self.path.suffix == ".onnx" or self.path.name == MANIFEST:
+        if not self.path.is_dir() and (self.path.suffix == ".onnx" or self.path.name == MANIFEST):
             if self.path.name == MANIFEST or (self.path.parent / MANIFEST).is_file():
                 self.path = self.path.parent
             else:
