@@ -10,8 +10,8 @@ from pathlib import Path
 from ..engine import constraints
 from ..errors import EdgespecError
 
-# Spec-Bench's questions are not part of the repository: by default the file where a checkout keeps them beside
-# itself, in shared/benchmarks/spec_bench/ one folder up (`--questions` names any other).
+# Spec-Bench's questions are not part of the repository: `--questions` names the file (the default is a checkout's
+# sibling copy, where there is one).
 DEFAULT_QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 # edgespec's own structured-output prompts (JSON-schema extraction, tool calls), kept in the repository.
 CONSTRAINED_QUESTIONS = Path(__file__).resolve().parents[2] / "benchmarks" / "constrained_prompts.jsonl"
