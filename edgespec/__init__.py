@@ -23,8 +23,9 @@ from .engine.sampling import SamplingParams
 from .engine.stats import GenerationStats
 from .errors import ContextOverflowError, EdgespecError, InvalidParameterError, ModelLoadError, VocabMismatchError
 from .loading import open_engine
-from .tuning.default import open_default
-from .tuning.store import Tuning
+from .tuning.default import open_default, open_own
+from .tuning.own_model import own_gguf
+from .tuning.store import DefaultChoice, Tuning
 from .version import __version__ as __version__
 
 # The concrete backends load their runtimes (llama.cpp, onnxruntime) on import: only on first use.
@@ -50,6 +51,10 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     that pass the quality bar, with and without n-gram drafting, and its ONNX export when onnxruntime is
     installed (``edgespec tune --default``; cached per files, threads, device and CPU). With ``tuning=False``
     or ``EDGESPEC_TUNING=off`` it is fixed instead: ``smollm2-135m`` (the shipped Q4_1) with n-gram γ auto.
+    A GGUF of your own (a path, or ``ollama:NAME`` as ``edgespec models`` lists them) gets the same on first use
+    with the same arguments left out: edgespec's export of its own blocks, checked and raced against llama.cpp on
+    the same file with plain decoding, lookup and token trees, the quickest kept (edgespec/tuning/own_model.py);
+    ``backend="llamacpp"`` runs the file on llama.cpp as it is.
 
     ``mode`` is the default drafter: ``ngram`` (prompt lookup, no second model), ``head`` (lookup, then the
     trained draft head shipped with the model where lookup has nothing or only a one-token match: the default
@@ -67,15 +72,21 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     same logits as one-token decoding (``edgespec.backends.selfcheck``); where it does not, edgespec warns once that
     greedy output may drift from target-only decoding, or with ``require_exact`` raises ``NotExactError``.
     """
+    def open_chosen(chosen: DefaultChoice) -> Engine:
+        return open_engine(chosen.target, None, mode or chosen.mode, chosen.gamma if gamma is None else gamma, n_ctx,
+                           device, n_threads, exact_numerics, chosen.backend, None, tuning, require_exact)
+
+    measured = draft is None and backend == "auto" and layer_skip is None and exact_numerics and tuning
     if target is None:
-        if draft is None and backend == "auto" and layer_skip is None and exact_numerics and tuning:
-            return open_default(n_threads or physical_cores(), device, lambda chosen: open_engine(
-                chosen.target, None, mode or chosen.mode, chosen.gamma if gamma is None else gamma, n_ctx, device,
-                n_threads, exact_numerics, chosen.backend, None, tuning, require_exact))
+        if measured:
+            return open_default(n_threads or physical_cores(), device, open_chosen)
         target = DEFAULT_MODEL
+    elif measured and (source := own_gguf(target)) is not None:
+        engine = open_own(source, n_threads or physical_cores(), device, open_chosen)
+        if engine is not None:
+            return engine
     return open_engine(target, draft, mode, gamma, n_ctx, device, n_threads, exact_numerics, backend, layer_skip,
                        tuning, require_exact)
-
 
 __all__ = [
     "BACKENDS",

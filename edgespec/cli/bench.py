@@ -83,7 +83,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--json", action="store_true", help="print the tuning as JSON")
     t.add_argument("--default", action="store_true",
                    help="choose the model, backend and drafter `edgespec generate` / edgespec.load() use without a "
-                        "model (measured on first use anyway): quality-passing variants × n-gram/none, and ONNX")
+                        "model (measured on first use anyway): quality-passing variants × n-gram/none, and ONNX; "
+                        "with a GGUF of your own as MODEL, what runs it: edgespec's export or llama.cpp, each with "
+                        "plain decoding, lookup and token trees")
     t.set_defaults(func=_tune)
 
     r = sub.add_parser("row-cost", help="what each onnxruntime kernel of an ONNX export charges per row of a call",
@@ -276,11 +278,13 @@ def _row_cost(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from ..tuning.tune import show, tune
 
-    if args.default:
+    if args.default:  # the default model's choice, or a GGUF of the user's own given as MODEL
         from ..cpu import physical_cores
-        from ..tuning.race import show as show_default
+        from ..tuning.default import show as show_default
+        from ..tuning.own_model import own_gguf
 
-        return show_default(args.threads or physical_cores(), args.device, measure=not args.show)
+        return show_default(args.threads or physical_cores(), args.device, measure=not args.show,
+                            source=own_gguf(args.model))
     if args.show:
         return show(args.model, args.draft, args.threads, args.device, args.json)
     return tune(args.model, args.draft, args.threads, args.device, args.quick, args.json)

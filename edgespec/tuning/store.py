@@ -9,7 +9,8 @@ so does ``exact_numerics=False``: tunings are measured with exact numerics, whos
 
 The same directory holds the default-model choice (``DefaultChoice``, ``default-*.json``): which variant, backend
 and mode ``edgespec.load()`` runs without a model, keyed by the shipped file, the candidates, threads, device and
-CPU (edgespec/tuning/default.py).
+CPU (edgespec/tuning/default.py), and per GGUF of the user's own what runs it (``choice-*.json``, the same record:
+edgespec/tuning/own_model.py).
 """
 
 from __future__ import annotations
@@ -194,7 +195,9 @@ def default_choice_key(source: str | os.PathLike[str], candidates: list[str], on
 
 
 def default_choice_path(key: dict[str, object]) -> Path:
-    return tuning_dir() / f"default-{key_digest(key)}.json"
+    """``default-DIGEST.json`` for the default model; ``choice-STEM-DIGEST.json`` for a user's own file (its key
+    names the file's stem: tuning/own_model.py)."""
+    return tuning_dir() / f"{'choice-' + str(key['model']) if 'model' in key else 'default'}-{key_digest(key)}.json"
 
 
 def find_default_choice(key: dict[str, object]) -> DefaultChoice | None:

@@ -75,6 +75,19 @@ def test_a_trained_draft_head_takes_lookups_place_unless_lookup_won_by_the_margi
         == "none"
 
 
+def test_token_trees_take_lookups_place_only_where_they_answered_quicker() -> None:
+    """Raced for a user's own file: more rows a pass for more tokens a pass, kept only where that paid, never where
+    it changed the output, and still against plain decoding by the margin."""
+    def rows(tree: float, identical: str = "4/4") -> list[dict]:
+        return [_row("a", "none", 4.0), _row("a", "ngram", 3.5), _row("a", "tree", tree, identical)]
+
+    assert default_race.pick(rows(3.4))["mode"] == "tree"
+    assert default_race.pick(rows(3.55))["mode"] == "ngram"
+    assert default_race.pick(rows(3.0, "3/4"))["mode"] == "ngram"
+    assert default_race.pick([_row("a", "none", 3.0), _row("a", "ngram", 3.5), _row("a", "tree", 3.2)])["mode"] \
+        == "none"
+
+
 def test_the_key_names_the_shipped_draft_head_else_one_the_user_trained(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
     """The race's key names the draft head the ONNX candidate races with: the family's shipped one, or, where the
