@@ -2,7 +2,8 @@
 Kept for: the decode-loop comparison that kept edgespec.BlockInt8MatMul over MatMulNBits.
 One export's products as MatMulNBits and as edgespec.BlockInt8MatMul, side by side in the decode loop.
 
-    python benchmarks/block_int8_products.py --nbits DIR --op DIR [--per-category 3] [--max-tokens 128] [--out DIR]
+    python benchmarks/block_int8_products.py --nbits DIR --op DIR --questions FILE [--per-category 3] [--max-tokens 128]
+        [--out DIR]
 
 Two ONNX exports of the same GGUF that differ only in their 8-bit products (``edgespec export onnx SRC --quant
 int8`` on a machine where the op was timed faster, and the same with the op rewritten back — or an export made
@@ -25,7 +26,7 @@ import numpy as np
 from decode_loop_curve import CURVE_ROWS, ENGINES, loop_curve, open_engines, play, summarize, time_passes
 
 from edgespec.bench.plots import line_chart
-from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
+from edgespec.bench.questions import load_questions
 from edgespec.identity import cpu_identity
 
 EXPORTS = ("nbits", "op")
@@ -35,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nbits", type=Path, required=True, help="the export with MatMulNBits products")
     parser.add_argument("--op", type=Path, required=True, help="the export with edgespec.BlockInt8MatMul products")
-    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
+    parser.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl")
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)

@@ -1,8 +1,8 @@
 """Current: a tool the manual uses.
 The verify curve the decode loop pays, beside the start-up calibration, and n-gram lookup's speed-up side by side.
 
-    python benchmarks/decode_loop_curve.py [--model PATH] [--per-category 6] [--max-tokens 128] [--probe-every N]
-        [--out DIR]
+    python benchmarks/decode_loop_curve.py --questions FILE [--model PATH] [--per-category 6] [--max-tokens 128]
+        [--probe-every N] [--out DIR]
 
 Two engines on one model in one process (default: the model `edgespec generate` loads, as this machine's race
 chose it): the target alone and n-gram lookup, γ auto, no tuning file. Spec-Bench's questions in file order,
@@ -37,7 +37,7 @@ import numpy as np
 
 import edgespec
 from edgespec.bench.plots import line_chart
-from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
+from edgespec.bench.questions import load_questions
 from edgespec.engine.engine import Engine
 from edgespec.identity import cpu_identity
 from edgespec.tuning.default import default_choice
@@ -168,7 +168,7 @@ def median_ms(passes: Passes, k: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a model path or name (default: what this machine's race chose)")
-    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
+    parser.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl")
     parser.add_argument("--per-category", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)

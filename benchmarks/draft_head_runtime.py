@@ -1,7 +1,7 @@
 """Current: a tool the manual uses.
 The exported draft head in the runtime: how often its guesses are accepted, and what a pass of it costs.
 
-    python benchmarks/draft_head_runtime.py [EXPORT] [--questions FILE] [--count 10] [--max-tokens 128]
+    python benchmarks/draft_head_runtime.py [EXPORT] --questions FILE [--count 10] [--max-tokens 128]
         [--passes 200] [--out benchmarks/results]
 
 EXPORT: an ONNX export with a draft head beside it (default: the default model's, whose race writes the shipped
@@ -27,10 +27,8 @@ from edgespec.bench.run import machine
 from edgespec.catalog.models import DEFAULT_MODEL, families
 from edgespec.tuning.race import onnx_export_path
 
-HERE = Path(__file__).parent
 GAMMAS = (1, 2)
 CONTEXT = 300
-QUESTIONS = HERE.parent.parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"  # ../shared beside the repo
 
 
 def acceptance(engine: edgespec.Engine, questions: list[dict], max_tokens: int) -> list[dict]:
@@ -86,7 +84,7 @@ def pass_costs(engine: edgespec.Engine, passes: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", nargs="?", type=Path, default=None)
-    parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl")
     parser.add_argument("--count", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--passes", type=int, default=200)

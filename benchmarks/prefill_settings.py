@@ -2,7 +2,7 @@
 Kept for: the measurement behind the llama.cpp context settings edgespec prefills with.
 Prefill time of llama.cpp context settings side by side in one process, and whether they stay exact.
 
-    python benchmarks/prefill_settings.py [MODEL] [--lengths 300,1200,2000] [--rounds 3] [--threads N]
+    python benchmarks/prefill_settings.py [MODEL] --questions FILE [--lengths 300,1200,2000] [--rounds 3] [--threads N]
 
 Every setting is a context on the same loaded model; each round prefills every length with every setting in
 turn, and the fastest round counts (the machine's drift hits all alike). Beside the times: the largest
@@ -18,12 +18,12 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import llama_cpp as lc
 import numpy as np
 
 from edgespec.backends.llamacpp.model import physical_cores, split_batches
-from edgespec.bench.questions import DEFAULT_QUESTIONS
 from edgespec.catalog.models import resolve
 
 
@@ -84,6 +84,7 @@ class Context:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="smollm2-135m")
+    parser.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl")
     parser.add_argument("--lengths", default="300,1200,2000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=physical_cores())
@@ -95,7 +96,7 @@ def main() -> None:
     model = lc.llama_model_load_from_file(str(resolve(args.model)).encode(), model_params)
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
-    text = " ".join(json.loads(line)["turns"][0] for line in DEFAULT_QUESTIONS.read_text().splitlines() if line)
+    text = " ".join(json.loads(line)["turns"][0] for line in args.questions.read_text().splitlines() if line)
     data = text.encode()
     buf = (lc.llama_token * len(data))()
     tokens = list(buf[:lc.llama_tokenize(vocab, data, len(data), buf, len(data), True, False)])

@@ -2,7 +2,7 @@
 What a speculative step costs outside the target's pass, and where it goes: the drafter, the γ controller, the
 engine's own bookkeeping.
 
-    PYTHONPATH=. python benchmarks/step_overhead.py [MODEL] [--mode ngram|tree|head] [--fast-numerics]
+    PYTHONPATH=. python benchmarks/step_overhead.py [MODEL] --questions FILE [--mode ngram|tree|head] [--fast-numerics]
         [--device cpu] [--threads N] [--per-category 1] [--max-tokens 128] [--out benchmarks/results]
 
 MODEL defaults to what `edgespec generate` loads on this machine (its race's choice: the ONNX export, with the draft
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edgespec.bench.questions import DEFAULT_QUESTIONS, load_questions
+from edgespec.bench.questions import load_questions
 from edgespec.bench.run import machine
 from edgespec.controller import gamma
 from edgespec.cpu import physical_cores
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS)
+    parser.add_argument("--questions", type=Path, required=True, help="Spec-Bench's question.jsonl")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().with_name("results"))
     args = parser.parse_args()
     model = args.model or (edgespec.DEFAULT_MODEL if args.fast_numerics else

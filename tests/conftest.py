@@ -66,23 +66,18 @@ def hf_checkpoint(model: str) -> Path:
     with building():
         return hf_folder(model)
 
-SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
+
+# The first three questions of nine of Spec-Bench's categories, in its file order (hemingkx/Spec-Bench's
+# question.jsonl, Apache-2.0): the tests' prompts, the same ones the whole file would give them.
+SPEC_BENCH = Path(__file__).resolve().parent / "spec_bench.jsonl"
 SpecBench = Callable[..., list[dict]]
 
 
 @pytest.fixture(scope="session")
-def spec_bench_file() -> Path:
-    """Spec-Bench's questions, kept beside the checkout (not in it): tests that need them skip without."""
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"needs Spec-Bench's questions at {SPEC_BENCH}")
-    return SPEC_BENCH
-
-
-@pytest.fixture(scope="session")
-def spec_bench(spec_bench_file: Path) -> SpecBench:
+def spec_bench() -> SpecBench:
     """``spec_bench(categories, per_category=1)``: the first questions of each category, in file order (fixed,
     not tuned)."""
-    questions = [json.loads(line) for line in spec_bench_file.read_text().splitlines() if line.strip()]
+    questions = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()]
 
     def choose(categories: list[str], per_category: int = 1) -> list[dict]:
         chosen = []

@@ -10,15 +10,20 @@ from pathlib import Path
 from ..engine import constraints
 from ..errors import EdgespecError
 
-# Spec-Bench's questions are not part of the repository: `--questions` names the file (the default is a checkout's
-# sibling copy, where there is one).
-DEFAULT_QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 # edgespec's own structured-output prompts (JSON-schema extraction, tool calls), kept in the repository.
 CONSTRAINED_QUESTIONS = Path(__file__).resolve().parents[2] / "benchmarks" / "constrained_prompts.jsonl"
 
 
 class BenchError(EdgespecError):
     """A benchmark cannot run as asked: missing questions, unknown configurations, a peer that failed."""
+
+
+def spec_bench(path: str | None) -> str:
+    """The Spec-Bench question file the user named: its questions are not part of the repository (nor a default)."""
+    if path is None:
+        raise BenchError("Spec-Bench's questions are not part of edgespec: give its question.jsonl with --questions "
+                         "FILE (data/spec_bench/question.jsonl in the hemingkx/Spec-Bench repository)")
+    return path
 
 
 def load_questions(path: str | Path, categories: list[str] | None = None, per_category: int | None = None,

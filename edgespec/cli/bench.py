@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..bench.configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS, DEFAULT_CONSTRAINED_CONFIGS
-from ..bench.questions import CONSTRAINED_QUESTIONS, DEFAULT_QUESTIONS, BenchError
+from ..bench.questions import CONSTRAINED_QUESTIONS, BenchError, spec_bench
 from ..bench.replay import CURVES, HEAD_COST, TREE_DRAFTERS
 from ..extras import needed, require
 
@@ -26,8 +26,8 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                                    "configuration, each in its own process, interleaved question by question; "
                                    "greedy. Prints a table, writes JSON and PNG plots.")
     b.add_argument("--questions", default=None,
-                   help=f"Spec-Bench question.jsonl (default: {DEFAULT_QUESTIONS}; with --constrained "
-                        f"{CONSTRAINED_QUESTIONS})")
+                   help="Spec-Bench's question.jsonl, not part of edgespec (required; with --constrained the "
+                        f"default is {CONSTRAINED_QUESTIONS})")
     b.add_argument("--constrained", action="store_true",
                    help="structured output: edgespec's own JSON-schema extraction and tool-call prompts (or "
                         "--questions FILE whose questions carry a 'schema'), every answer held to its schema; "
@@ -107,7 +107,7 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help=replay_help, description=replay_help[0].upper() + replay_help[1:] + ".")
     p.add_argument("streams", help="JSON lines of recorded generations (written by --record)")
     p.add_argument("--record", action="store_true", help="first record (or complete) the streams with the model")
-    p.add_argument("--questions", default=str(DEFAULT_QUESTIONS), help="(--record) Spec-Bench question.jsonl")
+    p.add_argument("--questions", default=None, help="(--record, required) Spec-Bench's question.jsonl")
     p.add_argument("--categories", default=None, help="(--record) comma-separated categories (default: all)")
     p.add_argument("--per-category", type=_positive, default=None, help="(--record) questions per category")
     p.add_argument("--max-tokens", type=_positive, default=128, help="(--record) tokens per generation")
@@ -151,7 +151,7 @@ def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
     """The options ``bench`` and ``bench --chat`` share, with the defaults of the one asked for."""
     configs = args.configs or ",".join(DEFAULT_CHAT_CONFIGS if chat else
                                        DEFAULT_CONSTRAINED_CONFIGS if args.constrained else DEFAULT_CONFIGS)
-    questions = args.questions or str(CONSTRAINED_QUESTIONS if args.constrained else DEFAULT_QUESTIONS)
+    questions = (args.questions or str(CONSTRAINED_QUESTIONS)) if args.constrained else spec_bench(args.questions)
     return {"questions": questions, "categories": args.categories.split(",") if args.categories else None,
             "max_tokens": args.max_tokens or (128 if chat else 256),
             "configs": tuple(n for n in configs.split(",") if n),
@@ -246,8 +246,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise BenchError(f"--overhead, --draft-overhead, --noise and --head-cost must be >= 0, got {args.overhead}, "
                          f"{args.draft_overhead}, {args.noise} and {args.head_cost}")
     if args.record:
-        questions = load_questions(args.questions, args.categories.split(",") if args.categories else None,
-                                   args.per_category)
+        categories = args.categories.split(",") if args.categories else None
+        questions = load_questions(spec_bench(args.questions), categories, args.per_category)
         record(args.model, questions, args.max_tokens, args.streams, args.threads)
     if args.annotate:
         annotate(args.model, args.streams, threads=args.threads)

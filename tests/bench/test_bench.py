@@ -15,6 +15,7 @@ from edgespec.bench.report import head_to_head, lookup_hits, ratio_interval, sum
 from edgespec.cli.main import generate_engine, main
 from edgespec.engine.engine import Engine
 from edgespec.errors import EdgespecError
+from tests.conftest import SPEC_BENCH
 
 _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_latency_s", "ttft_s", "alpha", "tau",
                  "gamma_mean", "draft_s", "verify_s", "draft_share", "peak_rss_mb", "same_as_baseline", "lossless",
@@ -24,15 +25,14 @@ _SUMMARY_KEYS = {"generations", "tokens", "decode_tok_s", "e2e_tok_s", "e2e_late
 
 
 def _bench(tmp_path: Path, *args: str) -> dict:
-    assert main(["bench", "--threads", "1", "--out", str(tmp_path), *args]) == 0
+    assert main(["bench", "--questions", str(SPEC_BENCH), "--threads", "1", "--out", str(tmp_path), *args]) == 0
     (path,) = tmp_path.glob("spec_bench-*.json")
     return json.loads(path.read_text())
 
 
-def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec_bench_file: Path) -> None:
+def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """2 questions, 16 tokens, 2 configurations: the JSON has every field, ratios and bounds are consistent."""
-    result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "2", "--max-tokens", "16",
-                    "--configs", "target,ngram-g4")
+    result = _bench(tmp_path, "--limit", "2", "--max-tokens", "16", "--configs", "target,ngram-g4")
     printed = capsys.readouterr().out
     assert "ngram-g4" in printed and "memory bandwidth" in printed and "ngram-g4: steps drafted by ngram" in printed
 
@@ -40,7 +40,7 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spe
     assert result["machine"]["cpu"] and result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
     assert result["args"]["max_tokens"] == 16 and result["args"]["limit"] == 2 and result["date"]
     assert [c["name"] for c in result["configs"]] == ["target", "ngram-g4"]
-    questions = load_questions(spec_bench_file, limit=2)
+    questions = load_questions(SPEC_BENCH, limit=2)
     turns = sum(len(q["turns"]) for q in questions)
     assert len(result["records"]) == 2 * turns  # every turn of every question, for both configurations
     assert all(0 < r["n_tokens"] <= 16 for r in result["records"])
@@ -88,10 +88,9 @@ def test_smoke_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], spe
 
 
 @pytest.mark.slow  # two transformers workers import torch and dequantize the GGUF: ~30 s quiet, 100 s loaded
-def test_transformers_peers(tmp_path: Path, spec_bench_file: Path) -> None:
+def test_transformers_peers(tmp_path: Path) -> None:
     """transformers' plain greedy and prompt lookup on the same dequantized weights, prompts and threads."""
-    result = _bench(tmp_path, "--questions", str(spec_bench_file), "--limit", "1", "--max-tokens", "8", "--configs",
-                    "hf-pld", "--no-plots")
+    result = _bench(tmp_path, "--limit", "1", "--max-tokens", "8", "--configs", "hf-pld", "--no-plots")
     assert [c["name"] for c in result["configs"]] == ["target", "hf-plain", "hf-pld"]  # baselines come along
     hf = result["summary"]["hf-pld"]["overall"]
     assert hf["decode_tok_s"] > 0 and hf["tau"] >= 1.0 and hf["bound_tok_s"] is None
@@ -147,7 +146,12 @@ def test_configs_skip_cleanly_without_their_model_folder() -> None:
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def bench(*args: str) -> int:
-        return main(["bench", "--out", str(tmp_path), *args])
+        return main(["bench", "--out", str(tmp_path), "--questions", str(SPEC_BENCH), *args])
+
+    # Spec-Bench's questions are not part of the repository: without --questions the run says how to give them
+    assert main(["bench", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "give its question.jsonl with --questions FILE" in err and "Traceback" not in err
 
     assert bench("--questions", str(tmp_path / "missing.jsonl")) == 2
     assert "question file not found" in capsys.readouterr().err
@@ -199,8 +203,8 @@ def test_constrained_questions_are_checked_and_only_constraining_runners_play_th
 
 def test_a_configuration_that_cannot_start_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`tuned` without a tuning file (the tests ignore tuning files): a clear error, no traceback, no hang."""
-    assert main(["bench", "--out", str(tmp_path), "--limit", "1", "--max-tokens", "4", "--threads", "1",
-                 "--configs", "tuned"]) == 2
+    assert main(["bench", "--questions", str(SPEC_BENCH), "--out", str(tmp_path), "--limit", "1", "--max-tokens",
+                 "4", "--threads", "1", "--configs", "tuned"]) == 2
     err = capsys.readouterr().err
     assert "configuration tuned: no tuning for this model" in err and "Traceback" not in err
 
@@ -257,14 +261,13 @@ def test_the_head_to_head_interval_resamples_questions() -> None:
     assert ratio_interval(faster[:1] + faster[6:7], "ngram-auto", "lcpp-plain", "qa") is None
 
 
-def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: Engine,
-                        spec_bench_file: Path) -> None:
+def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: Engine) -> None:
     """3 turns of 16 tokens, edgespec with n-gram drafting and llama-cpp-python with its RAM prompt cache: each
     plays its own conversation, every turn is compared with a fresh engine's, the JSON has every field.
     (γ = 4 rather than the default engine's γ auto: a fresh engine per turn would time its cost curve each time.)"""
     short = ["writing", "roleplay", "reasoning"]  # documents would make every fresh replay a long prefill
-    assert main(["bench", "--chat", "--turns", "3", "--max-tokens", "16", "--threads", "1", "--configs",
-                 "ngram-g4,lcpp-cache", "--categories", ",".join(short), "--out", str(tmp_path)]) == 0
+    assert main(["bench", "--chat", "--questions", str(SPEC_BENCH), "--turns", "3", "--max-tokens", "16", "--threads",
+                 "1", "--configs", "ngram-g4,lcpp-cache", "--categories", ",".join(short), "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     (path,) = tmp_path.glob("chat_bench-*.json")
     result = json.loads(path.read_text())
@@ -274,7 +277,7 @@ def test_chat_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str], engi
     assert result["machine"]["versions"]["llama-cpp-python"] == "0.3.36"
     assert result["args"]["turns"] == 3 and result["args"]["max_tokens"] == 16 and result["args"]["skip"] == 0
     assert [c["name"] for c in result["configs"]] == ["ngram-g4", "lcpp-cache"]  # no baselines come along
-    script = conversation(spec_bench_file, short, 3)
+    script = conversation(SPEC_BENCH, short, 3)
     assert result["script"] == script
     for name in ("ngram-g4", "lcpp-cache"):
         turns, conv = result["turns"][name], result["conversations"][name]
@@ -318,28 +321,28 @@ def test_chat_turns_compared_whole_and_at_equal_length() -> None:
     assert lowest_turns(turns, "short-slow", equal_length=True) == 0
 
 
-def test_chat_script_takes_turns_between_categories(spec_bench_file: Path) -> None:
+def test_chat_script_takes_turns_between_categories() -> None:
     """Categories with the longest questions first (a chat opens with its documents), each question's first turn,
     --skip passes over questions."""
-    questions = load_questions(spec_bench_file)
+    questions = load_questions(SPEC_BENCH)
     firsts: dict[str, list[str]] = {}
     for q in questions:
         firsts.setdefault(q["category"], []).append(q["turns"][0])
     by_length = sorted(firsts, key=lambda c: -sum(map(len, firsts[c])) / len(firsts[c]))
     assert by_length[:2] == ["summarization", "rag"]
     chosen = [c for c in by_length if c in ("reasoning", "writing", "rag")]
-    script = conversation(spec_bench_file, ["reasoning", "writing", "rag"], 5, skip=1)
+    script = conversation(SPEC_BENCH, ["reasoning", "writing", "rag"], 5, skip=1)
     assert [t["content"] for t in script] == [firsts[c][1] for c in chosen] + [firsts[c][2] for c in chosen[:2]]
-    script = conversation(spec_bench_file, None, 14)
+    script = conversation(SPEC_BENCH, None, len(by_length) + 1)
     assert [t["category"] for t in script] == [*by_length, by_length[0]]
     assert len(script[-2]["content"]) < len(script[0]["content"]) / 4  # late turns are questions, not documents
-    with pytest.raises(BenchError, match="has only 5 questions to give after skipping 0"):
-        conversation(spec_bench_file, ["writing"], 6)
+    with pytest.raises(BenchError, match="has only 3 questions to give after skipping 0"):
+        conversation(SPEC_BENCH, ["writing"], 4)
 
 
 def test_chat_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def bench(*args: str) -> int:
-        return main(["bench", "--chat", "--out", str(tmp_path), *args])
+        return main(["bench", "--chat", "--questions", str(SPEC_BENCH), "--out", str(tmp_path), *args])
 
     assert bench("--configs", "hf-plain") == 2
     assert "hf-plain cannot play a conversation" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from edgespec.bench.configs import select
 from edgespec.bench.revision import ROOT, files_at, source_at
 from edgespec.cli.main import main
 from edgespec.kernels import library as custom_ops
+from tests.conftest import SPEC_BENCH
 
 pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
 
@@ -47,8 +48,8 @@ def test_a_configuration_at_a_revision_runs_beside_this_checkouts(tmp_path: Path
     there). A working tree whose numerics differ from HEAD's (an uncommitted kernel change) fails the "same tokens"
     check here until it is committed: HEAD's outputs are compared with this checkout's target."""
     build = custom_ops.library()
-    assert main(["bench", "--threads", "1", "--out", str(tmp_path), "--limit", "1", "--max-tokens", "8",
-                 "--no-plots", "--configs", "default,default@HEAD"]) == 0
+    assert main(["bench", "--questions", str(SPEC_BENCH), "--threads", "1", "--out", str(tmp_path), "--limit", "1",
+                 "--max-tokens", "8", "--no-plots", "--configs", "default,default@HEAD"]) == 0
     (path,) = tmp_path.glob("spec_bench-*.json")
     result = json.loads(path.read_text())
     assert [(c["name"], c["revision"]) for c in result["configs"]] == [("default-target", None), ("default", None),
@@ -63,10 +64,13 @@ def test_a_configuration_at_a_revision_runs_beside_this_checkouts(tmp_path: Path
 
 def test_a_revision_that_is_not_there_or_a_peer_at_one_is_a_clear_error(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--out", str(tmp_path), "--configs", "target@no-such-revision"]) == 2
+    def bench(configs: str) -> int:
+        return main(["bench", "--questions", str(SPEC_BENCH), "--out", str(tmp_path), "--configs", configs])
+
+    assert bench("target@no-such-revision") == 2
     assert "target@no-such-revision: no git revision 'no-such-revision'" in capsys.readouterr().err
-    assert main(["bench", "--out", str(tmp_path), "--configs", "lcpp-plain@HEAD"]) == 2
+    assert bench("lcpp-plain@HEAD") == 2
     err = capsys.readouterr().err
     assert "only edgespec's configurations run at a revision" in err and "Traceback" not in err
-    assert main(["bench", "--out", str(tmp_path), "--configs", "warp-drive@HEAD"]) == 2
+    assert bench("warp-drive@HEAD") == 2
     assert "unknown configurations warp-drive@HEAD" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from edgespec.drafters import Draft
 from edgespec.drafters.base import ROOT
 from edgespec.drafters.tree import TreeDrafter
 from edgespec.engine.sampling import SamplingParams
+from tests.conftest import SPEC_BENCH
 
 
 def test_a_curve_is_the_measured_points_joined_and_extended() -> None:
@@ -212,8 +213,8 @@ def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.C
     """Record one question's target-only greedy output, replay it on two curves, and resume a recording that
     is already complete without recording again."""
     path = tmp_path / "streams.jsonl"
-    args = ["replay", str(path), "--record", "--categories", "writing", "--per-category", "1", "--max-tokens", "24",
-            "--threads", "1", "--curves", "amd-q4_1,flat", "--json"]
+    args = ["replay", str(path), "--record", "--questions", str(SPEC_BENCH), "--categories", "writing",
+            "--per-category", "1", "--max-tokens", "24", "--threads", "1", "--curves", "amd-q4_1,flat", "--json"]
     assert main(args) == 0
     results = json.loads(capsys.readouterr().out.split("\n", 1)[1])  # after the progress line
     streams = load_streams(path)
@@ -239,6 +240,8 @@ def test_record_then_replay_with_the_real_model(tmp_path: Path, capsys: pytest.C
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "none.jsonl")]) == 2
     assert "no recorded streams" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "none.jsonl"), "--record"]) == 2  # Spec-Bench is not in the repository
+    assert "give its question.jsonl with --questions FILE" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text("{\"tokens\": 1}\n")
     assert main(["replay", str(tmp_path / "bad.jsonl")]) == 2
     assert "not a file of recorded streams" in capsys.readouterr().err
