@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
 from edgespec.kernels import library as custom_ops
 
 gguf = pytest.importorskip("gguf")
@@ -23,6 +22,7 @@ onnx = pytest.importorskip("onnx")
 
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
+from tests.export.llama_checks import assert_batch_invariant, llama_logits  # noqa: E402
 from tests.tiny_gguf import add_small_tokenizer, llama_writer, quantize_kquant  # noqa: E402
 
 pytestmark = pytest.mark.skipif(custom_ops.ensure() is None, reason="the kernel library cannot be built here")
@@ -106,27 +106,6 @@ def test_every_k_quant_is_carried_into_the_op(tiny: tuple[Path, Path, dict]) -> 
     assert ops["head.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) == 1 and "Gather" in ops["embed.onnx"]
 
 
-def _llama_logits(path: Path) -> tuple[list[int], np.ndarray]:
-    llama = LlamaModel(path, ContextOptions(n_ctx=256, n_batch=256, n_threads=1))
-    try:
-        ids = llama.tokenize(TEXT * 3, add_special=False, parse_special=False)
-        return ids, llama.decode(ids, 0, len(ids)).copy()
-    finally:
-        llama.close()
-
-
-def _batch_invariant(folder: Path) -> None:
-    """A position's logits are the same alone, in a verify batch, and in one prefill (exactly)."""
-    runner = OnnxReference(folder)
-    ids = list(range(3, 200))
-    batch = runner.logits(ids)
-    runner.truncate(0)
-    single = np.concatenate([runner.forward([t]) for t in ids])
-    runner.truncate(len(ids) - 5)
-    verify = runner.forward(ids[-5:])
-    assert np.array_equal(single, batch) and np.array_equal(verify, batch[-5:])
-
-
 def test_logits_follow_llama_cpp(tiny: tuple[Path, Path, dict], tmp_path: Path) -> None:
     """Every position's logits against llama.cpp on the same file. Not bit-identical by design: llama.cpp rounds the
     activations of a K-quant product to Q8_K (one scale per 256), the op to int8 per 32, and sums in another order;
@@ -137,7 +116,7 @@ def test_logits_follow_llama_cpp(tiny: tuple[Path, Path, dict], tmp_path: Path) 
     from edgespec.export.onnx.export import export_onnx
 
     path, folder, _ = tiny
-    ids, expected = _llama_logits(path)
+    ids, expected = llama_logits(path, TEXT * 3)
     got = OnnxReference(folder).logits(ids)
     export_onnx(path, tmp_path / "fp32", "fp32", context_length=256, progress=False)
     dense = OnnxReference(tmp_path / "fp32").logits(ids)
@@ -149,7 +128,7 @@ def test_logits_follow_llama_cpp(tiny: tuple[Path, Path, dict], tmp_path: Path) 
 
 
 def test_a_position_has_the_same_logits_alone_in_a_verify_batch_and_in_a_prefill(tiny: tuple[Path, Path, dict]) -> None:
-    _batch_invariant(tiny[1])
+    assert_batch_invariant(tiny[1], list(range(3, 200)))
 
 
 def test_k_quants_beside_other_types(tmp_path: Path) -> None:
@@ -169,11 +148,11 @@ def test_k_quants_beside_other_types(tmp_path: Path) -> None:
     eight_bit = ops.count("MatMulNBits") + ops.count(custom_ops.PRODUCTS_OP)
     assert (ops.count(custom_ops.KQUANT_PRODUCTS_OP), ops.count(custom_ops.Q4_PRODUCTS_OP), eight_bit,
             ops.count("Concat")) == (3, 2, 2, 2), ops
-    ids, expected = _llama_logits(path)
+    ids, expected = llama_logits(path, TEXT * 3)
     got = OnnxReference(tmp_path / "onnx").logits(ids)
     assert np.abs(got - expected).mean() < 0.08 * float(expected.std())
     assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.97
-    _batch_invariant(tmp_path / "onnx")
+    assert_batch_invariant(tmp_path / "onnx", list(range(3, 200)))
 
 
 @pytest.mark.parametrize("mode", ["ngram", "layerskip"])

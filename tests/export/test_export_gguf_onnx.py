@@ -32,6 +32,7 @@ from edgespec.export.onnx.graphs import GraphBuilder, block_linear  # noqa: E402
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
 from tests.conftest import SpecBench  # noqa: E402
+from tests.export.llama_checks import assert_batch_invariant, llama_logits  # noqa: E402
 from tests.tiny_gguf import TEMPLATE, add_small_tokenizer, llama_writer, small_vocabulary  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
@@ -108,15 +109,6 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return request.param, path, folder / "onnx"
 
 
-def _llama_logits(path: Path, text: str) -> tuple[list[int], np.ndarray]:
-    llama = LlamaModel(path, ContextOptions(n_ctx=256, n_batch=256, n_threads=1))
-    try:
-        ids = llama.tokenize(text, add_special=False, parse_special=False)
-        return ids, llama.decode(ids, 0, len(ids)).copy()
-    finally:
-        llama.close()
-
-
 def test_tiny_gguf_logits_match_llama_cpp(tiny: tuple[str, Path, Path], tmp_path: Path) -> None:
     """Every position's logits against llama.cpp on the same file. Not bit-identical by design: llama.cpp rounds
     the activations to Q8 blocks for each quantized product and onnxruntime's MatMulNBits (accuracy level 4) to
@@ -125,7 +117,7 @@ def test_tiny_gguf_logits_match_llama_cpp(tiny: tuple[str, Path, Path], tmp_path
     the same weights dequantized to float32 do (measured: mean difference about half), which a wrong block
     layout, rotary permutation or minimum would not."""
     kind, path, folder = tiny
-    ids, expected = _llama_logits(path, TEXT * 3)
+    ids, expected = llama_logits(path, TEXT * 3)
     manifest = json.loads((folder / "edgespec-onnx.json").read_text())
     assert manifest["quant"] == "gguf" and manifest["source"]["gguf_types"][kind] == 1 + 7 * LAYERS
     got = OnnxReference(folder).logits(ids)
@@ -336,19 +328,8 @@ def test_runtime_imports_pull_no_torch() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def _assert_batch_invariant(folder: Path, ids: list[int]) -> None:
-    """A position's logits are the same alone, in a verify batch, and in one prefill (exactly)."""
-    runner = OnnxReference(folder)
-    batch = runner.logits(ids)
-    runner.truncate(0)
-    single = np.concatenate([runner.forward([t]) for t in ids])
-    runner.truncate(len(ids) - 5)
-    verify = runner.forward(ids[-5:])
-    assert np.array_equal(single, batch) and np.array_equal(verify, batch[-5:])
-
-
 def test_tiny_carried_graphs_are_batch_invariant(tiny: tuple[str, Path, Path]) -> None:
-    _assert_batch_invariant(tiny[2], list(range(3, 200)))
+    assert_batch_invariant(tiny[2], list(range(3, 200)))
 
 
 def test_tiny_graphs_with_groupqueryattention_are_batch_invariant(tmp_path: Path) -> None:
@@ -356,11 +337,11 @@ def test_tiny_graphs_with_groupqueryattention_are_batch_invariant(tmp_path: Path
     path = write_tiny_gguf(tmp_path / "tiny.gguf", CARRIED["Q8_0"])
     manifest = export_onnx(path, tmp_path / "onnx", context_length=256, progress=False, attention="gqa")
     assert manifest["quant_options"]["attention"] == "com.microsoft.GroupQueryAttention"
-    _assert_batch_invariant(tmp_path / "onnx", list(range(3, 200)))
+    assert_batch_invariant(tmp_path / "onnx", list(range(3, 200)))
 
 
 def test_smollm2_carried_is_batch_invariant(smol_carried: tuple[Path, dict, str]) -> None:
-    _assert_batch_invariant(smol_carried[0], list(range(1000, 1100)))
+    assert_batch_invariant(smol_carried[0], list(range(1000, 1100)))
 
 
 def test_a_vocabulary_it_cannot_write_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
