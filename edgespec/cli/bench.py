@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from ..backends.base import GPU_DEVICES
 from ..bench.configs import CONFIGS, DEFAULT_CHAT_CONFIGS, DEFAULT_CONFIGS, DEFAULT_CONSTRAINED_CONFIGS
 from ..bench.questions import CONSTRAINED_QUESTIONS, BenchError, spec_bench
 from ..bench.replay import CURVES, HEAD_COST, TREE_DRAFTERS
@@ -20,11 +22,25 @@ def _positive(text: str) -> int:
     return value
 
 
+def _command(sub: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], summary: str,
+             description: str | None = None) -> argparse.ArgumentParser:
+    """Subcommand ``name``, run by ``func``; its --help opens with ``description``, else with ``summary``."""
+    parser = sub.add_parser(name, help=summary, description=description or summary[0].upper() + summary[1:] + ".")
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _add_results(parser: argparse.ArgumentParser, what: str) -> None:
+    """--out (where ``what`` goes) and --no-plots, for the commands that write results and plots."""
+    parser.add_argument("--out", default="benchmarks/results", help=f"where {what} go (default: %(default)s)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+
+
 def add_bench_commands(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="Spec-Bench: edgespec's modes against the peers, interleaved, with plots",
-                       description="Plays Spec-Bench questions (multi-turn ones as conversations) through every "
-                                   "configuration, each in its own process, interleaved question by question; "
-                                   "greedy. Prints a table, writes JSON and PNG plots.")
+    b = _command(sub, "bench", _bench, "Spec-Bench: edgespec's modes against the peers, interleaved, with plots",
+                 "Plays Spec-Bench questions (multi-turn ones as conversations) through every configuration, each in "
+                 "its own process, interleaved question by question; greedy. Prints a table, writes JSON and PNG "
+                 "plots.")
     b.add_argument("--questions", default=None,
                    help="Spec-Bench's question.jsonl, not part of edgespec (required; with --constrained the "
                         f"default is {CONSTRAINED_QUESTIONS})")
@@ -46,7 +62,7 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--threads", type=_positive, default=None, help="threads for every configuration (default: "
                                                                    "physical cores)")
     b.add_argument("--ctx", type=_positive, default=4096)
-    b.add_argument("--device", default="cpu", choices=["cpu", "cuda", "metal"],
+    b.add_argument("--device", default="cpu", choices=["cpu", *GPU_DEVICES],
                    help="where every configuration runs its models (default: %(default)s)")
     b.add_argument("--fast-numerics", action="store_true",
                    help="edgespec's configurations on llama.cpp's fast numerics (F16 KV cache, flash attention), as "
@@ -55,8 +71,7 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--seed", type=int, default=0, help="orders configurations within each question; seeds peers")
     b.add_argument("--ort-genai-model", default=None, help="onnxruntime-genai model folder (ortg-* configs)")
     b.add_argument("--onnx-model", default=None, help="edgespec ONNX model folder (onnx-* configs)")
-    b.add_argument("--out", default="benchmarks/results", help="where JSON and PNGs go (default: %(default)s)")
-    b.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    _add_results(b, "JSON and PNGs")
     c = b.add_argument_group("multi-turn chat (--chat)")
     c.add_argument("--chat", action="store_true",
                    help="one scripted conversation instead: the categories take turns giving questions, each "
@@ -67,17 +82,15 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                                                                  "%(default)s)")
     c.add_argument("--skip", type=int, default=0, help="questions skipped at the start of each category (default: "
                                                         "%(default)s)")
-    b.set_defaults(func=_bench)
 
-    t = sub.add_parser("tune", help="measure this machine for a model and store the best mode and γ policy",
-                       description="Measures the verify-cost curve, draft costs and acceptance on a short fixed "
-                                   "calibration set (not Spec-Bench), runs the candidate policies on it, and stores "
-                                   "the best; edgespec.load then uses it by default for this model file, thread "
-                                   "count and device.")
+    t = _command(sub, "tune", _tune, "measure this machine for a model and store the best mode and γ policy",
+                 "Measures the verify-cost curve, draft costs and acceptance on a short fixed calibration set (not "
+                 "Spec-Bench), runs the candidate policies on it, and stores the best; edgespec.load then uses it by "
+                 "default for this model file, thread count and device.")
     t.add_argument("model", nargs="?", default="smollm2-135m", help="model name or GGUF path")
     t.add_argument("--draft", default=None, help="also consider a draft model (name or GGUF path)")
     t.add_argument("--threads", type=_positive, default=None, help="(default: physical cores)")
-    t.add_argument("--device", default="cpu", choices=["cpu", "cuda", "metal"])
+    t.add_argument("--device", default="cpu", choices=["cpu", *GPU_DEVICES])
     t.add_argument("--quick", action="store_true", help="a CI-sized run (~half a minute) instead of a few minutes")
     t.add_argument("--show", action="store_true", help="print the stored tuning instead of measuring")
     t.add_argument("--json", action="store_true", help="print the tuning as JSON")
@@ -86,25 +99,21 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                         "model (measured on first use anyway): quality-passing variants × n-gram/none, and ONNX; "
                         "with a GGUF of your own as MODEL, what runs it: edgespec's export or llama.cpp, each with "
                         "plain decoding, lookup and token trees")
-    t.set_defaults(func=_tune)
 
-    r = sub.add_parser("row-cost", help="what each onnxruntime kernel of an ONNX export charges per row of a call",
-                       description="Times one layer of an ONNX export at each row count (a verify pass over k "
-                                   "tokens is one call over k rows): the layer graph, each weight product alone, "
-                                   "the same products as MatMulInteger, and GroupQueryAttention alone. Prints a table, "
-                                   "writes JSON and a PNG.")
+    r = _command(sub, "row-cost", _row_cost, "what each onnxruntime kernel of an ONNX export charges per row of a call",
+                 "Times one layer of an ONNX export at each row count (a verify pass over k tokens is one call over k "
+                 "rows): the layer graph, each weight product alone, the same products as MatMulInteger, and "
+                 "GroupQueryAttention alone. Prints a table, writes JSON and a PNG.")
     r.add_argument("model", help="edgespec ONNX model folder (`edgespec export onnx`)")
     r.add_argument("--rows", default="1,2,3,4,5,8,12,17", help="row counts (default: %(default)s)")
     r.add_argument("--context", type=_positive, default=200, help="committed positions before the call")
     r.add_argument("--threads", type=_positive, default=2)
     r.add_argument("--repeats", type=_positive, default=100, help="calls timed per kernel and row count")
-    r.add_argument("--out", default="benchmarks/results", help="where JSON and PNG go (default: %(default)s)")
-    r.add_argument("--no-plots", action="store_true")
-    r.set_defaults(func=_row_cost)
+    _add_results(r, "JSON and PNG")
 
-    replay_help = ("the γ controller and its drafters replayed over recorded target-only greedy outputs (--record), "
-                   "timed by fixed verify-cost curves: the simulated speed-up per category, deterministic")
-    p = sub.add_parser("replay", help=replay_help, description=replay_help[0].upper() + replay_help[1:] + ".")
+    p = _command(sub, "replay", _replay, "the γ controller and its drafters replayed over recorded target-only greedy "
+                 "outputs (--record), timed by fixed verify-cost curves: the simulated speed-up per category, "
+                 "deterministic")
     p.add_argument("streams", help="JSON lines of recorded generations (written by --record)")
     p.add_argument("--record", action="store_true", help="first record (or complete) the streams with the model")
     p.add_argument("--questions", default=None, help="(--record, required) Spec-Bench's question.jsonl")
@@ -144,7 +153,6 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                    help="(--drafter head) a head pass as the engine pays it, in single-token target passes "
                         "(default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=_replay)
 
 
 def _run_args(args: argparse.Namespace, chat: bool) -> dict[str, object]:
