@@ -24,7 +24,7 @@
 // scales float [K/32, N]. Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
-#include "block_products.h"  // quantize_row, kTileRows, for_each_tile
+#include "block_products.h"  // quantize_rows, kTileRows, for_each_tile, ProductCall, add_product
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -40,7 +40,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -71,10 +70,6 @@ constexpr uint8_t kCodeFlip = 0x80;
 #else
 constexpr uint8_t kCodeFlip = 0;
 #endif
-
-void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scales) {
-  edgespec_blocks::quantize_row(x, k, codes, scales, kCodeFlip, nullptr);
-}
 
 // Where column n's weights start in B (k = 0): its packed group's start, then its place in each 64 bytes.
 const int8_t* packed_column(const int8_t* weights, int64_t n, int64_t k_all) {
@@ -280,80 +275,29 @@ void columns(const Call& c, int64_t n0) {
 }
 #endif
 
-void columns_task(void* data, size_t task) {
-  const Call& c = *static_cast<const Call*>(data);
-  columns(c, static_cast<int64_t>(task) * kColumns);
-}
-
-struct QuantizeCall {
-  const float* x;
-  uint8_t* codes;
-  float* scales;
-  int64_t k;
-};
-
-void quantize_task(void* data, size_t row) {
-  const QuantizeCall& q = *static_cast<const QuantizeCall*>(data);
-  const int64_t r = static_cast<int64_t>(row);
-  quantize_row(q.x + r * q.k, q.k, q.codes + r * q.k, q.scales + r * (q.k / kBlock));
-}
-
 struct BlockInt8MatMulKernel {
-  BlockInt8MatMulKernel(const OrtApi&, const OrtKernelInfo*) {}
+  static constexpr const char* kName = "BlockInt8MatMul";
+  static constexpr ONNXTensorElementDataType kWeights = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+  static constexpr ONNXTensorElementDataType kScales = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 
   void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    const Ort::ConstValue a = ctx.GetInput(0), b = ctx.GetInput(1), s = ctx.GetInput(2);
-    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> b_shape = b.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> s_shape = s.GetTensorTypeAndShapeInfo().GetShape();
-    const auto fail = [](const std::string& why) {
-      ORT_CXX_API_THROW("BlockInt8MatMul: " + why, ORT_INVALID_ARGUMENT);
-    };
-    // A graph that does not match the contract (a corrupt or hand-edited export) is an error, not a stray read.
-    if (shape.empty() || b_shape.size() != 3 || b_shape[2] != kColumns * kDepth || s_shape.size() != 2)
-      fail("A must be [..., K], B [N/16, K/4, 64], scales [K/32, N] (an export by an older edgespec packed B "
-           "otherwise: export it again)");
-    const int64_t k = shape.back(), n = b_shape[0] * kColumns;
+    edgespec_blocks::ProductCall p(context, kName);
+    const std::vector<int64_t>& b_shape = p.b_shape;
+    const std::vector<int64_t>& s_shape = p.s_shape;
+    if (p.a_shape.empty() || b_shape.size() != 3 || b_shape[2] != kColumns * kDepth || s_shape.size() != 2)
+      p.fail("A must be [..., K], B [N/16, K/4, 64], scales [K/32, N] (an export by an older edgespec packed B "
+             "otherwise: export it again)");
+    const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
     if (k % kBlock != 0 || b_shape[1] * kDepth != k || s_shape[0] != k / kBlock || s_shape[1] != n)
-      fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
-    int64_t m = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-    shape.back() = n;
-    Ort::UnownedValue out = ctx.GetOutput(0, shape);
-    if (m == 0) return;
-
-    // Each row quantized once, then read by every column task (kept by the calling thread between calls).
-    thread_local std::vector<uint8_t> codes;
-    thread_local std::vector<float> row_scales;
-    QuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock), k};
-    for_each_row(ctx, m, quantize_task, &q);
-    Call call{{q.codes, q.scales}, b.GetTensorData<int8_t>(), s.GetTensorData<float>(),
-              out.GetTensorMutableData<float>(), m, k, n};
-    // A batch per group of columns: a thread that finishes takes the next, rather than each thread a fixed half
-    // (measured both ways round in one process, docs/kernels.md: ~1% quicker, same bits).
-    const size_t groups = static_cast<size_t>(n / kColumns);
-    ctx.ParallelFor(columns_task, groups, groups, &call);
+      p.fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
+    float* out = p.output(n);
+    if (p.m == 0) return;
+    const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, kCodeFlip, false, false);
+    Call call{{q.codes, q.scales}, p.b.GetTensorData<int8_t>(), p.s.GetTensorData<float>(), out, p.m, k, n};
+    p.for_each_group<Call, columns>(call, n / kColumns);
   }
-};
-
-struct BlockInt8MatMulOp : Ort::CustomOpBase<BlockInt8MatMulOp, BlockInt8MatMulKernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
-    return new BlockInt8MatMulKernel(api, info);
-  }
-  const char* GetName() const { return "BlockInt8MatMul"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
 }  // namespace
 
-void add_block_int8_matmul(Ort::CustomOpDomain& domain) {
-  static BlockInt8MatMulOp op;
-  domain.Add(&op);
-}
+void add_block_int8_matmul(Ort::CustomOpDomain& domain) { edgespec_blocks::add_product<BlockInt8MatMulKernel>(domain); }

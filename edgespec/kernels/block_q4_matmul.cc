@@ -49,7 +49,7 @@
 // (export/onnx/block_kquant.py packs them). Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
-#include "block_products.h"  // quantize_row, kTileRows, for_each_tile
+#include "block_products.h"  // quantize_rows, kTileRows, for_each_tile, ProductCall, add_product
 #include "vector_math.h"  // Half, widen
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -65,7 +65,6 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -470,171 +469,67 @@ void kquant_columns(const KCall& c, int64_t n0) {
 }
 #endif
 
-template <bool kMinimum>
-void columns_task(void* data, size_t task) {
-  columns<kMinimum>(*static_cast<const Call*>(data), static_cast<int64_t>(task) * kColumns);
-}
-
-struct QuantizeCall {
-  const float* x;
-  uint8_t* codes;
-  float* scales;
-  int32_t* sums;
-  int64_t k;
-};
-
-void quantize_task(void* data, size_t row) {
-  const QuantizeCall& q = *static_cast<const QuantizeCall*>(data);
-  const int64_t r = static_cast<int64_t>(row), blocks = q.k / kBlock;
-  edgespec_blocks::quantize_row(q.x + r * q.k, q.k, q.codes + r * q.k, q.scales + r * blocks, 0, q.sums + r * blocks);
-}
-
 struct BlockQ4MatMulKernel {
-  BlockQ4MatMulKernel(const OrtApi&, const OrtKernelInfo*) {}
+  static constexpr const char* kName = "BlockQ4MatMul";
+  static constexpr ONNXTensorElementDataType kWeights = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  static constexpr ONNXTensorElementDataType kScales = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
   void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    const Ort::ConstValue a = ctx.GetInput(0), b = ctx.GetInput(1), s = ctx.GetInput(2);
-    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> b_shape = b.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> s_shape = s.GetTensorTypeAndShapeInfo().GetShape();
-    const auto fail = [](const std::string& why) {
-      ORT_CXX_API_THROW("BlockQ4MatMul: " + why, ORT_INVALID_ARGUMENT);
-    };
-    // A graph that does not match the contract (a corrupt or hand-edited export) is an error, not a stray read.
-    if (shape.empty() || b_shape.size() != 3 || b_shape[2] != kChunk || s_shape.size() != 3 ||
+    edgespec_blocks::ProductCall p(context, kName);
+    const std::vector<int64_t>& b_shape = p.b_shape;
+    const std::vector<int64_t>& s_shape = p.s_shape;
+    if (p.a_shape.empty() || b_shape.size() != 3 || b_shape[2] != kChunk || s_shape.size() != 3 ||
         (s_shape[2] != kColumns && s_shape[2] != 2 * kColumns))
-      fail("A must be [..., K], B [N/16, K/8, 64], scales [N/16, K/32, 16] (Q4_0) or [N/16, K/32, 32] (Q4_1)");
-    const int64_t k = shape.back(), n = b_shape[0] * kColumns;
+      p.fail("A must be [..., K], B [N/16, K/8, 64], scales [N/16, K/32, 16] (Q4_0) or [N/16, K/32, 32] (Q4_1)");
+    const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
     if (k % kBlock != 0 || b_shape[1] * kDepth != k || s_shape[0] != b_shape[0] || s_shape[1] != k / kBlock)
-      fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
-    int64_t m = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-    shape.back() = n;
-    Ort::UnownedValue out = ctx.GetOutput(0, shape);
-    if (m == 0) return;
-
-    // Each row quantized once, then read by every column task (kept by the calling thread between calls).
-    thread_local std::vector<uint8_t> codes;
-    thread_local std::vector<float> row_scales;
-    thread_local std::vector<int32_t> row_sums;
-    QuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock),
-                   scratch(row_sums, m * k / kBlock), k};
-    for_each_row(ctx, m, quantize_task, &q);
-    Call call{q.codes, q.scales, q.sums, b.GetTensorData<uint8_t>(), s.GetTensorData<Half>(),
-              out.GetTensorMutableData<float>(), m, k, n};
-    // A batch per group of columns: a thread that finishes takes the next (as the INT8 kernel's).
-    const size_t groups = static_cast<size_t>(b_shape[0]);
-    ctx.ParallelFor(s_shape[2] == kColumns ? columns_task<false> : columns_task<true>, groups, groups, &call);
+      p.fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
+    float* out = p.output(n);
+    if (p.m == 0) return;
+    const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, false);
+    Call call{q.codes, q.scales, q.sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<Half>(), out, p.m, k, n};
+    if (s_shape[2] == kColumns)
+      p.for_each_group<Call, columns<false>>(call, b_shape[0]);
+    else
+      p.for_each_group<Call, columns<true>>(call, b_shape[0]);
   }
 };
-
-struct BlockQ4MatMulOp : Ort::CustomOpBase<BlockQ4MatMulOp, BlockQ4MatMulKernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new BlockQ4MatMulKernel(api, info); }
-  const char* GetName() const { return "BlockQ4MatMul"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 0   ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-           : index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
-                        : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-};
-
-template <bool kSix>
-void kquant_task(void* data, size_t task) {
-  kquant_columns<kSix>(*static_cast<const KCall*>(data), static_cast<int64_t>(task) * kColumns);
-}
-
-struct KQuantizeCall {
-  const float* x;
-  uint8_t* codes;
-  float* scales;
-  int32_t* sums;
-  int32_t* half_sums;  // null for Q4_K
-  int64_t k;
-};
-
-void kquantize_task(void* data, size_t row) {
-  const KQuantizeCall& q = *static_cast<const KQuantizeCall*>(data);
-  const int64_t r = static_cast<int64_t>(row), blocks = q.k / kBlock;
-  uint8_t* codes = q.codes + r * q.k;
-  int32_t* sums = q.sums + r * blocks;
-  edgespec_blocks::quantize_row(q.x + r * q.k, q.k, codes, q.scales + r * blocks, 0, sums);
-  if (!q.half_sums) return;
-  for (int64_t b = 0; b < blocks; ++b) {  // each block's first half summed, the second the rest (exact integers)
-    int32_t first = 0;
-    for (int64_t i = 0; i < kHalf; ++i) first += static_cast<int8_t>(codes[b * kBlock + i]);
-    q.half_sums[r * 2 * blocks + 2 * b] = first;
-    q.half_sums[r * 2 * blocks + 2 * b + 1] = sums[b] - first;
-  }
-}
 
 struct BlockKQuantMatMulKernel {
-  BlockKQuantMatMulKernel(const OrtApi&, const OrtKernelInfo*) {}
+  static constexpr const char* kName = "BlockKQuantMatMul";
+  static constexpr ONNXTensorElementDataType kWeights = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  static constexpr ONNXTensorElementDataType kScales = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 
   void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    const Ort::ConstValue a = ctx.GetInput(0), b = ctx.GetInput(1), s = ctx.GetInput(2);
-    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> b_shape = b.GetTensorTypeAndShapeInfo().GetShape();
-    const std::vector<int64_t> s_shape = s.GetTensorTypeAndShapeInfo().GetShape();
-    const auto fail = [](const std::string& why) {
-      ORT_CXX_API_THROW("BlockKQuantMatMul: " + why, ORT_INVALID_ARGUMENT);
-    };
+    edgespec_blocks::ProductCall p(context, kName);
+    const std::vector<int64_t>& b_shape = p.b_shape;
+    const std::vector<int64_t>& s_shape = p.s_shape;
     // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles), 192 per 16 k (Q6_K's six bits).
     const bool six = b_shape.size() == 3 && b_shape[2] == kSixChunk;
-    if (shape.empty() || b_shape.size() != 3 || (b_shape[2] != kChunk && !six) || s_shape.size() != 3 ||
+    if (p.a_shape.empty() || b_shape.size() != 3 || (b_shape[2] != kChunk && !six) || s_shape.size() != 3 ||
         s_shape[2] != (six ? kQ6KBytes : kQ4KBytes))
-      fail("A must be [..., K], B [N/16, K/8, 64] and scales [N/16, K/256, 320] (Q4_K) or B [N/16, K/16, 192] and "
-           "scales [N/16, K/256, 288] (Q6_K)");
-    const int64_t k = shape.back(), n = b_shape[0] * kColumns;
+      p.fail("A must be [..., K], B [N/16, K/8, 64] and scales [N/16, K/256, 320] (Q4_K) or B [N/16, K/16, 192] "
+             "and scales [N/16, K/256, 288] (Q6_K)");
+    const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
     if (k % kSuper != 0 || b_shape[1] * (six ? kHalf : kDepth) != k || s_shape[0] != b_shape[0] ||
         s_shape[1] != k / kSuper)
-      fail("K must be a multiple of 256 and A, B and scales must agree on K and N");
-    int64_t m = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-    shape.back() = n;
-    Ort::UnownedValue out = ctx.GetOutput(0, shape);
-    if (m == 0) return;
-
-    thread_local std::vector<uint8_t> codes;
-    thread_local std::vector<float> row_scales;
-    thread_local std::vector<int32_t> row_sums, half_sums;
-    KQuantizeCall q{a.GetTensorData<float>(), scratch(codes, m * k), scratch(row_scales, m * k / kBlock),
-                    scratch(row_sums, m * k / kBlock), six ? scratch(half_sums, m * k / kHalf) : nullptr, k};
-    for_each_row(ctx, m, kquantize_task, &q);
-    KCall call{q.codes, q.scales, q.sums, q.half_sums, b.GetTensorData<uint8_t>(), s.GetTensorData<uint8_t>(),
-               out.GetTensorMutableData<float>(), m, k, n};
-    const size_t groups = static_cast<size_t>(b_shape[0]);
-    ctx.ParallelFor(six ? kquant_task<true> : kquant_task<false>, groups, groups, &call);
+      p.fail("K must be a multiple of 256 and A, B and scales must agree on K and N");
+    float* out = p.output(n);
+    if (p.m == 0) return;
+    const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, six);
+    KCall call{q.codes, q.scales, q.sums, q.half_sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<uint8_t>(),
+               out, p.m, k, n};
+    if (six)
+      p.for_each_group<KCall, kquant_columns<true>>(call, b_shape[0]);
+    else
+      p.for_each_group<KCall, kquant_columns<false>>(call, b_shape[0]);
   }
-};
-
-struct BlockKQuantMatMulOp : Ort::CustomOpBase<BlockKQuantMatMulOp, BlockKQuantMatMulKernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
-    return new BlockKQuantMatMulKernel(api, info);
-  }
-  const char* GetName() const { return "BlockKQuantMatMul"; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
 }  // namespace
 
-void add_block_q4_matmul(Ort::CustomOpDomain& domain) {
-  static BlockQ4MatMulOp op;
-  domain.Add(&op);
-}
+void add_block_q4_matmul(Ort::CustomOpDomain& domain) { edgespec_blocks::add_product<BlockQ4MatMulKernel>(domain); }
 
 void add_block_kquant_matmul(Ort::CustomOpDomain& domain) {
-  static BlockKQuantMatMulOp op;
-  domain.Add(&op);
+  edgespec_blocks::add_product<BlockKQuantMatMulKernel>(domain);
 }
