@@ -1,12 +1,13 @@
 """Current: a tool the manual uses.
-edgespec.BlockQ4MatMul (Q4_0, Q4_1) and edgespec.BlockKQuantMatMul (Q4_K, Q6_K) against MatMulNBits (4-bit, block
-32, accuracy level 4) on the same GGUF blocks: time per product at 1–16 rows, and what each extra row costs.
+edgespec.BlockQ4MatMul (Q4_0, Q4_1, Q5_0, Q5_1) and edgespec.BlockKQuantMatMul (Q4_K, Q5_K, Q6_K) against
+MatMulNBits (4-bit, block 32, accuracy level 4) on the same GGUF blocks: time per product at 1–16 rows, and what
+each extra row costs.
 
     PYTHONPATH=. python benchmarks/block_q4_products.py [--kind Q4_0,Q4_K,Q6_K] [--shapes 2048x3072,...]
                         [--rows 1,2,4,8,16] [--threads 2] [--copies 4] [--rounds 15] [--out DIR]
 
 Per shape (K × N; default Llama-3.2-1B's products as the export packs them: q|k|v 2048×3072, o 2048×2048,
-gate|up 2048×16384, down 8192×2048), random blocks of each ``--kind`` (Q4_0, Q4_1, Q4_K, Q6_K, comma-separated;
+gate|up 2048×16384, down 8192×2048), random blocks of each ``--kind`` (any of KINDS, comma-separated;
 MatMulNBits is timed for Q4_0, which it carries as codes with zero point 8) in ``--copies`` copies, one graph per op
 and kind that runs every copy in turn, so each product reads its weights from memory as a decode pass does. The ops,
 kinds and row counts take turns within each round, on onnxruntime's shared pool with ``--threads`` threads; the best
@@ -41,11 +42,11 @@ Weight = block_weights.BlockWeight | block_kquant.KQuantWeight
 
 def random_weight(kind: str, n: int, k: int, rng: np.random.Generator) -> Weight:
     """GGUF blocks of ``kind`` with random codes and fp16 scales (and minima) of a trained model's size."""
-    if kind in block_kquant.KINDS:  # random codes and sub-block numbers, fp16 d (and dmin) set
-        supers = n * k // 256
-        raw = rng.integers(0, 256, (supers, 144 if kind == "Q4_K" else 210), dtype=np.uint8)
-        d = rng.uniform(0.0001, 0.0005, (supers, 2 if kind == "Q4_K" else 1)).astype(np.float16).view(np.uint8)
-        raw[:, slice(0, 4) if kind == "Q4_K" else slice(208, 210)] = d  # Q4_K's d and dmin, Q6_K's d
+    if kind in block_kquant.KINDS:  # random codes and sub-block numbers, fp16 d (and dmin or m) set
+        blocks = n * k // block_kquant.SPAN[kind]
+        raw = rng.integers(0, 256, (blocks, block_kquant.BYTES[kind]), dtype=np.uint8)
+        for at in block_kquant.HALVES[kind]:
+            raw[:, at:at + 2] = rng.uniform(0.0001, 0.0005, (blocks, 1)).astype(np.float16).view(np.uint8)
         return block_kquant.from_ggml(kind, raw.reshape(n, -1), n, k)
     blocks = n * k // 32
     head = [rng.uniform(0.001, 0.01, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)]
@@ -71,7 +72,7 @@ def products_model(weights: list[Weight], op: str) -> onnx.ModelProto:
             kquant = isinstance(w, block_kquant.KQuantWeight)
             codes, scales = block_kquant.pack(w) if kquant else block_q4.pack(w)  # type: ignore[arg-type]
             tensors += [numpy_helper.from_array(codes, f"b{i}"), numpy_helper.from_array(scales, f"s{i}")]
-            nodes.append(helper.make_node(block_kquant.OP if kquant else block_q4.OP, ["x", f"b{i}", f"s{i}"],
+            nodes.append(helper.make_node(block_kquant.OPS[w.kind] if kquant else block_q4.OP, ["x", f"b{i}", f"s{i}"],
                                           [f"y{i}"], domain=custom_ops.DOMAIN))
     graph = helper.make_graph(nodes, "products", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
                                                                                 [1, None, k])],
@@ -142,8 +143,9 @@ def main() -> None:
                                           for op in ops}}
     layer = {op: {m: sum(r[op][m] for r in results.values()) for m in rows} for op in ops}
 
-    print(f"µs per product (best of {args.rounds} rounds × {args.copies} copies from memory; Q4_0 / Q4_1: "
-          f"{block_q4.OP}, Q4_K / Q6_K: {block_kquant.OP}), {threads} threads, {cpu_identity()[:60]}")
+    print(f"µs per product (best of {args.rounds} rounds × {args.copies} copies from memory; Q4_0 / Q4_1 / Q5_0 / "
+          f"Q5_1: {block_q4.OP}, Q4_K / Q5_K / Q6_K: {custom_ops.KQUANT_PRODUCTS_OP}), {threads} threads, "
+          f"{cpu_identity()[:60]}")
     nbits = NBITS in ops
     print(f"{'K×N':<12}{'rows':>5}" + "".join(f"{op:>12}{'×1 row':>8}" for op in ops)
           + (f"{'nbits/Q4_0':>11}" if nbits else ""))

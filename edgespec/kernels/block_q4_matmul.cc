@@ -75,6 +75,10 @@ using edgespec_blocks::kColumns;
 using edgespec_vec::Half;
 constexpr int64_t kDepth = 8;  // k per packed column and 64 bytes: 4 in the low nibbles, 4 in the high
 constexpr int64_t kChunk = kColumns * kDepth / 2;  // bytes of codes per group and 8 k
+// Bytes per group and block of 32 k: 4-bit codes in four chunks; 5-bit codes (Q5_0, Q5_1, Q5_K) the same four chunks
+// of their low 4 bits, then 64 bytes of their fifth bits.
+template <bool kFive>
+constexpr int64_t kUnit = (kFive ? 5 : 4) * kChunk;
 
 struct Call {
   const uint8_t* codes;  // [M][K]: the rows' int8 codes
@@ -89,6 +93,9 @@ struct Call {
 // Per group and block: the 16 d, and with a minimum (Q4_1) the 16 m after them.
 template <bool kMinimum>
 constexpr int64_t kScalesPerBlock = kColumns * (kMinimum ? 2 : 1);
+// Q4_0's and Q5_0's zero points: a weight is (q − 8)·d, (q − 16)·d.
+template <bool kFive>
+constexpr int32_t kZeroPoint = kFive ? 16 : 8;
 
 // BlockKQuantMatMul: GGUF's K-quant super-blocks of 256 along K.
 constexpr int64_t kSuper = 256;
@@ -127,6 +134,17 @@ struct Lanes8 : edgespec_blocks::FloatLanes8 {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed)), mask = _mm256_set1_epi8(0x0f);
     low = _mm256_and_si256(v, mask);
     high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+  }
+  // The 5-bit types' fifth bits, at `highs`, or'ed into chunk c's nibble vectors: byte 4j + i holds bit 2c for the low
+  // nibble's k, 2c + 1 for the high one's, each shifted to bit 4 (16-bit shifts: what crosses into the neighbouring
+  // byte is masked off).
+  static void fifth_bits(const uint8_t* highs, int c, Int& low, Int& high) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(highs)), bit = _mm256_set1_epi8(0x10);
+    const auto to_bit4 = [&](int from) {
+      return from <= 4 ? _mm256_slli_epi16(h, 4 - from) : _mm256_srli_epi16(h, from - 4);
+    };
+    low = _mm256_or_si256(low, _mm256_and_si256(to_bit4(2 * c), bit));
+    high = _mm256_or_si256(high, _mm256_and_si256(to_bit4(2 * c + 1), bit));
   }
   static Int splat(int32_t v) { return _mm256_set1_epi32(v); }
   // sum + the four-byte dot products of the codes (unsigned, ≤ 15) and the activations (signed), lane by lane
@@ -175,6 +193,14 @@ struct Lanes16 : edgespec_blocks::FloatLanes16 {
     low = _mm512_and_si512(v, mask);
     high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
   }
+  static void fifth_bits(const uint8_t* highs, int c, Int& low, Int& high) {
+    const __m512i h = _mm512_loadu_si512(highs), bit = _mm512_set1_epi8(0x10);
+    const auto to_bit4 = [&](int from) {
+      return from <= 4 ? _mm512_slli_epi16(h, 4 - from) : _mm512_srli_epi16(h, from - 4);
+    };
+    low = _mm512_or_si512(low, _mm512_and_si512(to_bit4(2 * c), bit));
+    high = _mm512_or_si512(high, _mm512_and_si512(to_bit4(2 * c + 1), bit));
+  }
   static Int splat(int32_t v) { return _mm512_set1_epi32(v); }
   static Int dot(Int sum, Int w, Int a) { return _mm512_dpbusd_epi32(sum, w, a); }
   static Float load(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
@@ -218,6 +244,10 @@ struct Pair {
     V::nibbles(packed, low.lo, high.lo);
     V::nibbles(packed + kChunk / 2, low.hi, high.hi);
   }
+  static void fifth_bits(const uint8_t* highs, int c, Int& low, Int& high) {
+    V::fifth_bits(highs, c, low.lo, high.lo);
+    V::fifth_bits(highs + kChunk / 2, c, low.hi, high.hi);
+  }
   static Int broadcast(const uint8_t* codes) {
     const V::Int a = V::broadcast(codes);
     return {a, a};
@@ -249,12 +279,28 @@ using GroupLanes = Pair;
 #endif
 static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
+// Each row's integer sums over one block of 32 k added to sum: the block's four chunks of 4-bit codes (k … k + 7, …,
+// k + 24 … k + 31), with kFive each code's fifth bit from the 64 bytes after them; each chunk unpacked once for all R
+// rows, whose activations start at codes + r · stride.
+template <class V, int R, bool kFive>
+void add_block(const uint8_t* block, const uint8_t* codes, int64_t stride, typename V::Int (&sum)[R]) {
+  for (int64_t line = 0; line < kUnit<kFive>; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block + line + kPrefetchBytes), _MM_HINT_T1);
+  for (int c = 0; c < 4; ++c) {
+    typename V::Int low, high;
+    V::nibbles(block + c * kChunk, low, high);
+    if constexpr (kFive) V::fifth_bits(block + 4 * kChunk, c, low, high);
+    for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * stride + kDepth * c));
+    for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], high, V::broadcast(codes + r * stride + kDepth * c + 4));
+  }
+}
+
 // Rows m0 … m0 + R − 1 against the 16 columns from n0: per block each row's exact integer sums (Q4_0's start at
-// −8·Σa, so the zero point costs nothing in the loop), then the float steps.
-template <class V, int R, bool kMinimum>
+// −8·Σa, Q5_0's at −16·Σa, so the zero point costs nothing in the loop), then the float steps.
+template <class V, int R, bool kMinimum, bool kFive>
 void panel(const Call& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+  const uint8_t* packed = c.weights + n0 / kColumns * blocks * kUnit<kFive>;
   const Half* scales = c.scales + n0 / kColumns * blocks * kScalesPerBlock<kMinimum>;
   const uint8_t* codes = c.codes + m0 * c.k;
   const float* row_scales = c.row_scales + m0 * blocks;
@@ -263,15 +309,8 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
   for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
   for (int64_t b = 0; b < blocks; ++b) {
     typename V::Int sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = V::splat(kMinimum ? 0 : -8 * row_sums[r * blocks + b]);
-    for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += kDepth) {
-      const uint8_t* chunk = packed + k / kDepth * kChunk;
-      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T1);
-      typename V::Int low, high;
-      V::nibbles(chunk, low, high);
-      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * c.k + k));
-      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], high, V::broadcast(codes + r * c.k + k + 4));
-    }
+    for (int r = 0; r < R; ++r) sum[r] = V::splat(kMinimum ? 0 : -kZeroPoint<kFive> * row_sums[r * blocks + b]);
+    add_block<V, R, kFive>(packed + b * kUnit<kFive>, codes + b * kBlock, c.k, sum);
     const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
     const typename V::Float d = V::load(block_scales);
     for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + b], d);
@@ -286,28 +325,28 @@ void panel(const Call& c, int64_t m0, int64_t n0) {
 
 using Panel = void (*)(const Call&, int64_t, int64_t);
 
-// panel<GroupLanes, 1, kMinimum> … panel<GroupLanes, kTileRows, kMinimum>: a tile of r rows runs table[r − 1].
-template <bool kMinimum, size_t... I>
+// panel<GroupLanes, 1, …> … panel<GroupLanes, kTileRows, …>: a tile of r rows runs table[r − 1].
+template <bool kMinimum, bool kFive, size_t... I>
 constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>) {
-  return {panel<GroupLanes, static_cast<int>(I) + 1, kMinimum>...};
+  return {panel<GroupLanes, static_cast<int>(I) + 1, kMinimum, kFive>...};
 }
-template <bool kMinimum>
-constexpr auto kPanels = panel_table<kMinimum>(std::make_index_sequence<edgespec_blocks::kTileRows>());
+template <bool kMinimum, bool kFive>
+constexpr auto kPanels = panel_table<kMinimum, kFive>(std::make_index_sequence<edgespec_blocks::kTileRows>());
 
-template <bool kMinimum>
+template <bool kMinimum, bool kFive>
 void columns(const Call& c, int64_t n0) {
   edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
-    kPanels<kMinimum>[static_cast<size_t>(rows - 1)](c, m0, n0);
+    kPanels<kMinimum, kFive>[static_cast<size_t>(rows - 1)](c, m0, n0);
   });
 }
 
-// Q4_K, rows m0 … m0 + R − 1 against the 16 columns from n0: Q4_1's loop, the scale d·sc and minimum −dmin·m of each
-// sub-block made from the super-block's fp16 d and dmin and the sub-block's 6-bit numbers (exact products), once
-// for all the tile's rows.
-template <class V, int R>
+// Q4_K and Q5_K, rows m0 … m0 + R − 1 against the 16 columns from n0: Q4_1's and Q5_1's loop, the scale d·sc and
+// minimum −dmin·m of each sub-block made from the super-block's fp16 d and dmin and the sub-block's 6-bit numbers
+// (exact products), once for all the tile's rows.
+template <class V, int R, bool kFive>
 void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+  const uint8_t* packed = c.weights + n0 / kColumns * blocks * kUnit<kFive>;
   const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * kQ4KBytes;
   const uint8_t* codes = c.codes + m0 * c.k;
   const float* row_scales = c.row_scales + m0 * blocks;
@@ -318,14 +357,7 @@ void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
     const uint8_t* super = scales + b / kSubBlocks4 * kQ4KBytes;
     typename V::Int sum[R];
     for (int r = 0; r < R; ++r) sum[r] = V::splat(0);
-    for (int64_t k = b * kBlock; k < (b + 1) * kBlock; k += kDepth) {
-      const uint8_t* chunk = packed + k / kDepth * kChunk;
-      _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchBytes), _MM_HINT_T1);
-      typename V::Int low, high;
-      V::nibbles(chunk, low, high);
-      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * c.k + k));
-      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], high, V::broadcast(codes + r * c.k + k + 4));
-    }
+    add_block<V, R, kFive>(packed + b * kUnit<kFive>, codes + b * kBlock, c.k, sum);
     const uint8_t* sub = super + 4 * kColumns + b % kSubBlocks4 * 2 * kColumns;
     const typename V::Float scale = V::mul(V::load_half(super), V::widen_u8(sub));
     const typename V::Float minimum =
@@ -370,42 +402,51 @@ void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
 
 using KPanel = void (*)(const KCall&, int64_t, int64_t);
 
-template <bool kSix, size_t... I>
+template <int kBits, size_t... I>
 constexpr std::array<KPanel, sizeof...(I)> kpanel_table(std::index_sequence<I...>) {
-  if constexpr (kSix) {
+  if constexpr (kBits == 6) {
     return {panel_q6k<GroupLanes, static_cast<int>(I) + 1>...};
   } else {
-    return {panel_q4k<GroupLanes, static_cast<int>(I) + 1>...};
+    return {panel_q4k<GroupLanes, static_cast<int>(I) + 1, kBits == 5>...};
   }
 }
-template <bool kSix>
-constexpr auto kKPanels = kpanel_table<kSix>(std::make_index_sequence<edgespec_blocks::kTileRows>());
+template <int kBits>
+constexpr auto kKPanels = kpanel_table<kBits>(std::make_index_sequence<edgespec_blocks::kTileRows>());
 
-template <bool kSix>
+template <int kBits>
 void kquant_columns(const KCall& c, int64_t n0) {
   edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
-    kKPanels<kSix>[static_cast<size_t>(rows - 1)](c, m0, n0);
+    kKPanels<kBits>[static_cast<size_t>(rows - 1)](c, m0, n0);
   });
 }
 #else
+// Column j's code of k + i in a block of 32 as the SIMD paths unpack it: its nibble, with kFive its fifth bit.
+template <bool kFive>
+int32_t code_at(const uint8_t* block, int64_t j, int64_t i) {
+  const int64_t at = j * kDepth / 2 + i % (kDepth / 2);
+  const uint8_t byte = block[i / kDepth * kChunk + at];
+  const int32_t low = i % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
+  if constexpr (!kFive) return low;
+  const int64_t bit = 2 * (i / kDepth) + i % kDepth / (kDepth / 2);
+  return low | (block[4 * kChunk + at] >> bit & 1) << 4;
+}
+
 // The same sums, one (row, column) at a time: integer block sums are exact, and the float steps are the SIMD paths'
 // (each product of two scales rounded, then one fused multiply-add).
-template <bool kMinimum>
+template <bool kMinimum, bool kFive>
 void columns(const Call& c, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+  const uint8_t* packed = c.weights + n0 / kColumns * blocks * kUnit<kFive>;
   const Half* scales = c.scales + n0 / kColumns * blocks * kScalesPerBlock<kMinimum>;
   for (int64_t m = 0; m < c.m; ++m)
     for (int64_t j = 0; j < kColumns; ++j) {
       float acc = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
         const int32_t sum = c.row_sums[m * blocks + b];
-        int32_t dot = kMinimum ? 0 : -8 * sum;
-        for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k) {
-          const uint8_t byte = packed[k / kDepth * kChunk + j * kDepth / 2 + k % (kDepth / 2)];
-          const int32_t q = k % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
-          dot += q * int32_t(static_cast<int8_t>(c.codes[m * c.k + k]));
-        }
+        int32_t dot = kMinimum ? 0 : -kZeroPoint<kFive> * sum;
+        for (int64_t i = 0; i < kBlock; ++i)
+          dot += code_at<kFive>(packed + b * kUnit<kFive>, j, i) *
+                 int32_t(static_cast<int8_t>(c.codes[m * c.k + b * kBlock + i]));
         const float s = c.row_scales[m * blocks + b];
         const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
         acc = std::fma(static_cast<float>(dot), s * edgespec_vec::widen(block_scales[j]), acc);
@@ -421,23 +462,22 @@ inline float half_at(const uint8_t* p) {
   return edgespec_vec::widen(h);
 }
 
-// Q4_K and Q6_K the same way: each sub-block's integer sum, its scale (and Q4_K's minimum) an exact float product
-// of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float steps.
-template <bool kSix>
+// Q4_K, Q5_K and Q6_K the same way: each sub-block's integer sum, its scale (and Q4_K's and Q5_K's minimum) an exact
+// float product of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float steps.
+template <int kBits>
 void kquant_columns(const KCall& c, int64_t n0) {
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kSix ? kQ6KBytes : kQ4KBytes);
+  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kBits == 6 ? kQ6KBytes : kQ4KBytes);
   for (int64_t m = 0; m < c.m; ++m)
     for (int64_t j = 0; j < kColumns; ++j) {
       float acc = 0.0f;
-      if constexpr (kSix) {
+      if constexpr (kBits == 6) {
         const uint8_t* packed = c.weights + n0 / kColumns * halves * kSixChunk;
         for (int64_t h = 0; h < halves; ++h) {
           const uint8_t* unit = packed + h * kSixChunk;
           int32_t dot = -32 * c.half_sums[m * halves + h];
           for (int64_t i = 0; i < kHalf; ++i) {
-            const uint8_t byte = unit[i / kDepth * kChunk + j * kDepth / 2 + i % (kDepth / 2)];
-            const int32_t low = i % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
+            const int32_t low = code_at<false>(unit, j, i);
             const int32_t high = unit[2 * kChunk + j * kDepth / 2 + i % (kDepth / 2)] >> (2 * (i / 4)) & 0x03;
             dot += (low | high << 4) * int32_t(static_cast<int8_t>(c.codes[m * c.k + h * kHalf + i]));
           }
@@ -447,14 +487,13 @@ void kquant_columns(const KCall& c, int64_t n0) {
           acc = std::fma(static_cast<float>(dot), c.row_scales[m * blocks + h / 2] * scale, acc);
         }
       } else {
-        const uint8_t* packed = c.weights + n0 / kColumns * (c.k / kDepth) * kChunk;
+        constexpr bool kFive = kBits == 5;
+        const uint8_t* packed = c.weights + n0 / kColumns * blocks * kUnit<kFive>;
         for (int64_t b = 0; b < blocks; ++b) {
           int32_t dot = 0;
-          for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k) {
-            const uint8_t byte = packed[k / kDepth * kChunk + j * kDepth / 2 + k % (kDepth / 2)];
-            const int32_t q = k % kDepth < kDepth / 2 ? byte & 0x0f : byte >> 4;
-            dot += q * int32_t(static_cast<int8_t>(c.codes[m * c.k + k]));
-          }
+          for (int64_t i = 0; i < kBlock; ++i)
+            dot += code_at<kFive>(packed + b * kUnit<kFive>, j, i) *
+                   int32_t(static_cast<int8_t>(c.codes[m * c.k + b * kBlock + i]));
           const uint8_t* super = scales + b / kSubBlocks4 * kQ4KBytes;
           const uint8_t* sub = super + 4 * kColumns + b % kSubBlocks4 * 2 * kColumns;
           const float scale = half_at(super + 2 * j) * static_cast<float>(sub[j]);
@@ -478,20 +517,27 @@ struct BlockQ4MatMulKernel {
     edgespec_blocks::ProductCall p(context, kName);
     const std::vector<int64_t>& b_shape = p.b_shape;
     const std::vector<int64_t>& s_shape = p.s_shape;
-    if (p.a_shape.empty() || b_shape.size() != 3 || b_shape[2] != kChunk || s_shape.size() != 3 ||
+    // B's last axis tells the codes: 64 bytes per 8 k (Q4_0, Q4_1), 320 per 32 k (Q5_0, Q5_1); the scales' whether
+    // a minimum follows each d.
+    const bool five = b_shape.size() == 3 && b_shape[2] == kUnit<true>;
+    if (p.a_shape.empty() || b_shape.size() != 3 || (b_shape[2] != kChunk && !five) || s_shape.size() != 3 ||
         (s_shape[2] != kColumns && s_shape[2] != 2 * kColumns))
-      p.fail("A must be [..., K], B [N/16, K/8, 64], scales [N/16, K/32, 16] (Q4_0) or [N/16, K/32, 32] (Q4_1)");
+      p.fail("A must be [..., K], B [N/16, K/8, 64] (Q4_0, Q4_1) or [N/16, K/32, 320] (Q5_0, Q5_1), scales "
+             "[N/16, K/32, 16] (Q4_0, Q5_0) or [N/16, K/32, 32] (Q4_1, Q5_1)");
     const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
-    if (k % kBlock != 0 || b_shape[1] * kDepth != k || s_shape[0] != b_shape[0] || s_shape[1] != k / kBlock)
+    if (k % kBlock != 0 || b_shape[1] * (five ? kBlock : kDepth) != k || s_shape[0] != b_shape[0] ||
+        s_shape[1] != k / kBlock)
       p.fail("K must be a multiple of 32 and A, B and scales must agree on K and N");
     float* out = p.output(n);
     if (p.m == 0) return;
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, false);
     Call call{q.codes, q.scales, q.sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<Half>(), out, p.m, k, n};
-    if (s_shape[2] == kColumns)
-      p.for_each_group<Call, columns<false>>(call, b_shape[0]);
-    else
-      p.for_each_group<Call, columns<true>>(call, b_shape[0]);
+    const bool minimum = s_shape[2] == 2 * kColumns;
+    const auto run = five ? (minimum ? &edgespec_blocks::ProductCall::for_each_group<Call, columns<true, true>>
+                                     : &edgespec_blocks::ProductCall::for_each_group<Call, columns<false, true>>)
+                          : (minimum ? &edgespec_blocks::ProductCall::for_each_group<Call, columns<true, false>>
+                                     : &edgespec_blocks::ProductCall::for_each_group<Call, columns<false, false>>);
+    (p.*run)(call, b_shape[0]);
   }
 };
 
@@ -504,25 +550,27 @@ struct BlockKQuantMatMulKernel {
     edgespec_blocks::ProductCall p(context, kName);
     const std::vector<int64_t>& b_shape = p.b_shape;
     const std::vector<int64_t>& s_shape = p.s_shape;
-    // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles), 192 per 16 k (Q6_K's six bits).
-    const bool six = b_shape.size() == 3 && b_shape[2] == kSixChunk;
-    if (p.a_shape.empty() || b_shape.size() != 3 || (b_shape[2] != kChunk && !six) || s_shape.size() != 3 ||
-        s_shape[2] != (six ? kQ6KBytes : kQ4KBytes))
-      p.fail("A must be [..., K], B [N/16, K/8, 64] and scales [N/16, K/256, 320] (Q4_K) or B [N/16, K/16, 192] "
-             "and scales [N/16, K/256, 288] (Q6_K)");
+    // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles), 320 per 32 k (Q5_K's nibbles and fifth
+    // bits), 192 per 16 k (Q6_K's six bits).
+    const int64_t unit = b_shape.size() == 3 ? b_shape[2] : 0;
+    const int bits = unit == kChunk ? 4 : unit == kUnit<true> ? 5 : unit == kSixChunk ? 6 : 0;
+    const bool six = bits == 6;
+    if (p.a_shape.empty() || bits == 0 || s_shape.size() != 3 || s_shape[2] != (six ? kQ6KBytes : kQ4KBytes))
+      p.fail("A must be [..., K], B [N/16, K/8, 64] (Q4_K) or [N/16, K/32, 320] (Q5_K) and scales [N/16, K/256, "
+             "320], or B [N/16, K/16, 192] and scales [N/16, K/256, 288] (Q6_K)");
     const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
-    if (k % kSuper != 0 || b_shape[1] * (six ? kHalf : kDepth) != k || s_shape[0] != b_shape[0] ||
-        s_shape[1] != k / kSuper)
+    const int64_t depth = bits == 4 ? kDepth : bits == 5 ? kBlock : kHalf;  // k per B row
+    if (k % kSuper != 0 || b_shape[1] * depth != k || s_shape[0] != b_shape[0] || s_shape[1] != k / kSuper)
       p.fail("K must be a multiple of 256 and A, B and scales must agree on K and N");
     float* out = p.output(n);
     if (p.m == 0) return;
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, six);
     KCall call{q.codes, q.scales, q.sums, q.half_sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<uint8_t>(),
                out, p.m, k, n};
-    if (six)
-      p.for_each_group<KCall, kquant_columns<true>>(call, b_shape[0]);
-    else
-      p.for_each_group<KCall, kquant_columns<false>>(call, b_shape[0]);
+    const auto run = bits == 4   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
+                     : bits == 5 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<5>>
+                                 : &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<6>>;
+    (p.*run)(call, b_shape[0]);
   }
 };
 

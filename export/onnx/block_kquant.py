@@ -1,17 +1,25 @@
-"""GGUF's Q4_K / Q6_K super-blocks carried as they are: read from the file, dequantized as gguf and llama.cpp do,
-and packed into ``edgespec.BlockKQuantMatMul``'s layout (``edgespec/kernels/block_q4_matmul.cc``).
+"""The GGUF types only edgespec's kernels carry, as they are: Q4_K / Q5_K / Q6_K super-blocks and Q5_0 / Q5_1 blocks,
+read from the file, dequantized as gguf and llama.cpp do, and packed into ``edgespec.BlockKQuantMatMul``'s layout
+(the K-quants) or ``edgespec.BlockQ4MatMul``'s (Q5_0, Q5_1; both ops in ``edgespec/kernels/block_q4_matmul.cc``).
 
-A super-block holds 256 weights of one row (llama.cpp's ggml-common.h):
+A super-block holds 256 weights of one row, a block 32 (llama.cpp's ggml-common.h):
 
 - Q4_K (144 bytes): fp16 ``d`` and ``dmin``, 12 bytes of 6-bit scales ``sc`` and minima ``m`` for 8 sub-blocks of 32,
   128 bytes of 4-bit codes q; a weight is ``(d·sc)·q − dmin·m``.
+- Q5_K (176 bytes): Q4_K's, with 32 bytes of the codes' fifth bits before the 128 of their low 4: q is 5 bits.
 - Q6_K (210 bytes): 128 bytes of the codes' low 4 bits, 64 of their high 2, 16 int8 scales for 16 sub-blocks of 16,
   fp16 ``d``; a weight is ``(d·scale)·(u − 32)``, u the 6-bit code.
+- Q5_0 (22 bytes): fp16 ``d``, 4 bytes of the codes' fifth bits, 16 of their low 4; a weight is ``(q − 16)·d``.
+- Q5_1 (24 bytes): fp16 ``d`` and ``m``, then Q5_0's codes; a weight is ``q·d + m``.
+
+Q4_0 / Q4_1 / Q8_0 are carried elsewhere (``block_weights``: MatMulNBits or BlockQ4MatMul); these have no
+MatMulNBits form, so an export that does not run edgespec's kernels dequantizes them.
 
 ``d·sc``, ``dmin·m`` (11 significant bits × 6) and ``d·scale`` (11 × 8) are exact in float32, so the op rounds
 nothing llama.cpp's own products would not: each activation row quantized per block of 32 to int8, an exact
-integer sum per sub-block, then a float step per sub-block (the kernel's comment has the rounding order). The
-packed numbers are the file's: the fp16 ``d`` / ``dmin`` bytes and the small integers, moved into the op's order.
+integer sum per sub-block (or block), then a float step per sub-block (the kernel's comment has the rounding order).
+The packed numbers are the file's: the fp16 ``d`` / ``dmin`` / ``m`` bytes and the small integers, moved into the
+op's order.
 """
 
 from __future__ import annotations
@@ -22,41 +30,59 @@ import numpy as np
 
 from edgespec.kernels import library as custom_ops
 
-from .block_q4 import COLUMNS, nibbles
+from .block_q4 import COLUMNS, block_scales, five_bits, nibbles
 
-OP = custom_ops.KQUANT_PRODUCTS_OP
 SUPER = 256  # weights per super-block along K
-KINDS = ("Q4_K", "Q6_K")
-_BYTES = {"Q4_K": 2 + 2 + 12 + SUPER // 2, "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2}
-SCALE_BYTES = {"Q4_K": 2 * 2 * COLUMNS + 8 * 2 * COLUMNS, "Q6_K": 2 * COLUMNS + 16 * COLUMNS}  # per group, super-block
+KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+SPAN = {"Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER, "Q5_0": 32, "Q5_1": 32}  # weights per (super-)block along K
+BYTES = {"Q4_K": 2 + 2 + 12 + SUPER // 2, "Q5_K": 2 + 2 + 12 + SUPER // 8 + SUPER // 2,
+         "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2, "Q5_0": 2 + 4 + 16, "Q5_1": 2 + 2 + 4 + 16}
+HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}  # where d (dmin, m) stand
+OPS = {kind: custom_ops.KQUANT_PRODUCTS_OP if kind.endswith("_K") else custom_ops.Q4_PRODUCTS_OP for kind in KINDS}
 
 
 @dataclass(frozen=True)
 class KQuantWeight:
-    """A weight [N, K] (rows = output features) as a GGUF file's super-blocks: uint8 [N, K/256, bytes]."""
+    """A weight [N, K] (rows = output features) as a GGUF file's (super-)blocks: uint8 [N, K/span, bytes]."""
 
-    kind: str  # "Q4_K" or "Q6_K"
+    kind: str  # one of KINDS
     blocks: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.blocks.shape[0], self.blocks.shape[1] * SUPER
+        return self.blocks.shape[0], self.blocks.shape[1] * SPAN[self.kind]
+
+    def _half(self, at: int) -> np.ndarray:
+        """The fp16 number at byte ``at`` of every (super-)block: float16 [N, K/span]."""
+        return self.blocks[..., at:at + 2].copy().view(np.float16)[..., 0]
 
     def rows(self, order: np.ndarray) -> KQuantWeight:
         return KQuantWeight(self.kind, self.blocks[order])
 
-    def q4_k(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Q4_K's numbers: d, dmin (float16 [N, S]), sc, m (uint8 [N, S, 8]), q (uint8 [N, S, 8, 32])."""
+    def minima_form(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Q4_K's and Q5_K's numbers: d, dmin (float16 [N, S]), sc, m (uint8 [N, S, 8]), q (uint8 [N, S, 8, 32])."""
         b = self.blocks
         n, s = b.shape[:2]
-        d = b[..., 0:2].copy().view(np.float16)[..., 0]
-        dmin = b[..., 2:4].copy().view(np.float16)[..., 0]
         low, high, both = b[..., 4:8], b[..., 8:12], b[..., 12:16]  # llama.cpp's get_scale_min_k4
         sc = np.concatenate([low & 0x3F, (both & 0x0F) | ((low >> 6) << 4)], axis=-1)
         m = np.concatenate([high & 0x3F, (both >> 4) | ((high >> 6) << 4)], axis=-1)
-        qs = b[..., 16:].reshape(n, s, 4, 1, 32)  # 4 × 32 bytes: sub-block 2j in the low nibbles, 2j + 1 in the high
-        q = (qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F
-        return d, dmin, sc, m, q.reshape(n, s, 8, 32)
+        five = self.kind == "Q5_K"
+        start = 16 + SUPER // 8 * five  # Q5_K: 32 bytes of fifth bits first, bit j of byte l for sub-block j's l
+        qs = b[..., start:].reshape(n, s, 4, 1, 32)  # 4 × 32 bytes: sub-block 2j in the low nibbles, 2j + 1 in the high
+        q = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(n, s, 8, 32)
+        if five:
+            qh = b[..., 16:start].reshape(n, s, 1, 32)
+            q |= ((qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1) << 4
+        return self._half(0), self._half(2), sc, m, q
+
+    def q5(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Q5_0's and Q5_1's numbers: d, m (float16 [N, B]; m None for Q5_0), q (uint8 [N, B, 32])."""
+        minimum = self.kind == "Q5_1"
+        qh = self.blocks[..., 2 + 2 * minimum:6 + 2 * minimum].copy().view("<u4")  # bit l: weight l's fifth bit
+        qs = self.blocks[..., 6 + 2 * minimum:]  # byte l: weight l in the low nibble, l + 16 in the high
+        low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+        high = (qh >> np.arange(32, dtype=np.uint32)) & 1
+        return self._half(0), self._half(2) if minimum else None, low | (high << 4).astype(np.uint8)
 
     def q6_k(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q6_K's numbers: d (float16 [N, S]), scales (int8 [N, S, 16]), u (the 6-bit codes, uint8 [N, S, 16, 16])."""
@@ -64,7 +90,7 @@ class KQuantWeight:
         n, s = b.shape[:2]
         ql, qh = b[..., :128].reshape(n, s, 2, 1, 64), b[..., 128:192].reshape(n, s, 2, 1, 32)
         scales = b[..., 192:208].view(np.int8)
-        d = b[..., 208:210].copy().view(np.float16)[..., 0]
+        d = self._half(208)
         # per half of 128 weights: ql[l] holds weights l (low nibble) and 64 + l (high); ql[32 + l] 32 + l and 96 + l;
         # qh[l] the high 2 bits of l, 32 + l, 64 + l and 96 + l (bits 0–1, 2–3, 4–5, 6–7)
         low = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(n, s, 2, 128)
@@ -75,8 +101,14 @@ class KQuantWeight:
         """(codes [N, K/g, g], scales float32 [N, K/g, 1], minima float32 [N, K/g, 1] or None), g the sub-block:
         a weight is scales·codes (+ minima), as ``dequantize`` computes it (the embedding's gather)."""
         n, s = self.blocks.shape[:2]
-        if self.kind == "Q4_K":
-            d, dmin, sc, m, q = self.q4_k()
+        if self.kind in ("Q5_0", "Q5_1"):
+            d, m, q = self.q5()
+            scale = d.astype(np.float32)[..., None]
+            if m is None:
+                return (q.astype(np.int16) - 16).astype(np.int8), scale, None
+            return q, scale, m.astype(np.float32)[..., None]
+        if self.kind in ("Q4_K", "Q5_K"):
+            d, dmin, sc, m, q = self.minima_form()
             scale = d.astype(np.float32)[..., None] * sc.astype(np.float32)  # exact: 11 × 6 bits
             minimum = -(dmin.astype(np.float32)[..., None] * m.astype(np.float32))
             return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 1), minimum.reshape(n, s * 8, 1)
@@ -86,7 +118,8 @@ class KQuantWeight:
         return codes.reshape(n, s * 16, 16), scale.reshape(n, s * 16, 1), None
 
     def dequantize(self) -> np.ndarray:
-        """float32 [N, K], as gguf's (and llama.cpp's) dequantization: (d·sc)·q − dmin·m, (d·scale)·(u − 32)."""
+        """float32 [N, K], as gguf's (and llama.cpp's) dequantization: (d·sc)·q − dmin·m, (d·scale)·(u − 32),
+        d·(q − 16), d·q + m."""
         codes, scales, minima = self.gathered()
         w = scales * codes.astype(np.float32)
         if minima is not None:
@@ -102,9 +135,9 @@ def stack(parts: list[KQuantWeight]) -> KQuantWeight:
 
 def from_ggml(kind: str, data: np.ndarray, n: int, k: int) -> KQuantWeight:
     """A GGUF tensor's raw bytes (``kind`` one of ``KINDS``; [N, bytes per row]) as a ``KQuantWeight``."""
-    if kind not in KINDS or k % SUPER:
-        raise ValueError(f"not a GGUF Q4_K/Q6_K weight of whole super-blocks: {kind}, K = {k}")
-    return KQuantWeight(kind, np.ascontiguousarray(data, np.uint8).reshape(n, k // SUPER, _BYTES[kind]))
+    if kind not in KINDS or k % SPAN[kind]:
+        raise ValueError(f"not a GGUF {'/'.join(KINDS)} weight of whole (super-)blocks: {kind}, K = {k}")
+    return KQuantWeight(kind, np.ascontiguousarray(data, np.uint8).reshape(n, k // SPAN[kind], BYTES[kind]))
 
 
 def _columns(a: np.ndarray, extra: int) -> np.ndarray:
@@ -120,20 +153,28 @@ def _halves(d: np.ndarray, extra: int) -> np.ndarray:
 
 
 def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
-    """A carried Q4_K / Q6_K weight → the op's B and scales (uint8 [N′/16, K/256, 320] Q4_K, 288 Q6_K), N′ being
-    N rounded up to 16 (the extra columns zeros, which the graph drops). Nothing is rounded.
+    """A carried weight → its op's (``OPS``) B and scales, N′ being N rounded up to 16 (the extra columns zeros, which
+    the graph drops). Nothing is rounded.
 
     Q4_K: B [N′/16, K/8, 64] as BlockQ4MatMul's (byte 4j + i: column j's code of k + i, low nibble, and of k + 4 + i);
-    scales per group and super-block the 16 columns' fp16 d, their fp16 dmin, then per sub-block their 16 sc and
-    16 m. Q6_K: B [N′/16, K/16, 192], per 16 k the low 4 bits of k … k + 7 and of k + 8 … k + 15 as Q4_K's two
-    chunks, then 64 bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and
-    k + 12 + i (bits 0–1, 2–3, 4–5, 6–7); scales the 16 fp16 d, then per sub-block the 16 int8 scales."""
+    scales uint8 [N′/16, K/256, 320], per group and super-block the 16 columns' fp16 d, their fp16 dmin, then per
+    sub-block their 16 sc and 16 m. Q5_K: B [N′/16, K/32, 320] (``block_q4.five_bits``), scales as Q4_K's. Q6_K:
+    B [N′/16, K/16, 192], per 16 k the low 4 bits of k … k + 7 and of k + 8 … k + 15 as Q4_K's two chunks, then 64
+    bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i (bits 0–1,
+    2–3, 4–5, 6–7); scales uint8 [N′/16, K/256, 288], the 16 fp16 d, then per sub-block the 16 int8 scales.
+    Q5_0 / Q5_1: B as Q5_K's, scales float16 [N′/16, K/32, 16] (d) or [N′/16, K/32, 32] (the 16 d, then the 16 m),
+    as BlockQ4MatMul's Q4_0 / Q4_1."""
     n, k = weight.shape
     extra = -n % COLUMNS
     groups, supers = (n + extra) // COLUMNS, k // SUPER
-    if weight.kind == "Q4_K":
-        d, dmin, sc, m, q = weight.q4_k()
-        codes = nibbles(np.pad(q.reshape(n, k), ((0, extra), (0, 0))))
+    if weight.kind in ("Q5_0", "Q5_1"):
+        d, m, q = weight.q5()
+        codes = five_bits(np.pad(q.reshape(n, k), ((0, extra), (0, 0))))
+        return codes, block_scales([d] if m is None else [d, m], extra)
+    if weight.kind in ("Q4_K", "Q5_K"):
+        d, dmin, sc, m, q = weight.minima_form()
+        padded = np.pad(q.reshape(n, k), ((0, extra), (0, 0)))
+        codes = five_bits(padded) if weight.kind == "Q5_K" else nibbles(padded)
         small = np.stack([_columns(sc, extra), _columns(m, extra)], axis=3)  # [G, 16, S, 2, 8]
         small = small.transpose(0, 2, 4, 3, 1).reshape(groups, supers, 8 * 2 * COLUMNS)
         scales = np.concatenate([_halves(d, extra), _halves(dmin, extra), small], axis=2)
@@ -147,5 +188,4 @@ def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
         codes = np.concatenate([low, high.transpose(0, 2, 1, 3).reshape(groups, k // 16, 64)], axis=2)
         small = _columns(signed, extra).transpose(0, 2, 3, 1).reshape(groups, supers, 16 * COLUMNS)
         scales = np.concatenate([_halves(d, extra), small.view(np.uint8)], axis=2)
-    assert scales.shape[2] == SCALE_BYTES[weight.kind]
     return np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales, np.uint8)

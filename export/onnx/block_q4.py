@@ -40,12 +40,17 @@ def pack(weight: BlockWeight) -> tuple[np.ndarray, np.ndarray]:
     if not np.array_equal(d.astype(np.float32), weight.scales) or any(p is None for p in parts):
         raise ValueError("not a GGUF Q4_0/Q4_1 weight: its scales or minima are not fp16 numbers")
     extra = -n % COLUMNS
-    groups, blocks = (n + extra) // COLUMNS, k // 32
     codes = nibbles(np.pad(weight.unpacked_codes().reshape(n, k), ((0, extra), (0, 0))))
-    scales = np.stack([np.pad(p, ((0, extra), (0, 0))).reshape(groups, COLUMNS, blocks)  # type: ignore[arg-type]
-                       for p in parts], axis=2)
-    scales = scales.transpose(0, 3, 2, 1).reshape(groups, blocks, COLUMNS * len(parts))
-    return np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales)
+    return np.ascontiguousarray(codes, np.uint8), block_scales(parts, extra)  # type: ignore[arg-type]
+
+
+def block_scales(parts: list[np.ndarray], extra: int) -> np.ndarray:
+    """fp16 numbers per row and block of 32 ([N, K/32] each: d, and m where there is one) → float16
+    [N′/16, K/32, 16 · parts]: per group and block the 16 columns' d, then their m; ``extra`` zero columns after."""
+    n, blocks = parts[0].shape
+    groups = (n + extra) // COLUMNS
+    scales = np.stack([np.pad(p, ((0, extra), (0, 0))).reshape(groups, COLUMNS, blocks) for p in parts], axis=2)
+    return np.ascontiguousarray(scales.transpose(0, 3, 2, 1).reshape(groups, blocks, COLUMNS * len(parts)))
 
 
 def nibbles(q: np.ndarray) -> np.ndarray:
@@ -54,3 +59,15 @@ def nibbles(q: np.ndarray) -> np.ndarray:
     n, k = q.shape
     q = q.reshape(n // COLUMNS, COLUMNS, k // DEPTH, 2, DEPTH // 2)
     return (q[:, :, :, 0] | q[:, :, :, 1] << 4).transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // DEPTH, 64)
+
+
+def five_bits(q: np.ndarray) -> np.ndarray:
+    """5-bit codes [N′, K] (N′ a multiple of 16) → [N′/16, K/32, 320]: per 16 columns and 32 k, the low 4 bits as
+    ``nibbles`` packs them (four 64-byte chunks), then 64 bytes whose byte 4j + i holds column j's fifth bits of
+    k + 8c + i (bit 2c) and of k + 8c + 4 + i (bit 2c + 1), c = 0 … 3."""
+    n, k = q.shape
+    groups, blocks = n // COLUMNS, k // 32
+    low = nibbles(q & 0x0F).reshape(groups, blocks, 4 * 64)
+    high = (q >> 4).reshape(groups, COLUMNS, blocks, 4, 2, DEPTH // 2)  # [group, j, block, c, half, i]
+    bits = sum(high[:, :, :, c, h] << (2 * c + h) for c in range(4) for h in range(2)).astype(np.uint8)
+    return np.ascontiguousarray(np.concatenate([low, bits.transpose(0, 2, 1, 3).reshape(groups, blocks, 64)], axis=2))

@@ -4,9 +4,9 @@ A GGUF of a mapped architecture (``gguf_source.ARCHITECTURES``: llama — Llama 
 Qwen2/2.5, Qwen3, Phi-3, Gemma 2 and 3) is read with the ``gguf`` package alone (``gguf_source``: no torch, no
 transformers), and by default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits or
 edgespec's 4-bit products as they are (``block_weights``, ``block_q4``), and under edgespec's kernels its Q4_K /
-Q6_K super-blocks too (``block_kquant``); tensors of other types are dequantized and quantized to 8 bits. Other
-sources (Hugging Face folders, GGUFs of other architectures) go through transformers (``hf``, the ``export-hf``
-extra).
+Q5_K / Q6_K super-blocks and Q5_0 / Q5_1 blocks too (``block_kquant``); tensors of other types are dequantized and
+quantized to 8 bits. Other sources (Hugging Face folders, GGUFs of other architectures) go through transformers
+(``hf``, the ``export-hf`` extra).
 
 FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
 session loads, so compute stays float32); ``int8``/``int4`` quantize every MatMul weight with
@@ -148,8 +148,9 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     ``products``: 8-bit products at block size 32 and level 4 as "edgespec" (``edgespec.BlockInt8MatMul``, in the
     kernel's library: needs attention "exact"), "nbits" (MatMulNBits) or "auto": whichever one layer's products
     run faster here (``block_int8.choose``). A GGUF's carried Q4_0 / Q4_1 blocks are ``edgespec.BlockQ4MatMul``
-    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded); its Q4_K / Q6_K
-    super-blocks are ``edgespec.BlockKQuantMatMul`` there, and dequantized and quantized to 8 bits otherwise.
+    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded); its Q4_K / Q5_K / Q6_K
+    super-blocks are ``edgespec.BlockKQuantMatMul`` there and its Q5_0 / Q5_1 blocks ``edgespec.BlockQ4MatMul``,
+    and they are dequantized and quantized to 8 bits otherwise.
     """
     path = resolve_source(src)
     gguf = not path.is_dir() and info(path).architecture in GGUF_ARCHITECTURES
@@ -200,9 +201,10 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     # carried blocks need no quantizer; tensors of other types in a GGUF are quantized to 8 bits
     bits = {"int8": 8, "int4": 4, GGUF_QUANT: 8}.get(quant)
     carried_four_bit = quant == GGUF_QUANT and bool({"Q4_0", "Q4_1"} & set(source["gguf_types"]))
-    kquants = quant == GGUF_QUANT and bool(set(block_kquant.KINDS) & set(source["gguf_types"]))
-    # A GGUF's 4-bit blocks under edgespec's kernels (the exact attention's library): BlockQ4MatMul, and its K-quants
-    # BlockKQuantMatMul, exact for one row, so nothing is padded
+    kernel_kinds = set(block_kquant.KINDS) & set(source["gguf_types"]) if quant == GGUF_QUANT else set()
+    kquants = bool(kernel_kinds)
+    # A GGUF's 4-bit blocks under edgespec's kernels (the exact attention's library): BlockQ4MatMul, its K-quants
+    # BlockKQuantMatMul, its Q5_0 / Q5_1 BlockQ4MatMul, exact for one row, so nothing is padded
     q4_products = (carried_four_bit or kquants) and attention == "exact" and products != "nbits"
     if isinstance(weights, GgufWeights):
         weights.kquants = kquants and q4_products
@@ -258,12 +260,13 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
         if timed["op"] == block_int8.OP:
             manifest["quant_options"]["weights"] = f"{custom_ops.PRODUCTS} (MatMulNBits' 8-bit blocks)"
         if q4_products:
-            ops = [op for op, used in ((custom_ops.Q4_PRODUCTS, carried_four_bit),
-                                       (custom_ops.KQUANT_PRODUCTS, kquants)) if used]
+            used = {f"{custom_ops.DOMAIN}.{block_kquant.OPS[kind]}" for kind in kernel_kinds}
+            used |= {custom_ops.Q4_PRODUCTS} if carried_four_bit else set()
+            ops = [op for op in (custom_ops.Q4_PRODUCTS, custom_ops.KQUANT_PRODUCTS) if op in used]
             manifest["quant_options"]["weights"] = f"{', '.join(ops)} and MatMulNBits with the GGUF's own blocks"
-            if carried_four_bit:
+            if custom_ops.Q4_PRODUCTS in used:
                 manifest["quant_options"]["four_bit_products"] = custom_ops.Q4_PRODUCTS
-            if kquants:
+            if custom_ops.KQUANT_PRODUCTS in used:
                 manifest["quant_options"]["kquant_products"] = custom_ops.KQUANT_PRODUCTS
         if "median_us" in timed:
             manifest["quant_options"]["products_timed_us"] = timed["median_us"]

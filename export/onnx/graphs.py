@@ -30,7 +30,7 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 13  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 14  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
@@ -40,7 +40,8 @@ GRAPHS_REVISION = 13  # 2: calls padded to attention_min_total keys (Gemma 3 bat
 # exact attention as edgespec.SwiGlu (one op for Split, QuickGelu and Mul); 12: a GGUF's Q4_0 / Q4_1 blocks as
 # edgespec.BlockQ4MatMul under the exact attention (nothing padded); 13: its Q4_K / Q6_K super-blocks as
 # edgespec.BlockKQuantMatMul (q|k|v and gate|up of mixed types as one product per run of a type), the embedding's
-# gathered and dequantized as llama.cpp does
+# gathered and dequantized as llama.cpp does; 14: its Q5_K super-blocks as BlockKQuantMatMul and Q5_0 / Q5_1 blocks as
+# BlockQ4MatMul (they were dequantized and quantized to 8 bits)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ class GraphBuilder:
         self.onnx = require("onnx")
         self.name = name
         self.weight_dtype = weight_dtype  # float16: stored half size, cast to float32 when the session loads
-        # carried 4-bit blocks as edgespec.BlockQ4MatMul (else MatMulNBits), K-quants as BlockKQuantMatMul
+        # carried 4-bit blocks as edgespec.BlockQ4MatMul (else MatMulNBits), K-quants as BlockKQuantMatMul, Q5_0 /
+        # Q5_1 as BlockQ4MatMul
         self.q4_products = q4_products
         self.nodes: list = []
         self.initializers: list = []
@@ -249,8 +251,8 @@ def linear(g: GraphBuilder, x: str, weight: Weight, name: str) -> str:
         if not g.q4_products:  # not under edgespec's kernels: float, quantized to 8 bits as other types are
             return linear(g, x, weight.dequantize(), name)
         codes, scales = block_kquant.pack(weight)
-        y = g.one(block_kquant.OP, [x, g.const(name + "_kq", codes), g.const(name + "_kq_scales", scales)],
-                  domain=custom_ops.DOMAIN)
+        inputs = [x, g.const(name + "_kq", codes), g.const(name + "_kq_scales", scales)]
+        y = g.one(block_kquant.OPS[weight.kind], inputs, domain=custom_ops.DOMAIN)
         n = weight.shape[0]
         return y if codes.shape[0] * block_q4.COLUMNS == n else g.one("Slice", [y, g.ints(0), g.ints(n), g.ints(-1)])
     if isinstance(weight, BlockWeight):
@@ -539,9 +541,10 @@ def _gather_blocks(g: GraphBuilder, table: BlockWeight) -> str:
 
 
 def _gather_kquant(g: GraphBuilder, table: KQuantWeight) -> str:
-    """The rows of input_ids from Q4_K / Q6_K super-blocks, dequantized in float32 as gguf and llama.cpp compute
-    them (``KQuantWeight.dequantize``: the sub-block's exact float scale times the code, Q4_K's minimum added): a
-    byte per code and a float per sub-block, and nothing rounded that they do not round."""
+    """The rows of input_ids from K-quant super-blocks or Q5_0 / Q5_1 blocks, dequantized in float32 as gguf and
+    llama.cpp compute them (``KQuantWeight.dequantize``: the sub-block's exact float scale times the code, a minimum
+    added where the type has one): a byte per code and a float per sub-block, and nothing rounded that they do not
+    round."""
     codes, scales, minima = table.gathered()
     x = g.one("Cast", [g.one("Gather", [g.const("embed_codes", codes), "input_ids"], axis=0)],
               to=g.onnx.TensorProto.FLOAT)

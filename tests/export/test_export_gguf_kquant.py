@@ -36,10 +36,10 @@ TEXT = "the thin one on the table, in 2024: naïve café 東京 {x: [1, 22]} the
 TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
          "ffn_up": "Q4_K", "ffn_down": "Q4_K"}
 LAYER_TYPES = [TYPES | {"ffn_down": "Q6_K"}, TYPES | {"ffn_gate": "Q6_K"}]
-# K-quants beside the types carried otherwise (Q4_0 / Q4_1: BlockQ4MatMul; Q8_0: MatMulNBits) and one dequantized and
-# quantized to 8 bits (Q5_0), within q|k|v and gate|up
+# K-quants beside the types carried otherwise (Q4_0 / Q4_1, Q5_0 / Q5_1: BlockQ4MatMul; Q8_0: MatMulNBits or
+# BlockInt8MatMul), within q|k|v and gate|up
 MIXED = [{"attn_q": "Q4_K", "attn_k": "Q8_0", "attn_v": "Q5_0", "attn_output": "Q4_0", "ffn_gate": "Q4_1",
-          "ffn_up": "Q4_K", "ffn_down": "Q6_K"}, TYPES]
+          "ffn_up": "Q4_K", "ffn_down": "Q6_K"}, TYPES | {"attn_output": "Q5_1", "ffn_gate": "Q5_1"}]
 
 
 def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str]] = LAYER_TYPES,
@@ -132,9 +132,9 @@ def test_a_position_has_the_same_logits_alone_in_a_verify_batch_and_in_a_prefill
 
 
 def test_k_quants_beside_other_types(tmp_path: Path) -> None:
-    """Q4_K and Q6_K in one packed product with Q8_0 and Q5_0 (q|k|v), with Q4_1 (gate|up), beside Q4_0, a Q8_0
-    embedding: each run of a type keeps its own op, all within the bounds above of llama.cpp, exact for any row
-    count."""
+    """Q4_K and Q6_K in one packed product with Q8_0 and Q5_0 (q|k|v), with Q4_1 (gate|up), beside Q4_0; Q5_1 (o, and
+    gate beside a Q4_K up), a Q8_0 embedding: each run of a type keeps its own op, all within the bounds above of
+    llama.cpp, exact for any row count. (The Q5_0 / Q5_1 blocks are gguf's port of llama.cpp's reference quantizer.)"""
     from edgespec.export.onnx.export import export_onnx
 
     path = write_kquant_gguf(tmp_path / "mixed.gguf", layer_types=MIXED, embedding="Q8_0")
@@ -143,11 +143,15 @@ def test_k_quants_beside_other_types(tmp_path: Path) -> None:
     assert options["four_bit_products"] == custom_ops.Q4_PRODUCTS
     assert options["kquant_products"] == custom_ops.KQUANT_PRODUCTS and options["single_row_padding"] == "none"
     ops = [n.op_type for n in onnx.load(str(tmp_path / "onnx" / "layer_00.onnx")).graph.node]
-    # q (Q4_K), k (Q8_0), v (Q5_0 → 8 bits): three products; o (Q4_0); gate (Q4_1) and up (Q4_K); down (Q6_K). The
-    # 8-bit ones are MatMulNBits or BlockInt8MatMul, whichever the export timed faster here.
+    # q (Q4_K), k (Q8_0), v (Q5_0): three products; o (Q4_0); gate (Q4_1) and up (Q4_K); down (Q6_K). The 8-bit
+    # one is MatMulNBits or BlockInt8MatMul, whichever the export timed faster here.
     eight_bit = ops.count("MatMulNBits") + ops.count(custom_ops.PRODUCTS_OP)
     assert (ops.count(custom_ops.KQUANT_PRODUCTS_OP), ops.count(custom_ops.Q4_PRODUCTS_OP), eight_bit,
-            ops.count("Concat")) == (3, 2, 2, 2), ops
+            ops.count("Concat")) == (3, 3, 1, 2), ops
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "onnx" / "layer_01.onnx")).graph.node]
+    # q|k (Q4_K), v (Q6_K); o (Q5_1); gate (Q5_1) and up (Q4_K); down (Q4_K)
+    assert (ops.count(custom_ops.KQUANT_PRODUCTS_OP), ops.count(custom_ops.Q4_PRODUCTS_OP), ops.count("MatMulNBits"),
+            ops.count(custom_ops.PRODUCTS_OP)) == (4, 2, 0, 0), ops
     ids, expected = llama_logits(path, TEXT * 3)
     got = OnnxReference(tmp_path / "onnx").logits(ids)
     assert np.abs(got - expected).mean() < 0.08 * float(expected.std())

@@ -1,5 +1,6 @@
 """edgespec.BlockQ4MatMul and edgespec.BlockKQuantMatMul (edgespec/kernels/block_q4_matmul.cc) as onnxruntime runs
-them on random GGUF Q4_0, Q4_1, Q4_K and Q6_K blocks packed by export/onnx/block_q4.py and block_kquant.py: the exact
+them on random GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks packed by export/onnx/block_q4.py and
+block_kquant.py: the exact
 arithmetic against a float64 reference, every row bit-identical alone and in calls of 1–64 rows and with any thread
 count, the portable, AVX2, AVX-VNNI and AVX-512 builds giving the same bits as this machine's, and a graph off the
 contract refused with a clear error."""
@@ -22,32 +23,37 @@ helper, numpy_helper, F = onnx.helper, onnx.numpy_helper, onnx.TensorProto.FLOAT
 pytestmark = pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
 
 K, N = 128, 48  # 4 blocks along K, 3 packed column groups
-KINDS = ("Q4_0", "Q4_1", "Q4_K", "Q6_K")
-DEPTH = {"Q4_0": K, "Q4_1": K, "Q4_K": 512, "Q6_K": 512}  # K per kind: K-quants in super-blocks of 256
+KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+DEPTH = {kind: 512 if kind.endswith("_K") else K for kind in KINDS}  # K per kind: K-quants in super-blocks of 256
 Weight = block_weights.BlockWeight | block_kquant.KQuantWeight
 
 
-def _kquant(kind: str, rng: np.random.Generator, n: int, k: int) -> np.ndarray:
-    """Random Q4_K / Q6_K super-blocks (every scale, minimum and code possible, the largest included); raw bytes."""
-    blocks = n * k // 256
-    raw = rng.integers(0, 256, (blocks, 144 if kind == "Q4_K" else 210), dtype=np.uint8)
-    d = rng.uniform(0.0005, 0.004, blocks).astype(np.float16)
-    if kind == "Q4_K":
-        raw[:, 0:2] = d.view(np.uint8).reshape(blocks, 2)
-        raw[:, 2:4] = rng.uniform(0.0005, 0.01, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
-        raw[::7, 4:] = 0xFF  # every sc and m 63, every code 15
-    else:
-        signs = np.where(rng.random(blocks) < 0.3, -1, 1)  # d of either sign
-        raw[:, 208:210] = (d * signs).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+def _kernel_blocks(kind: str, rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Random blocks of a type only the kernels carry (K-quants, Q5_0, Q5_1: every scale, minimum and code possible,
+    the largest included); raw bytes."""
+    blocks = n * k // block_kquant.SPAN[kind]
+    raw = rng.integers(0, 256, (blocks, block_kquant.BYTES[kind]), dtype=np.uint8)
+    super_block = kind.endswith("_K")
+    d = rng.uniform(0.0005, 0.004, blocks) if super_block else rng.uniform(0.001, 0.05, blocks)
+    if kind in ("Q6_K", "Q5_0"):  # no minimum: d of either sign
+        d *= np.where(rng.random(blocks) < 0.3, -1, 1)
+    second = rng.uniform(0.0005, 0.01, blocks) if super_block else rng.uniform(-0.4, 0.1, blocks)  # dmin, Q5_1's m
+    for at, value in zip(block_kquant.HALVES[kind], (d, second), strict=False):
+        raw[:, at:at + 2] = value.astype(np.float16).view(np.uint8).reshape(blocks, 2)
+    if kind == "Q6_K":
         raw[::7, :192] = 0  # every code −32 …
         raw[::7, 192:208] = 0x80  # … times scale −128
+    elif kind == "Q5_0":
+        raw[::7, 2:] = 0  # every code −16
+    else:
+        raw[::7, 2 * len(block_kquant.HALVES[kind]):] = 0xFF  # every sc and m 63, every code 15 or 31
     return raw.reshape(n, -1)
 
 
 def _ggml(kind: str, rng: np.random.Generator, n: int = N, k: int = K) -> np.ndarray:
     """Random GGUF blocks of ``kind``: fp16 d (and m), random nibbles; the raw bytes [N, bytes per row]."""
     if kind in block_kquant.KINDS:
-        return _kquant(kind, rng, n, k)
+        return _kernel_blocks(kind, rng, n, k)
     blocks = n * k // 32
     d = rng.uniform(0.001, 0.05, blocks).astype(np.float16)
     head = [d.view(np.uint8).reshape(blocks, 2)]
@@ -67,7 +73,7 @@ def _weight(kind: str, rng: np.random.Generator, n: int = N, k: int | None = Non
 
 def _pack(weight: Weight) -> tuple[str, np.ndarray, np.ndarray]:
     if isinstance(weight, block_kquant.KQuantWeight):
-        return (block_kquant.OP, *block_kquant.pack(weight))
+        return (block_kquant.OPS[weight.kind], *block_kquant.pack(weight))
     return (block_q4.OP, *block_q4.pack(weight))
 
 
@@ -150,7 +156,7 @@ def test_rows_are_bit_identical_alone_and_in_calls_of_1_to_64_rows(kind: str) ->
 @pytest.mark.parametrize("kind", KINDS)
 def test_thread_counts_give_the_same_bits(kind: str) -> None:
     rng = np.random.default_rng(2)
-    k = 96 if kind in ("Q4_0", "Q4_1") else 256
+    k = 256 if kind.endswith("_K") else 96
     model = _model(_pack(_weight(kind, rng, n=160, k=k)), k)  # 10 column tasks
     x = rng.standard_normal((1, 13, k)).astype(np.float32)
     one, *others = (_session(model, threads).run(None, {"x": x})[0] for threads in (1, 2, 3, 4))
@@ -203,7 +209,40 @@ def test_pack_carries_every_code_scale_and_minimum() -> None:
         block_q4.pack(block_weights.from_ggml("Q8_0", rng.integers(0, 256, (N, K // 32 * 34), dtype=np.uint8), N, K))
 
 
-@pytest.mark.parametrize("kind", block_kquant.KINDS)
+def _code(codes: np.ndarray, group: int, j: int, at: int) -> int:
+    """Column j's code of k = at from a packed B of 4-bit ([G, K/8, 64]) or 5-bit ([G, K/32, 320]) codes."""
+    five = codes.shape[2] == 320
+    lines = codes[group].reshape(-1, 64)  # 5-bit: per block of 32 its four chunks of nibbles, then its fifth bits
+    byte = lines[at // 8 + (at // 32 if five else 0), 4 * j + at % 4]
+    low = byte >> 4 if at % 8 >= 4 else byte & 0x0F
+    if not five:
+        return int(low)
+    fifth = lines[at // 32 * 5 + 4, 4 * j + at % 4] >> (2 * (at % 32 // 8) + at % 8 // 4) & 1
+    return int(low | fifth << 4)
+
+
+@pytest.mark.parametrize("kind", ("Q5_0", "Q5_1"))
+def test_five_bit_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
+    """Q5_0 / Q5_1 read as gguf's own dequantization reads them, and every weight's code, d and m where
+    BlockQ4MatMul's layout puts them."""
+    gguf = pytest.importorskip("gguf")
+    n, k = 40, 64  # N not a multiple of 16: zero columns after
+    raw = _ggml(kind, np.random.default_rng(8), n, k)
+    weight = block_kquant.from_ggml(kind, raw, n, k)
+    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, kind)).reshape(n, k)
+    assert np.array_equal(weight.dequantize(), expected)
+    codes, scales = block_kquant.pack(weight)
+    d, m, q = weight.q5()
+    assert codes.shape == (3, 2, 320) and scales.shape == (3, 2, 16 if kind == "Q5_0" else 32)
+    assert not codes[2].reshape(-1, 64)[:, 32:].any() and not scales[2, :, 8:16].any()
+    for col, at in [(0, 0), (3, 5), (9, 63), (15, 36), (20, 7), (31, 62), (39, 12), (17, 28)]:
+        assert _code(codes, col // 16, col % 16, at) == q.reshape(n, k)[col, at]
+        assert scales[col // 16, at // 32, col % 16] == d[col, at // 32]
+        if m is not None:
+            assert scales[col // 16, at // 32, 16 + col % 16] == m[col, at // 32]
+
+
+@pytest.mark.parametrize("kind", ("Q4_K", "Q5_K", "Q6_K"))
 def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
     """Every weight's code and its sub-block's numbers where the layout puts them, the file's fp16 bytes as they
     are, and the super-blocks read as gguf's own dequantization reads them."""
@@ -218,18 +257,17 @@ def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
     codes, scales = block_kquant.pack(weight)
     gathered, _, _ = weight.gathered()
     q = gathered.reshape(n, k).astype(np.int16) + (32 if kind == "Q6_K" else 0)  # Q6_K's unsigned 6-bit codes
-    assert scales.shape == (3, 2, 320 if kind == "Q4_K" else 288) and not codes[2].reshape(-1, 64)[:, 32:].any()
-    fp16 = 2 if kind == "Q4_K" else 1  # d (and dmin) of the 16 columns, then a byte per column and sub-block
+    assert scales.shape == (3, 2, 288 if kind == "Q6_K" else 320) and not codes[2].reshape(-1, 64)[:, 32:].any()
+    fp16 = 1 if kind == "Q6_K" else 2  # d (and dmin) of the 16 columns, then a byte per column and sub-block
     halves, small = scales[2, :, :32 * fp16].reshape(2, fp16, 16, 2), scales[2, :, 32 * fp16:].reshape(2, -1, 16)
     assert not halves[:, :, 8:].any() and not small[:, :, 8:].any() and small[:, :, :8].any()
     super_blocks = raw.reshape(n, 2, -1)
-    d_bytes = super_blocks[..., 0:2] if kind == "Q4_K" else super_blocks[..., 208:210]  # the file's fp16 d
+    d_bytes = super_blocks[..., 208:210] if kind == "Q6_K" else super_blocks[..., 0:2]  # the file's fp16 d
     for col, at in [(0, 0), (3, 5), (9, 63), (15, 36), (20, 7), (31, 300), (39, 511), (17, 255)]:
         g, j, s = col // 16, col % 16, at // 256
-        if kind == "Q4_K":
-            byte = codes[g, at // 8, 4 * j + at % 4]
-            assert (byte >> 4 if at % 8 >= 4 else byte & 0x0F) == q[col, at]
-            d, dmin, sc, m, _ = weight.q4_k()
+        if kind != "Q6_K":
+            assert _code(codes, g, j, at) == q[col, at]
+            d, dmin, sc, m, _ = weight.minima_form()
             assert scales[g, s, 2 * j:2 * j + 2].tobytes() == d_bytes[col, s].tobytes() == d[col, s].tobytes()
             assert scales[g, s, 32 + 2 * j:34 + 2 * j].tobytes() == dmin[col, s].tobytes()
             sub = at % 256 // 32
@@ -244,7 +282,7 @@ def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
             d, signed, _ = weight.q6_k()
             assert scales[g, s, 2 * j:2 * j + 2].tobytes() == d_bytes[col, s].tobytes() == d[col, s].tobytes()
             assert scales[g, s, 32 + 16 * (at % 256 // 16) + j].view(np.int8) == signed[col, s, at % 256 // 16]
-    with pytest.raises(ValueError, match="whole super-blocks"):
+    with pytest.raises(ValueError, match=r"whole \(super-\)blocks"):
         block_kquant.from_ggml(kind, raw[:, :10], n, 128)
 
 
@@ -254,7 +292,7 @@ def test_a_graph_off_the_contract_is_a_clear_error() -> None:
     with pytest.raises(Exception, match="BlockQ4MatMul: K must be a multiple of 32"):
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
     session = _session(_model((op, codes, np.concatenate([scales, scales[..., :8]], axis=2)), K))
-    with pytest.raises(Exception, match=r"scales \[N/16, K/32, 16\] \(Q4_0\)"):
+    with pytest.raises(Exception, match=r"scales \[N/16, K/32, 16\] \(Q4_0, Q5_0\)"):
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
     op, codes, scales = _pack(_weight("Q6_K", np.random.default_rng(6)))
     session = _session(_model((op, codes, scales[..., :-16]), 512))  # Q4_K's 320 bytes would be right for Q4_K
