@@ -6,6 +6,7 @@ and keys llama.cpp's loader (src/models/*.cpp, as llama-cpp-python 0.3.36 pins i
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from pathlib import Path
 
@@ -200,6 +201,21 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return dst
+
+
+# llama.cpp's llama_ftype values of the mixes a test asks its quantizer for
+LLAMA_FTYPES = {"Q5_0": 8, "Q5_1": 9, "Q5_K_M": 17}
+
+
+def llama_quantize(src: Path, dst: Path, ftype: str) -> Path:
+    """``src`` quantized to ``ftype`` (a key of LLAMA_FTYPES) by llama.cpp's own quantizer, as llama-quantize runs it
+    (its choice of type per tensor)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPES[ftype]
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
     return dst
 
 

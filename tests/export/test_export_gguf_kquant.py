@@ -1,8 +1,9 @@
-"""A Q4_K_M-shaped GGUF → ONNX with its Q4_K and Q6_K super-blocks carried into edgespec.BlockKQuantMatMul (nothing
-re-quantized): a tiny random llama written here (hidden size 256, the K-quants' super-block; q, k, o, gate and up
-Q4_K, v, one layer's down and the tied embedding Q6_K, as llama.cpp's Q4_K_M mixes them), against llama.cpp on the
-same file; every position's logits the same alone, in a verify batch and in a prefill; greedy speculation equal to
-target-only decoding."""
+"""Q4_K_M- and Q5_K_M-shaped GGUFs → ONNX with their Q4_K, Q5_K and Q6_K super-blocks carried into
+edgespec.BlockKQuantMatMul (nothing re-quantized): a tiny random llama written here (hidden size 256, the K-quants'
+super-block; q, k, o, gate and up Q4_K, v, one layer's down and the tied embedding Q6_K, as llama.cpp's Q4_K_M mixes
+them), and the same model in float32 quantized to Q5_K_M by llama.cpp's own quantizer; Q5_0 and Q5_1 blocks
+(edgespec.BlockQ4MatMul) beside the other types. Each against llama.cpp on the same file; every position's logits
+the same alone, in a verify batch and in a prefill; greedy speculation equal to target-only decoding."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ onnx = pytest.importorskip("onnx")
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
 from tests.export.llama_checks import assert_batch_invariant, llama_logits  # noqa: E402
-from tests.tiny_gguf import add_small_tokenizer, llama_writer, quantize_kquant  # noqa: E402
+from tests.tiny_gguf import add_small_tokenizer, llama_quantize, llama_writer, quantize_kquant  # noqa: E402
 
 pytestmark = pytest.mark.skipif(custom_ops.ensure() is None, reason="the kernel library cannot be built here")
 
@@ -40,6 +41,10 @@ LAYER_TYPES = [TYPES | {"ffn_down": "Q6_K"}, TYPES | {"ffn_gate": "Q6_K"}]
 # BlockInt8MatMul), within q|k|v and gate|up
 MIXED = [{"attn_q": "Q4_K", "attn_k": "Q8_0", "attn_v": "Q5_0", "attn_output": "Q4_0", "ffn_gate": "Q4_1",
           "ffn_up": "Q4_K", "ffn_down": "Q6_K"}, TYPES | {"attn_output": "Q5_1", "ffn_gate": "Q5_1"}]
+# per file: the GGUF's types, and the edgespec products in each layer graph (runs of a type in q|k|v and gate|up)
+FILES = {"q4_k_m": ({"Q4_K": 10, "Q6_K": 5, "F32": 5}, [5, 6]),
+         # llama.cpp's Q5_K_M here: Q5_K, with Q6_K for layer 1's v and down and the tied embedding
+         "q5_k_m": ({"Q5_K": 12, "Q6_K": 3, "F32": 5}, [4, 5])}
 
 
 def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str]] = LAYER_TYPES,
@@ -52,7 +57,7 @@ def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str
 
     def matrix(name: str, kind: str, rows: int, cols: int, scale: float = 1.0) -> None:
         values = (scale * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-        data = quantize_kquant(values, kind) if kind.endswith("_K") else gguf.quants.quantize(values, QT[kind])
+        data = quantize_kquant(values, kind) if kind in ("Q4_K", "Q6_K") else gguf.quants.quantize(values, QT[kind])
         w.add_tensor(name, data, raw_dtype=QT[kind])
 
     def norm(name: str) -> None:
@@ -75,14 +80,20 @@ def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
-    """The file and its export as a user makes it (``export onnx --quant gguf``: quality report against llama.cpp
-    and its gate)."""
+@pytest.fixture(scope="module", params=list(FILES))
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """The file (FILES) and its export as a user makes it (``export onnx --quant gguf``: quality report against
+    llama.cpp and its gate)."""
     from edgespec.cli.main import main
 
-    folder = tmp_path_factory.mktemp("kquant")
-    path = write_kquant_gguf(folder / "tiny.gguf")
+    folder = tmp_path_factory.mktemp(request.param)
+    path = folder / f"{request.param}.gguf"  # the file's stem names its FILES entry
+    if request.param == "q4_k_m":
+        write_kquant_gguf(path)
+    else:
+        dense = [dict.fromkeys(TYPES, "F32")] * LAYERS
+        llama_quantize(write_kquant_gguf(folder / "f32.gguf", layer_types=dense, embedding="F32"), path,
+                       request.param.upper())
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(["export", "onnx", str(path), "--quant", "gguf", "--out", str(folder / "onnx"),
@@ -93,16 +104,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
 
 def test_every_k_quant_is_carried_into_the_op(tiny: tuple[Path, Path, dict]) -> None:
     """No product is dequantized or re-quantized: q|k|v and gate|up of mixed types are one op per run of a type."""
-    _, folder, manifest = tiny
-    assert manifest["quant"] == "gguf" and manifest["source"]["gguf_types"] == {"Q4_K": 10, "Q6_K": 5, "F32": 5}
+    path, folder, manifest = tiny
+    types, per_layer = FILES[path.stem]
+    assert manifest["quant"] == "gguf" and manifest["source"]["gguf_types"] == types
     options = manifest["quant_options"]
     assert options["kquant_products"] == custom_ops.KQUANT_PRODUCTS and "four_bit_products" not in options
     assert options["single_row_padding"] == "none" and custom_ops.needs_library(manifest)
+    assert {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"} <= set(options["carried"])
     ops = {name: [n.op_type for n in onnx.load(str(folder / name)).graph.node]
            for name in ("embed.onnx", "layer_00.onnx", "layer_01.onnx", "head.onnx")}
     assert not any(op in ("MatMul", "MatMulNBits") for nodes in ops.values() for op in nodes), ops
-    # q|k (Q4_K) and v (Q6_K); o; gate|up (layer 1: Q6_K gate, Q4_K up); down; the tied Q6_K head
-    assert [ops[f"layer_0{i}.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) for i in range(2)] == [5, 6]
+    # Q4_K_M: q|k (Q4_K) and v (Q6_K); o; gate|up (layer 1: Q6_K gate, Q4_K up); down; the tied Q6_K head.
+    # Q5_K_M: q|k|v; o; gate|up; down (layer 1: q|k and v, down Q6_K).
+    assert [ops[f"layer_0{i}.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) for i in range(2)] == per_layer
     assert ops["head.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) == 1 and "Gather" in ops["embed.onnx"]
 
 
