@@ -1,4 +1,5 @@
-// edgespec.BlockQ4MatMul: Y = X · Wᵀ with W in a GGUF file's own 4-bit blocks (Q4_0, Q4_1; the K-quants below),
+// edgespec.BlockQ4MatMul: Y = X · Wᵀ with W in a GGUF file's own 4-bit blocks (Q4_0, Q4_1; the 5-bit Q5_0, Q5_1 and
+// the K-quants below),
 // every row of a call sharing each weight load, every row the same bits alone or in a batch of any size and any
 // thread split.
 //
@@ -27,22 +28,30 @@
 // code of k + i in its low nibble and of k + 4 + i in its high one; scales float16 [N/16, K/32, 16] (Q4_0: d of the
 // group's 16 columns per block) or [N/16, K/32, 32] (Q4_1: the 16 d, then the 16 m). Output: float [..., N].
 //
-// edgespec.BlockKQuantMatMul, the same loop on GGUF's K-quant super-blocks of 256 along K (what Q4_K_M files hold):
+// Q5_0 and Q5_1, the same with a 5-bit code q (0 … 31): Q5_0's weight is (q − 16)·d, its sums starting at −16·Σa,
+// Q5_1's q·d + m (|Σ (q − 16)·a| ≤ 32 · 16 · 127; vpmaddubsw's pairs ≤ 2 · 31 · 127). B uint8 [N/16, K/32, 320]: per
+// block of 32 the four 64-byte chunks of low nibbles above (k, k + 8, k + 16, k + 24), then 64 bytes whose byte
+// 4j + i holds column j's fifth bits of k + 8c + i (bit 2c) and k + 8c + 4 + i (bit 2c + 1), c = 0 … 3, or'ed into
+// chunk c's two nibble vectors once per tile; scales as Q4_0's and Q4_1's.
+//
+// edgespec.BlockKQuantMatMul, the same loop on GGUF's K-quant super-blocks of 256 along K (what Q4_K_M and Q5_K_M
+// files hold):
 //   Q4_K: 8 sub-blocks of 32, 4-bit codes q, 6-bit sc and m per sub-block, fp16 d and dmin per super-block; a
-//         weight is (d·sc)·q − dmin·m.
+//         weight is (d·sc)·q − dmin·m. Q5_K: the same with 5-bit codes.
 //   Q6_K: 16 sub-blocks of 16, 6-bit codes u (q = u − 32), an int8 scale per sub-block, fp16 d; (d·scale)·q.
 // d·sc and dmin·m (11 significant bits × 6) and d·scale (11 × 8) are exact float32 products, made in the loop from
 // the file's numbers (once per group of 16 columns, for every row of the tile), so each sub-block is a Q4_1 or Q4_0
 // step with a float32 scale. The activations are quantized per block of 32 as above; per (row, column), sub-blocks in
 // ascending order, s the row's scale of the block of 32 that holds the sub-block:
-//   Q4_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(float(Σa), s·(−(dmin·m)), acc)
+//   Q4_K, Q5_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(float(Σa), s·(−(dmin·m)), acc)
 //   Q6_K: acc = fma(float(Σ u·a − 32·Σa), s·(d·scale), acc)    (Σ over the sub-block's 16 k: two steps per s)
-// (|Σ q·a| ≤ 32 · 15 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) one rounding, the fma another.)
+// (|Σ q·a| ≤ 32 · 31 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) one rounding, the fma another.)
 // Q6_K's codes go into vpdpbusd unsigned (u ≤ 63: vpmaddubsw's pairs ≤ 2 · 63 · 127, no saturation), its sums
 // starting at −32·Σa of the half block, as Q4_0's start at −8·Σa. Not llama.cpp's Q8_K activations (one scale per 256)
 // and integer sums over the super-block: the per-32 scales are finer, and every step above is the same in any call.
 // Inputs: A float [..., K]; Q4_K: B uint8 [N/16, K/8, 64] (as BlockQ4MatMul's) and scales uint8 [N/16, K/256, 320]:
-// per group and super-block the 16 columns' fp16 d, their fp16 dmin, then per sub-block their 16 sc and 16 m; Q6_K:
+// per group and super-block the 16 columns' fp16 d, their fp16 dmin, then per sub-block their 16 sc and 16 m; Q5_K:
+// B uint8 [N/16, K/32, 320] (as BlockQ4MatMul's Q5_0's) and Q4_K's scales; Q6_K:
 // B uint8 [N/16, K/16, 192]: per 16 k the low 4 bits of k … k + 7 and of k + 8 … k + 15 as two 64-byte chunks of
 // nibbles, then 64 bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i
 // (bits 0–1, 2–3, 4–5, 6–7); scales uint8 [N/16, K/256, 288]: the 16 fp16 d, then per sub-block the 16 int8 scales
