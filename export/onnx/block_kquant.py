@@ -52,9 +52,9 @@ class KQuantWeight:
     def shape(self) -> tuple[int, int]:
         return self.blocks.shape[0], self.blocks.shape[1] * SPAN[self.kind]
 
-    def _half(self, at: int) -> np.ndarray:
-        """The fp16 number at byte ``at`` of every (super-)block: float16 [N, K/span]."""
-        return self.blocks[..., at:at + 2].copy().view(np.float16)[..., 0]
+    def _halves(self) -> list[np.ndarray]:
+        """The (super-)blocks' fp16 numbers (``HALVES``: d, then dmin or m): float16 [N, K/span] each."""
+        return [self.blocks[..., at:at + 2].copy().view(np.float16)[..., 0] for at in HALVES[self.kind]]
 
     def rows(self, order: np.ndarray) -> KQuantWeight:
         return KQuantWeight(self.kind, self.blocks[order])
@@ -73,7 +73,8 @@ class KQuantWeight:
         if five:
             qh = b[..., 16:start].reshape(n, s, 1, 32)
             q |= ((qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1) << 4
-        return self._half(0), self._half(2), sc, m, q
+        d, dmin = self._halves()
+        return d, dmin, sc, m, q
 
     def q5(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """Q5_0's and Q5_1's numbers: d, m (float16 [N, B]; m None for Q5_0), q (uint8 [N, B, 32])."""
@@ -82,7 +83,8 @@ class KQuantWeight:
         qs = self.blocks[..., 6 + 2 * minimum:]  # byte l: weight l in the low nibble, l + 16 in the high
         low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
         high = (qh >> np.arange(32, dtype=np.uint32)) & 1
-        return self._half(0), self._half(2) if minimum else None, low | (high << 4).astype(np.uint8)
+        d, *m = self._halves()
+        return d, m[0] if minimum else None, low | (high << 4).astype(np.uint8)
 
     def q6_k(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q6_K's numbers: d (float16 [N, S]), scales (int8 [N, S, 16]), u (the 6-bit codes, uint8 [N, S, 16, 16])."""
@@ -90,7 +92,7 @@ class KQuantWeight:
         n, s = b.shape[:2]
         ql, qh = b[..., :128].reshape(n, s, 2, 1, 64), b[..., 128:192].reshape(n, s, 2, 1, 32)
         scales = b[..., 192:208].view(np.int8)
-        d = self._half(208)
+        (d,) = self._halves()
         # per half of 128 weights: ql[l] holds weights l (low nibble) and 64 + l (high); ql[32 + l] 32 + l and 96 + l;
         # qh[l] the high 2 bits of l, 32 + l, 64 + l and 96 + l (bits 0–1, 2–3, 4–5, 6–7)
         low = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(n, s, 2, 128)
