@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from edgespec import extras
 from edgespec.catalog.discovery import is_store_name
@@ -58,15 +59,34 @@ def check_architecture(model_type: str, where: Path, supported: Collection[str] 
                                            f"(supported: {', '.join(supported)})")
 
 
-def check_rope_factors(gguf: Path) -> None:
-    """Llama 3.x GGUFs carry their RoPE scaling as a ``rope_freqs`` tensor, which transformers' GGUF loader drops:
-    the folder written from such a GGUF would silently compute another model (measured on a tiny Llama with
-    rope_freqs: logits off by 0.27 of 69 against llama.cpp's), so it is refused. The ONNX exporter reads such a
-    GGUF itself (export/onnx/gguf_source.py), rope_freqs included."""
-    if any(t.name == "rope_freqs.weight" for t in reader(gguf).tensors):
-        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs, Llama 3.x) do not "
-                                           "survive transformers' GGUF loader; export the GGUF to ONNX directly, or "
-                                           "convert the model's Hugging Face folder instead")
+# Llama 3.x's RoPE scaling besides its factor, the same in every Llama 3.x config
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_rope(gguf: Path, config: Any) -> dict[str, object] | None:
+    """The llama3 ``rope_parameters`` a Llama 3.x GGUF's ``rope_freqs`` tensor was computed from (by
+    convert_hf_to_gguf), or None for a file without one. transformers' GGUF loader drops the tensor, and a folder
+    without it computes another model (measured on a tiny Llama with rope_freqs: logits off by 0.27 of 69 against
+    llama.cpp's), so the parameters go back into the config: the factor is the largest, the rest Llama 3.x's own;
+    factors that formula does not give back are refused. (The ONNX exporter reads a GGUF's factors itself.)"""
+    tensors = {t.name: t for t in reader(gguf).tensors}
+    if "rope_freqs.weight" not in tensors:
+        return None
+    import numpy as np
+
+    theta = config.rope_parameters["rope_theta"]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64).ravel()
+    params = {"rope_type": "llama3", "rope_theta": theta, "factor": float(factors.max()), **LLAMA3_ROPE}
+    wavelength = 2 * np.pi * theta ** (np.arange(0, head_dim, 2) / head_dim)
+    low, high = LLAMA3_ROPE["low_freq_factor"], LLAMA3_ROPE["high_freq_factor"]
+    smooth = np.clip((LLAMA3_ROPE["original_max_position_embeddings"] / wavelength - low) / (high - low), 0, 1)
+    expected = 1 / ((1 - smooth) / params["factor"] + smooth)
+    if factors.shape != expected.shape or not np.allclose(factors, expected, rtol=1e-5):
+        raise UnsupportedArchitectureError(f"{gguf}: its RoPE scaling factors (rope_freqs) are not Llama 3.x's "
+                                           "llama3 scaling, which is all a Hugging Face config can say; export the "
+                                           "GGUF to ONNX directly, or convert the model's Hugging Face folder instead")
+    return params
 
 
 def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
@@ -82,7 +102,9 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
     except (ValueError, KeyError, RuntimeError) as e:
         raise UnsupportedArchitectureError(f"{gguf}: transformers cannot read this GGUF: {e}") from e
     check_architecture(config.model_type, gguf)
-    check_rope_factors(gguf)
+    rope = llama3_rope(gguf, config)
+    if rope is not None:
+        config.rope_parameters = rope
     loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                                dtype=torch.float32)
     state = loaded.state_dict()

@@ -40,6 +40,14 @@ def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       "--shape", "smollm2-135m", "--quant", "q8_0", "--layers", "2")
 
 
+@pytest.fixture(scope="module")
+def llama1b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama-3.2-1B's shape as users have the file (rope_freqs, llama-bpe), one layer, a small vocabulary,
+    Q4_K_M."""
+    return synthesize(tmp_path_factory.mktemp("synthetic") / "llama1b.gguf", "--shape", "llama-3.2-1b", "--quant",
+                      "q4_k_m", "--layers", "1", "--vocab", "1024", "--threads", "2")
+
+
 def greedy(path: Path, steps: int) -> tuple[list[int], np.ndarray]:
     """The prompt's ids and the logits of ``steps`` greedy one-token decoding steps after it, in llama.cpp."""
     model = LlamaModel(path, ContextOptions(n_ctx=128, n_threads=2))
@@ -72,6 +80,30 @@ def test_big_shapes_cut_to_one_layer_decode(tmp_path: Path, shape: str, quant: s
     _, logits = greedy(path, 4)
     assert logits.shape == (4, 1024) and np.isfinite(logits).all()
     assert len({row.tobytes() for row in logits}) == 4
+
+
+def test_llama3_rope_factors_go_back_into_the_hf_config(llama1b: Path, tmp_path: Path) -> None:
+    """The Hugging Face folder of a Llama 3.x GGUF (onnxruntime-genai's builder, the quality report read it) gets
+    the llama3 RoPE scaling its rope_freqs came from: transformers' frequencies are then the file's; factors no
+    llama3 scaling gives are refused."""
+    transformers = pytest.importorskip("transformers")
+    from edgespec.export.gguf.ggufio import reader
+    from edgespec.export.gguf.hf import llama3_rope
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from edgespec.export import UnsupportedArchitectureError
+    from tests.tiny_gguf import tiny_gguf
+
+    config = transformers.AutoConfig.from_pretrained(llama1b.parent, gguf_file=llama1b.name)
+    config.rope_parameters = llama3_rope(llama1b, config)
+    assert config.rope_parameters["factor"] == 32.0
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    [factors] = [t.data for t in reader(llama1b).tensors if t.name == "rope_freqs.weight"]
+    plain = 500000.0 ** -(np.arange(0, 64, 2) / 64)
+    assert np.allclose(inv_freq.numpy(), plain / factors, rtol=1e-6)
+    other = tiny_gguf(tmp_path / "llama3.gguf", "llama3", smollm2_vocabulary=False)  # factors 1 to 8, evenly
+    with pytest.raises(UnsupportedArchitectureError, match="are not Llama 3"):
+        llama3_rope(other, transformers.AutoConfig.from_pretrained(other.parent, gguf_file=other.name))
 
 
 def test_engine_decodes_it(smol: Path) -> None:
