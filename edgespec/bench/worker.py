@@ -31,6 +31,10 @@ from .configs import RUNNERS, Config
 from .questions import BenchError
 from .revision import write_package
 
+# Each runner's untimed first generation: ids every vocabulary has (byte-level BPE's byte tokens, SentencePiece's
+# specials and bytes), so the benchmark runs on any model, a test's 1024-token one too
+WARM_UP = [1, 50, 100, 200]
+
 
 @dataclass(frozen=True)
 class Setup:

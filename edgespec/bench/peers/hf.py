@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ...extras import require
-from ..worker import Result, Setup, cut_at_eog
+from ..worker import WARM_UP, Result, Setup, cut_at_eog
 
 
 class _StepTimer:
@@ -51,7 +51,7 @@ class TransformersRunner:
         self.model = load_dequantized(Path(setup.model))
         self.kwargs = dict(options)
         self.versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
-        self.generate([1, 504, 3458, 282], 2)  # warm-up
+        self.generate(WARM_UP, 2)
 
     def info(self) -> dict[str, object]:
         return {"engine": self.versions, "model_file": self.setup.model}

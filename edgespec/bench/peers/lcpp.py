@@ -13,7 +13,7 @@ import time
 import llama_cpp
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from ..worker import Result, Setup, timed
+from ..worker import WARM_UP, Result, Setup, timed
 
 
 class LlamaCppRunner:
@@ -34,7 +34,7 @@ class LlamaCppRunner:
                                    seed=setup.seed, n_gpu_layers=0 if setup.device == "cpu" else -1,
                                    verbose=False)
         self.setup = setup
-        self.generate([1, 504, 3458, 282], 2)  # warm-up
+        self.generate(WARM_UP, 2)
         self.llm.reset()  # forget the warm-up's tokens: the next prompt shares no prefix with them
         # What Llama.create_completion does with a cache set (its best configuration for chat): restore the
         # saved state sharing the longest prefix, when longer than what the context holds; save after.

@@ -14,9 +14,7 @@ from edgespec.engine import constraints
 from edgespec.engine.engine import StreamChunk
 from edgespec.errors import EdgespecError
 
-from ..worker import Result, Setup
-
-_WARM_UP = [1, 504, 3458, 282]
+from ..worker import WARM_UP, Result, Setup
 
 
 class NativeRunner:
@@ -37,7 +35,7 @@ class NativeRunner:
                                         exact_numerics=not setup.fast_numerics, tuning=tuned)
         if tuned and self.engine.tuning is None:
             raise EdgespecError("no tuning for this model, thread count and device: run `edgespec tune` first")
-        self.engine.generate(_WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing
+        self.engine.generate(WARM_UP, max_tokens=2)  # also creates the γ controller, outside any timing
         self._guidance_ready = False
 
     def info(self) -> dict[str, object]:
@@ -56,7 +54,7 @@ class NativeRunner:
     def verify_curve(self) -> dict[str, float]:
         # The fastest pass seen for each k, after a 2-token context (longer contexts only cost more): the cost
         # curve that bounds what this engine could achieve.
-        curve = self.engine.calibrate(rounds=3, statistic=np.min, context=_WARM_UP[:2])
+        curve = self.engine.calibrate(rounds=3, statistic=np.min, context=WARM_UP[:2])
         return {str(k): v for k, v in curve.as_dict().items()}
 
     def generate(self, tokens: list[int], max_tokens: int) -> Result:
@@ -64,7 +62,7 @@ class NativeRunner:
 
     def generate_constrained(self, tokens: list[int], max_tokens: int, schema: dict) -> Result:
         if not self._guidance_ready:  # the vocabulary llguidance reads is built once per engine: not in a timing
-            self.engine.generate(_WARM_UP, max_tokens=2, constraint=constraints.json_object())
+            self.engine.generate(WARM_UP, max_tokens=2, constraint=constraints.json_object())
             self._guidance_ready = True
         start = time.perf_counter()
         chunks = self.engine.stream(tokens, max_tokens=max_tokens, constraint=constraints.json_schema(schema))
