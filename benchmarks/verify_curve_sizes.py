@@ -17,11 +17,20 @@ Measured on the 2-core EPYC: each GGUF 30-50 s to write (2.5 GB of F16, then qua
 (the export ~15 s the first time, ~1.1 GB beside the file in FILE-onnx/; the peak-memory probes; 30 rounds of
 verify passes; decoding; prefill); 3B about 2.5× as long, 8B ~6× (and ~11 GB of memory with both backends loaded).
 ``--backends onnx,llamacpp,llamacpp-stock`` adds llama.cpp with its own defaults (F16 KV cache, flash attention);
-``--backends llamacpp`` alone shows what taking turns costs a backend, if anything.
+``--backends llamacpp`` alone shows what taking turns costs a backend, if anything. ``--backends
+onnx,llamacpp,genai`` adds onnxruntime-genai as a plain-decoding peer: its own INT4 model of the file (its model
+builder, as ``edgespec export onnx FILE --format genai`` runs it: blocks of 32, symmetric, accuracy level 4, i.e.
+int8 activations), built once to ``--genai-to`` (default FILE-genai-int4 beside the file; ``--genai DIR`` names a
+built one) with its build time and peak memory recorded there, and timed through its generator in the same turns.
+The builder re-quantizes the weights transformers' GGUF loader dequantized (the same model, not the file's numbers),
+and its generator hands out the last position's logits only: its k-row passes time what appending k tokens costs
+it, not a verify. The build goes through the file's Hugging Face folder in float32, cached under EDGESPEC_HOME: at
+Llama-3.2-1B ~10 GB of memory to convert and ~5 GB of disk; an 8B file's float32 weights alone are 32 GB.
 
     PYTHONPATH=. python benchmarks/verify_curve_sizes.py --compare FILE.gguf [--onnx DIR | --export-to DIR]
-        [--backends onnx,llamacpp] [--threads 2] [--context 1024] [--rows 1,2,4,8] [--rounds 30] [--runs 3]
-        [--decode-tokens 64] [--prefill-tokens 512] [--no-memory] [--label TEXT] [--out benchmarks/results/]
+        [--genai DIR | --genai-to DIR] [--backends onnx,llamacpp] [--threads 2] [--context 1024] [--rows 1,2,4,8]
+        [--rounds 30] [--runs 3] [--decode-tokens 64] [--prefill-tokens 512] [--no-memory]
+        [--label TEXT] [--out benchmarks/results/]
 
 ``--compare``: the file's export (``--onnx DIR``; or ``edgespec export onnx FILE --quant gguf --no-quality``
 written to ``--export-to``, default FILE-onnx beside the file, and reused while it is current) and llama.cpp on
@@ -62,6 +71,7 @@ PYTHONPATH), numpy and llama-cpp-python; ``--compare`` and exports also onnxrunt
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -72,6 +82,7 @@ import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Protocol
 
 # llama_cpp before numpy: on a CUDA build compiled with a newer g++, loading numpy's libstdc++ first made
 # llama.cpp segfault at load.
@@ -79,10 +90,10 @@ import llama_cpp
 import numpy as np
 
 import edgespec
-from edgespec.backends.base import Backend
 from edgespec.backends.onnx.manifest import MANIFEST
 from edgespec.backends.registry import ModelOptions, choose, open_model
 from edgespec.backends.selfcheck import check as check_exactness
+from edgespec.bench.peers.ort_genai import load_model as load_genai
 from edgespec.cpu import physical_cores
 from edgespec.engine.engine import Engine
 from edgespec.identity import cpu_identity
@@ -95,6 +106,16 @@ GOALS = {2: 1.25, 4: 1.6, 8: 2.4}
 # (F32 KV cache, flash attention off: batch-invariant on a CPU); llamacpp-stock is llama.cpp's own defaults (F16 KV
 # cache, flash attention where it has it), what plain llama.cpp decodes at.
 COMPARED = {"onnx": ("onnx", True), "llamacpp": ("llamacpp", True), "llamacpp-stock": ("llamacpp", False)}
+# --compare's plain-decoding peer: onnxruntime-genai's own INT4 model of the file (its builder, as `edgespec export
+# onnx --format genai` runs it: blocks of 32, symmetric, accuracy level 4 = int8 activations, the fastest 4-bit CPU
+# decoder we know), timed in the same turns through its generator.
+GENAI = "genai"
+GENAI_BUILD = {"quant": "int4", "block_size": 32, "accuracy_level": 4}
+GENAI_RECORD = "edgespec-build.json"  # beside the genai model: what it was built from and what the build cost
+GENAI_NOTE = ("onnxruntime-genai's builder re-quantized the file's weights (dequantized to float32 by transformers' "
+              "GGUF loader) to INT4 blocks of 32, symmetric, accuracy level 4: the same model, not the file's "
+              "numbers; its generator hands out the last position's logits only, so its k-row passes "
+              "(append_tokens of k tokens) time what such a pass costs it, not a verify it could use")
 DECODE_PROMPT = 128  # tokens before plain decoding starts
 # A 1-minute load average above this before --compare starts: other work is running. llama.cpp's threads meet at
 # spinning barriers hundreds of times a pass, so a core taken away stalls them all: on the shared 2-core machine,
@@ -352,9 +373,90 @@ def export_for(gguf: Path, args: argparse.Namespace, n_ctx: int) -> tuple[Path, 
     return folder, {"made": True, "seconds": time.perf_counter() - began}
 
 
-def open_compared(name: str, path: Path, n_ctx: int, threads: int) -> tuple[Backend, dict | None]:
+def genai_for(gguf: Path, args: argparse.Namespace) -> tuple[Path, dict[str, object]]:
+    """The onnxruntime-genai model to time and how it came: ``--genai DIR`` as given; else ``--genai-to`` (default:
+    beside the file, FILE-genai-int4), reused where its record names this very file and build, else built now by
+    ``edgespec export onnx --format genai`` in a process of its own, whose time and peak resident set (the
+    builder's process included) are recorded beside the model. The build goes through the file's Hugging Face
+    folder, cached under EDGESPEC_HOME (float32: 4 bytes a weight) and reused by later builds."""
+    if args.genai is not None:
+        if not (args.genai / "genai_config.json").is_file():
+            raise SystemExit(f"--genai {args.genai}: not an onnxruntime-genai model (no genai_config.json)")
+        return args.genai, {"made": False, "build": None}
+    folder = args.genai_to or gguf.with_name(gguf.stem + "-genai-int4")
+    source = {"gguf": str(gguf.resolve()), "bytes": gguf.stat().st_size, "mtime_ns": gguf.stat().st_mtime_ns,
+              **GENAI_BUILD}
+    try:
+        record = json.loads((folder / GENAI_RECORD).read_text())
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("source") == source:
+        print(f"reusing the onnxruntime-genai model {folder}", file=sys.stderr)
+        return folder, {"made": False, "build": record}
+    if folder.exists():
+        raise SystemExit(f"{folder} exists and is not an onnxruntime-genai build of {gguf} ({GENAI_RECORD}): remove "
+                         "it or name another folder with --genai-to")
+    command = [sys.executable, "-m", "edgespec.cli", "export", "onnx", str(gguf), "--format", "genai", "--out",
+               str(folder), *(f"--{k.replace('_', '-')}={v}" for k, v in GENAI_BUILD.items())]
+    print(f"building: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    began = time.perf_counter()
+    child = subprocess.Popen(command, env=child_env())
+    _, status, usage = os.wait4(child.pid, 0)  # its rusage: the peak of it and the builder it waited for
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"the onnxruntime-genai build of {gguf} failed (see above)")
+    import onnxruntime_genai
+
+    record = {"source": source, "seconds": time.perf_counter() - began, "peak_rss_mib": usage.ru_maxrss / 1024,
+              "onnxruntime_genai": onnxruntime_genai.__version__}
+    (folder / GENAI_RECORD).write_text(json.dumps(record, indent=1))
+    return folder, {"made": True, "build": record}
+
+
+class GenaiPeer:
+    """onnxruntime-genai's generator as the turns time a backend: ``decode(tokens, start, k)`` rewinds its sequence
+    to ``start``, appends the tokens (one pass) and returns the last position's logits, the only ones it hands out;
+    ``truncate`` rewinds."""
+
+    def __init__(self, folder: Path, n_ctx: int, threads: int) -> None:
+        og, self.model = load_genai(str(folder), threads)
+        self.n_vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        self.n_batch = n_ctx  # a prompt goes in as one pass
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=n_ctx, batch_size=1)
+        self.generator: Any = og.Generator(self.model, params)
+
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        self.truncate(start)
+        self.generator.append_tokens(tokens)
+        return self.generator.get_logits().reshape(1, -1)
+
+    def truncate(self, start: int) -> None:
+        if start < self.generator.token_count():
+            self.generator.rewind_to(start)
+
+    def close(self) -> None:
+        del self.generator, self.model
+
+
+class Compared(Protocol):
+    """What the turns use of a backend (edgespec's, or the genai peer)."""
+
+    n_vocab: int
+    n_batch: int
+
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray: ...
+
+    def truncate(self, start: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_compared(name: str, path: Path, n_ctx: int, threads: int) -> tuple[Compared, dict | None]:
     """One backend as edgespec's engine opens it (for edgespec's numerics, after the exactness self-check, which
-    pads llama.cpp's passes where unpadded ones are not batch-invariant), and the check's verdict."""
+    pads llama.cpp's passes where unpadded ones are not batch-invariant), and the check's verdict; or the genai
+    peer on its model folder."""
+    if name == GENAI:
+        return GenaiPeer(path, n_ctx, threads), None
     backend, exact = COMPARED[name]
     model = open_model(path, backend, ModelOptions(n_ctx=n_ctx, n_threads=threads, exact_numerics=exact))
     if model.n_ctx < n_ctx:
@@ -378,7 +480,7 @@ def turns(names: list[str], turn: int) -> list[str]:
     return names if turn % 2 == 0 else names[::-1]
 
 
-def lead_in(model: Backend, start: int, rng: np.random.Generator) -> None:
+def lead_in(model: Compared, start: int, rng: np.random.Generator) -> None:
     """One untimed one-row pass at ``start``, rolled back, before a backend's timed one: the other runtime's
     threads, still spinning from its turn (libgomp's behind llama.cpp, onnxruntime's pool), go quiet during it, and
     this runtime's wake, so the timed pass runs as it does in the engine, after its own runtime's last pass."""
@@ -386,7 +488,7 @@ def lead_in(model: Backend, start: int, rng: np.random.Generator) -> None:
     model.truncate(start)
 
 
-def verify_turns(models: dict[str, Backend], context: int, rows: tuple[int, ...], rounds: int,
+def verify_turns(models: dict[str, Compared], context: int, rows: tuple[int, ...], rounds: int,
                  rng: np.random.Generator) -> dict[str, dict[int, list[float]]]:
     """Seconds of each backend's pass over k rows at exactly ``context`` tokens (as ``decode(tokens, start, k)``
     and ``truncate`` in a verify that accepts nothing): per round every k once, k shuffled, backends taking turns
@@ -414,7 +516,7 @@ def verify_turns(models: dict[str, Backend], context: int, rows: tuple[int, ...]
     return seconds
 
 
-def decode_turns(models: dict[str, Backend], tokens: int, runs: int, rng: np.random.Generator
+def decode_turns(models: dict[str, Compared], tokens: int, runs: int, rng: np.random.Generator
                  ) -> dict[str, list[float]]:
     """Plain decoding: after a ``DECODE_PROMPT``-token prompt (untimed), ``tokens`` one-row passes in sequence,
     each feeding the last one's greedy token; tokens per second, per run, backends taking turns."""
@@ -433,7 +535,7 @@ def decode_turns(models: dict[str, Backend], tokens: int, runs: int, rng: np.ran
     return speeds
 
 
-def prefill_turns(models: dict[str, Backend], tokens: int, runs: int, rng: np.random.Generator
+def prefill_turns(models: dict[str, Compared], tokens: int, runs: int, rng: np.random.Generator
                   ) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
     """A ``tokens``-token prompt into an empty cache to its last position's logits (the backend's own batches:
     its ``n_batch`` rows a pass), tokens per second per run, backends taking turns, each after its ``lead_in``; and
@@ -461,6 +563,7 @@ def agreement(last: dict[str, np.ndarray]) -> dict[str, dict[str, object]]:
     top2 = np.sort(first)[-2:]
     return {name: {"against": names[0], "same_top1": bool(np.argmax(last[name]) == np.argmax(first)),
                    "max_abs_diff": float(np.max(np.abs(last[name] - first))), "logit_std": float(np.std(first)),
+                   "correlation": float(np.corrcoef(last[name], first)[0, 1]),
                    "top2_gap": float(top2[1] - top2[0])}
             for name in names[1:]}
 
@@ -512,9 +615,22 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
 
     load_before = os.getloadavg()
     n_ctx = compare_n_ctx(args)
-    folder, made = export_for(gguf, args, n_ctx)
-    lap("export")
-    paths = {name: folder if COMPARED[name][0] == "onnx" else gguf for name in args.backends}
+    paths = {name: gguf for name in args.backends}
+    export: dict[str, object] | None = None
+    if "onnx" in args.backends:
+        paths["onnx"], made = export_for(gguf, args, n_ctx)
+        manifest = read_export(paths["onnx"]) or {}
+        export = {"path": str(paths["onnx"]), "bytes": size_of(paths["onnx"]),
+                  "graphs": manifest.get("source", {}).get("graphs"),
+                  "context_length": manifest.get("context_length"), "kv_dtype": manifest.get("kv_dtype"),
+                  "quant_options": manifest.get("quant_options"), **made}
+        lap("export")
+    genai: dict[str, object] | None = None
+    if GENAI in args.backends:
+        paths[GENAI], made = genai_for(gguf, args)
+        genai = {"path": str(paths[GENAI]), "bytes": size_of(paths[GENAI]), **GENAI_BUILD, "note": GENAI_NOTE,
+                 **made}
+        lap("genai_build")
     memory: dict[str, dict | None] = {name: None for name in args.backends}
     if args.memory:
         for name in args.backends:
@@ -522,7 +638,7 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
             memory[name] = probe_memory(name, paths[name], args)
         lap("memory_probes")
     reset = reset_peak_rss()
-    models: dict[str, Backend] = {}
+    models: dict[str, Compared] = {}
     verdicts: dict[str, dict | None] = {}
     rng = np.random.default_rng(0)
     try:
@@ -548,24 +664,21 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
     backends = {}
     for name in args.backends:
         one = float(np.median(verify[name][1]))
+        backend, exact = COMPARED.get(name, ("onnxruntime-genai", False))
         backends[name] = {
-            "backend": COMPARED[name][0], "exact_numerics": COMPARED[name][1], "path": str(paths[name]),
+            "backend": backend, "exact_numerics": exact, "path": str(paths[name]),
             "n_batch": batches[name], "exactness": verdicts[name],
             "verify": {str(k): {"ms": float(np.median(s)) * 1e3, "relative": float(np.median(s)) / one,
                                 "samples_ms": [x * 1e3 for x in s]} for k, s in verify[name].items()},
             "decode": {"tok_s": float(np.median(decode[name])), "runs": decode[name]},
             "prefill": {"tok_s": float(np.median(prefill[name])), "runs": prefill[name]},
             "memory": memory[name]}
-    manifest = read_export(folder) or {}
     return {"mode": "compare", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": "cpu",
             "cpu": cpu_identity(), "threads": args.threads, "llama_cpp": llama_cpp.__version__,
-            "onnxruntime": _onnxruntime_version(), "edgespec": edgespec.__version__, "label": args.label,
+            "onnxruntime": _version("onnxruntime"), "edgespec": edgespec.__version__, "label": args.label,
             "note": args.note or "random weights: costs only, no acceptance (take it from edgespec replay)",
             "gguf": gguf_summary(gguf),
-            "export": {"path": str(folder), "bytes": size_of(folder),
-                       "graphs": manifest.get("source", {}).get("graphs"),
-                       "context_length": manifest.get("context_length"), "kv_dtype": manifest.get("kv_dtype"),
-                       "quant_options": manifest.get("quant_options"), **made},
+            "export": export, "genai": genai, "onnxruntime_genai": _version("onnxruntime_genai"),
             "context": args.context, "rows": list(args.rows), "rounds": args.rounds, "runs": args.runs,
             "decode_tokens": args.decode_tokens, "decode_prompt_tokens": DECODE_PROMPT,
             "prefill_tokens": args.prefill_tokens, "n_ctx": n_ctx, "goals": {str(k): v for k, v in GOALS.items()},
@@ -575,20 +688,25 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
             "seconds": sum(phases.values()), "phases_s": {k: round(v, 1) for k, v in phases.items()}}
 
 
-def _onnxruntime_version() -> str | None:
+def _version(package: str) -> str | None:
     try:
-        import onnxruntime
+        return str(importlib.import_module(package).__version__)
     except ImportError:
         return None
-    return onnxruntime.__version__
 
 
 def compare_table(result: dict) -> str:
-    g, e = result["gguf"], result["export"]
+    g, e, m = result["gguf"], result["export"], result["genai"]
     types = ", ".join(f"{n} {t}" for t, n in sorted(g["types"].items(), key=lambda item: -item[1]))
     rows = [int(k) for k in result["rows"]]
+    made = [f"ONNX export {e['bytes'] / 2**30:.2f} GiB (graphs {e['graphs']}, KV {e['kv_dtype']})"] if e else []
+    if m:
+        build = m["build"]
+        made.append(f"onnxruntime-genai {result['onnxruntime_genai']} INT4 model {m['bytes'] / 2**30:.2f} GiB"
+                    + (f" (built in {build['seconds']:.0f} s, peak RSS {build['peak_rss_mib']:.0f} MiB)" if build
+                       else ""))
     lines = [f"{Path(g['path']).name}: {g['bytes'] / 2**30:.2f} GiB, {g['layers']} layers, vocabulary {g['vocab']} "
-             f"({types}); ONNX export {e['bytes'] / 2**30:.2f} GiB (graphs {e['graphs']}, KV {e['kv_dtype']})",
+             f"({types}); {'; '.join(made)}",
              f"{result['cpu']}, {result['threads']} threads, llama-cpp-python {result['llama_cpp']}, onnxruntime "
              f"{result['onnxruntime']}; passes at {result['context']} tokens of context, median of {result['rounds']} "
              f"rounds; decode {result['decode_tokens']} tokens, prefill {result['prefill_tokens']} tokens, median of "
@@ -623,7 +741,9 @@ def compare_table(result: dict) -> str:
 
     if goals:
         lines.append("goal at 1B, context 1024: " + ", ".join(f"k={k} ≤ {GOALS[k]}×" for k in goals) + " one row: "
-                     + "; ".join(f"{name} {against_goals(b)}" for name, b in backends.items()))
+                     + "; ".join(f"{name} {against_goals(b)}" for name, b in backends.items() if name != GENAI))
+    if m:
+        lines.append(f"{GENAI}: {m['note']}")
     if result["loadavg_before"][0] > BUSY:
         lines.append(f"WARNING: the machine was busy before the run (load average {result['loadavg_before'][0]:.2f}): "
                      "other work on the cores slows llama.cpp's spinning thread barriers many-fold; measure on a "
@@ -632,7 +752,7 @@ def compare_table(result: dict) -> str:
         same = "the same" if a["same_top1"] else "differs"
         lines.append(f"{name} beside {a['against']} after the prefill: top-1 {same}, max |Δ logit| "
                      f"{a['max_abs_diff']:.3g} (logits' std {a['logit_std']:.3g}, {a['against']}'s top-2 gap "
-                     f"{a['top2_gap']:.3g})")
+                     f"{a['top2_gap']:.3g}), correlation {a['correlation']:.4f}")
     return "\n".join(lines)
 
 
@@ -662,8 +782,14 @@ def main(argv: list[str] | None = None) -> int:
                           help="an existing export of the file (default: export it to --export-to)")
     compared.add_argument("--export-to", type=Path, default=None, metavar="DIR",
                           help="where to export it, reused while current (default: FILE-onnx beside the file)")
+    compared.add_argument("--genai", type=Path, default=None, metavar="DIR",
+                          help=f"(--backends ...,{GENAI}) an existing onnxruntime-genai model of the file (default: "
+                               "build it to --genai-to)")
+    compared.add_argument("--genai-to", type=Path, default=None, metavar="DIR",
+                          help="where to build the onnxruntime-genai model, reused while current (default: "
+                               "FILE-genai-int4 beside the file)")
     compared.add_argument("--backends", default="onnx,llamacpp",
-                          help=f"comma-separated, of {', '.join(COMPARED)} (default onnx,llamacpp)")
+                          help=f"comma-separated, of {', '.join([*COMPARED, GENAI])} (default onnx,llamacpp)")
     compared.add_argument("--context", type=int, default=1024, help="tokens in the cache before each pass")
     compared.add_argument("--rows", type=rows_list, default=COMPARE_ROWS, help="row counts (default 1,2,4,8)")
     compared.add_argument("--no-memory", dest="memory", action="store_false",
@@ -714,9 +840,9 @@ def main_compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if args.device != "cpu":
         parser.error("--compare runs on the CPU")
     args.backends = list(dict.fromkeys(b.strip() for b in args.backends.split(",") if b.strip()))
-    unknown = [b for b in args.backends if b not in COMPARED]
+    unknown = [b for b in args.backends if b not in [*COMPARED, GENAI]]
     if unknown or not args.backends:
-        parser.error(f"--backends: {', '.join(unknown) or 'none'}; choose from {', '.join(COMPARED)}")
+        parser.error(f"--backends: {', '.join(unknown) or 'none'}; choose from {', '.join([*COMPARED, GENAI])}")
     args.rounds = args.rounds or 30
     args.threads = args.threads or 2
     if args.context < 1 or args.rounds < 1 or args.runs < 1 or args.decode_tokens < 1 or args.prefill_tokens < 1:

@@ -212,3 +212,37 @@ def test_compare_exports_a_kquant_file_and_times_both_backends(tmp_path: Path) -
     [written] = out.glob("verify_curve_sizes-*-cpu-onnx.json")
     [model] = json.loads(written.read_text())["models"]
     assert model["backend"] == "onnx" and model["n_layer"] == 1 and model["decode"]["tok_s"] > 0
+
+
+@pytest.mark.slow
+def test_compare_builds_and_times_the_genai_peer(llama1b: Path, tmp_path: Path) -> None:
+    """--compare with onnxruntime-genai as a plain-decoding peer beside llama.cpp on the same (Llama 3.x) file:
+    its INT4 model built once through the file's Hugging Face folder (its build recorded beside it, then reused),
+    timed in the same turns, its peak memory probed, its logits the file's model's (timings are not checked)."""
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    import runpy
+
+    bench = runpy.run_path(str(TOOL.with_name("verify_curve_sizes.py")))
+    out, folder = tmp_path / "results", tmp_path / "genai"
+    common = ["--compare", str(llama1b), "--genai-to", str(folder), "--context", "24", "--rows", "1,2", "--rounds",
+              "2", "--runs", "1", "--decode-tokens", "3", "--prefill-tokens", "16", "--out", str(out)]
+    assert bench["main"]([*common, "--backends", "llamacpp,genai", "--label", "built"]) == 0
+    [written] = out.glob("verify_curve_compare-*-built.json")
+    result = json.loads(written.read_text())
+    genai, build = result["genai"], result["genai"]["build"]
+    assert genai["made"] and genai["path"] == str(folder) and result["export"] is None
+    assert (genai["quant"], genai["block_size"], genai["accuracy_level"]) == ("int4", 32, 4)
+    assert build["source"]["gguf"] == str(llama1b.resolve()) and build["seconds"] > 0 and build["peak_rss_mib"] > 0
+    peer = result["backends"]["genai"]
+    assert peer["backend"] == "onnxruntime-genai" and peer["exactness"] is None
+    assert [int(k) for k in peer["verify"]] == [1, 2] and all(len(r["samples_ms"]) == 2 for r in
+                                                               peer["verify"].values())
+    assert peer["decode"]["tok_s"] > 0 and peer["prefill"]["tok_s"] > 0
+    assert peer["memory"]["rss_peak_mib"] >= peer["memory"]["rss_after_load_mib"] > 0
+    assert result["agreement"]["genai"]["correlation"] > 0.8  # re-quantized to INT4: measured 0.94-0.95
+
+    assert bench["main"]([*common, "--backends", "genai", "--no-memory", "--label", "reused"]) == 0
+    [written] = out.glob("verify_curve_compare-*-reused.json")
+    again = json.loads(written.read_text())["genai"]
+    assert not again["made"] and again["build"] == build

@@ -8,19 +8,24 @@ import time
 from typing import Any
 
 from ...extras import require
-from ..worker import Result, Setup, timed
+from ..worker import WARM_UP, Result, Setup, timed
+
+
+def load_model(model_dir: str, threads: int) -> tuple[Any, Any]:
+    """onnxruntime_genai and its model from ``model_dir``, on ``threads`` threads (one inter-op thread)."""
+    og = require("onnxruntime_genai", "export-hf", "the onnxruntime-genai peer")
+    config = og.Config(model_dir)
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+    return og, og.Model(config)
 
 
 class OrtGenaiRunner:
     def __init__(self, options: dict[str, object], setup: Setup) -> None:
-        og = require("onnxruntime_genai", "export-hf", "the onnxruntime-genai peer")
-        self.og, self.setup, self.model_dir = og, setup, str(options["model_dir"])
-        config = og.Config(self.model_dir)
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": setup.threads, "inter_op_num_threads": 1}}}}))
-        self.model = og.Model(config)
+        self.setup, self.model_dir = setup, str(options["model_dir"])
+        self.og, self.model = load_model(self.model_dir, setup.threads)
         self.speculative = {k: options[k] for k in ("ngram_size", "max_draft_tokens") if k in options}
-        self.generate([1, 504, 3458, 282], 2)  # warm-up
+        self.generate(WARM_UP, 2)
         self._chat: Any = None  # bench --chat: the conversation's generator
 
     def info(self) -> dict[str, object]:
