@@ -69,7 +69,9 @@ def add_bench_commands(sub: argparse._SubParsersAction) -> None:
                         "`edgespec generate --fast-numerics`: each speculative configuration is still checked "
                         "against its own target on the same numerics (the peers keep their own)")
     b.add_argument("--seed", type=int, default=0, help="orders configurations within each question; seeds peers")
-    b.add_argument("--ort-genai-model", default=None, help="onnxruntime-genai model folder (ortg-* configs)")
+    b.add_argument("--ort-genai-model", default=None,
+                   help="onnxruntime-genai model folder (ortg-* configs; `edgespec export onnx MODEL --format genai "
+                        "--quant int4 --out DIR` builds one of --model)")
     b.add_argument("--onnx-model", default=None, help="edgespec ONNX model folder (onnx-* configs)")
     _add_results(b, "JSON and PNGs")
     c = b.add_argument_group("multi-turn chat (--chat)")
