@@ -24,8 +24,9 @@ int8 activations), built once to ``--genai-to`` (default FILE-genai-int4 beside 
 built one) with its build time and peak memory recorded there, and timed through its generator in the same turns.
 The builder re-quantizes the weights transformers' GGUF loader dequantized (the same model, not the file's numbers),
 and its generator hands out the last position's logits only: its k-row passes time what appending k tokens costs
-it, not a verify. The build goes through the file's Hugging Face folder in float32, cached under EDGESPEC_HOME: at
-Llama-3.2-1B ~10 GB of memory to convert and ~5 GB of disk; an 8B file's float32 weights alone are 32 GB.
+it, not a verify. The build goes through the file's Hugging Face folder in float32, cached under EDGESPEC_HOME, and
+the builder quantizes a whole float32 graph: ~10 bytes of memory a weight (at Llama-3.2-1B 12.6 GB at the peak, and
+~5 GB of disk), so an 8B file does not build in 24 GB.
 
     PYTHONPATH=. python benchmarks/verify_curve_sizes.py --compare FILE.gguf [--onnx DIR | --export-to DIR]
         [--genai DIR | --genai-to DIR] [--backends onnx,llamacpp] [--threads 2] [--context 1024] [--rows 1,2,4,8]
