@@ -405,10 +405,8 @@ def genai_for(gguf: Path, args: argparse.Namespace) -> tuple[Path, dict[str, obj
     _, status, usage = os.wait4(child.pid, 0)  # its rusage: the peak of it and the builder it waited for
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the onnxruntime-genai build of {gguf} failed (see above)")
-    import onnxruntime_genai
-
     record = {"source": source, "seconds": time.perf_counter() - began, "peak_rss_mib": usage.ru_maxrss / 1024,
-              "onnxruntime_genai": onnxruntime_genai.__version__}
+              "onnxruntime_genai": _version("onnxruntime_genai")}
     (folder / GENAI_RECORD).write_text(json.dumps(record, indent=1))
     return folder, {"made": True, "build": record}
 
