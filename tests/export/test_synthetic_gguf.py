@@ -246,3 +246,27 @@ def test_compare_builds_and_times_the_genai_peer(llama1b: Path, tmp_path: Path) 
     [written] = out.glob("verify_curve_compare-*-reused.json")
     again = json.loads(written.read_text())["genai"]
     assert not again["made"] and again["build"] == build
+
+
+@pytest.mark.slow
+def test_bench_runs_llama_cpp_and_the_genai_peer_on_a_users_file(llama1b: Path, tmp_path: Path,
+                                                                 spec_bench_file: Path) -> None:
+    """`edgespec bench --model FILE.gguf` on a file of one's own (here with a 1024-token vocabulary): llama.cpp's
+    plain decoding and onnxruntime-genai's on its INT4 build of the file answer every turn."""
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    from edgespec.cli.main import main
+
+    genai = tmp_path / "genai"
+    assert main(["export", "onnx", str(llama1b), "--format", "genai", "--quant", "int4", "--out", str(genai)]) == 0
+    assert main(["bench", "--model", str(llama1b), "--configs", "lcpp-plain,ortg-plain", "--ort-genai-model",
+                 str(genai), "--questions", str(spec_bench_file), "--limit", "1", "--max-tokens", "4", "--threads",
+                 "2", "--no-plots", "--out", str(tmp_path)]) == 0
+    [written] = tmp_path.glob("spec_bench-*.json")
+    result = json.loads(written.read_text())
+    assert [c["name"] for c in result["configs"]] == ["target", "lcpp-plain", "ortg-plain"]
+    records = result["records"]
+    for name in ("lcpp-plain", "ortg-plain"):
+        mine = [r for r in records if r["config"] == name]
+        assert mine and len(mine) == len([r for r in records if r["config"] == "target"])
+        assert all(r["n_tokens"] > 0 for r in mine)
