@@ -205,7 +205,7 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
 
 
 # llama.cpp's llama_ftype values of the mixes a test asks its quantizer for
-LLAMA_FTYPES = {"Q5_0": 8, "Q5_1": 9, "Q5_K_M": 17}
+LLAMA_FTYPES = {"Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q5_K_M": 17}
 
 
 def llama_quantize(src: Path, dst: Path, ftype: str) -> Path:
@@ -256,3 +256,47 @@ def quantize_kquant(values: np.ndarray, kind: str) -> np.ndarray:
     else:
         raise ValueError(f"not a K-quant: {kind}")
     return np.concatenate([b.reshape(x.shape[0], -1) for b in blocks], axis=1).reshape(n, -1)
+
+
+# A tiny llama whose matrices are K-quant-sized (hidden 256, the K-quants' super-block), in llama.cpp's Q4_K_M mix:
+# Q4_K, with Q6_K for attn_v, half the layers' ffn_down and the output (here the tied embedding); layer 1's gate
+# Q6_K too, so that gate|up mixes types as q|k|v does.
+KQ_HIDDEN, KQ_FFN, KQ_HEADS, KQ_KV_HEADS, KQ_LAYERS = 256, 512, 4, 2, 2
+KQ_TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
+            "ffn_up": "Q4_K", "ffn_down": "Q4_K"}
+KQ_LAYER_TYPES = [KQ_TYPES | {"ffn_down": "Q6_K"}, KQ_TYPES | {"ffn_gate": "Q6_K"}]
+
+
+def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str]] = KQ_LAYER_TYPES,
+                      embedding: str = "Q6_K") -> Path:
+    """The K-quant-sized tiny llama with its matrices in ``layer_types`` (per layer, GGUF name → type) and its tied
+    embedding in ``embedding``: K-quants written in llama.cpp's layout here, other types by gguf.quants."""
+    rng = np.random.default_rng(seed)
+    w = llama_writer(path, KQ_LAYERS, KQ_HIDDEN, KQ_FFN, KQ_HEADS, KQ_KV_HEADS)
+    n_vocab = add_small_tokenizer(w)
+    kv = KQ_KV_HEADS * (KQ_HIDDEN // KQ_HEADS)
+    shapes = {"attn_q": (KQ_HIDDEN, KQ_HIDDEN, 4.0), "attn_k": (kv, KQ_HIDDEN, 4.0), "attn_v": (kv, KQ_HIDDEN, 1.0),
+              "attn_output": (KQ_HIDDEN, KQ_HIDDEN, 1.0), "ffn_gate": (KQ_FFN, KQ_HIDDEN, 1.0),
+              "ffn_up": (KQ_FFN, KQ_HIDDEN, 1.0), "ffn_down": (KQ_HIDDEN, KQ_FFN, 1.0)}
+
+    def matrix(name: str, kind: str, rows: int, cols: int, scale: float = 1.0) -> None:
+        values = (scale * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+        qt = gguf.GGMLQuantizationType[kind]
+        data = quantize_kquant(values, kind) if kind in ("Q4_K", "Q6_K") else gguf.quants.quantize(values, qt)
+        w.add_tensor(name, data, raw_dtype=qt)
+
+    def norm(name: str) -> None:
+        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(KQ_HIDDEN)).astype(np.float32))
+
+    matrix("token_embd.weight", embedding, n_vocab, KQ_HIDDEN, scale=16.0)
+    norm("output_norm.weight")
+    for i, types in enumerate(layer_types):
+        norm(f"blk.{i}.attn_norm.weight")
+        norm(f"blk.{i}.ffn_norm.weight")
+        for name, (rows, cols, scale) in shapes.items():
+            matrix(f"blk.{i}.{name}.weight", types[name], rows, cols, scale)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -37,8 +37,10 @@ from ..identity import cpu_identity, key_digest
 from ..kernels import library as custom_ops
 from .base import GPU_DEVICES
 
-FORMAT = 4  # 2: verdicts name the padded pass size they chose; 3: and whether trees are exact at it; 4: and reuse
-BATCH = 5  # tokens verified at once: odd, so the CPU kernels' row blocks and their remainder are both used
+FORMAT = 5  # 2: the padded pass size chosen; 3: whether trees are exact at it; 4: reuse; 5: every pass size probed
+# The largest verify pass the engine sends (γ drafts and the committed token): every size up to it is probed, since
+# a CPU kernel may change with the row count (llama.cpp's K-quant products on AVX-512 from 8 rows on).
+PROBED_ROWS = MAX_GAMMA + 1
 # Committed tokens before the probe: a short context, one just below a multiple of 256 (llama.cpp rounds the
 # attended cache length n_kv up to one: a pass across it sees another n_kv than its first rows decoded alone;
 # llamacpp/model.py's KV_STEP) and several hundred.
@@ -97,6 +99,7 @@ class Exactness:
     seconds: float
     cached: bool = False  # read from the cache rather than measured now
     pass_rows: int = 0  # 0: exact (or not) unpadded; B: exact with every pass padded to B rows
+    row_cap: int = 0  # 0: no cap; R: exact unpadded in passes of up to R rows, and the model capped there
     unpadded_max_abs_diff: float = 0.0  # what unpadded passes gave, when padding was needed
     exact_trees: bool = False  # tree rows equal one-token decoding at the chosen pass shape
     tree_max_abs_diff: float | None = None  # what the tree probe found; None: not probed (no trees, or not exact)
@@ -108,6 +111,10 @@ class Exactness:
         if self.pass_rows:
             return (f"batched verify vs one-token decoding: exact with every pass padded to {self.pass_rows} rows "
                     f"({figures}; unpadded passes differ by up to {self.unpadded_max_abs_diff:.3g})")
+        if self.row_cap:
+            return (f"batched verify vs one-token decoding: exact in passes of up to {self.row_cap} rows, to which "
+                    f"verify passes are held ({figures}; larger passes differ by up to "
+                    f"{self.unpadded_max_abs_diff:.3g})")
         return f"batched verify vs one-token decoding: {'exact' if self.exact else 'NOT exact'} ({figures})"
 
 
@@ -115,7 +122,7 @@ def contexts(n_ctx: int, rows: int = 0) -> list[int]:
     """The probed context lengths that fit a context window of ``n_ctx`` tokens. Padded to ``rows``, the context
     below the n_kv step is the one where ``max_pass_rows`` must cut a pass short (to 3 rows) for it to be exact."""
     probed = (CONTEXTS[0], _KV_STEP - rows - 2, CONTEXTS[2]) if rows else CONTEXTS
-    return sorted({max(1, min(c, n_ctx - max(rows, BATCH))) for c in probed})
+    return sorted({max(1, min(c, n_ctx - max(rows, PROBED_ROWS))) for c in probed})
 
 
 def _probe_text(model: Probed, length: int) -> list[int]:
@@ -124,27 +131,34 @@ def _probe_text(model: Probed, length: int) -> list[int]:
     return (text * (length // len(text) + 1))[:length]
 
 
-def probe(model: Probed, rows: int = 0) -> tuple[float, int, int]:
+def probe(model: Probed, rows: int = 0) -> tuple[float, int, int, int]:
     """Max |logit difference|, argmax agreements and positions compared, single-token vs batched decoding,
-    both padded to ``rows`` when it is not 0 (the model's passes must already be padded so). Each batched pass
-    carries as many tokens as the model allows there (``max_pass_rows``): BATCH unpadded, up to ``rows`` padded.
-    Leaves the model's cache empty."""
+    both padded to ``rows`` when it is not 0 (the model's passes must already be padded so), and the largest pass
+    size up to which every size probed was exact. Unpadded, passes of every size from 2 to ``PROBED_ROWS`` tokens
+    (as many as the model allows there: ``max_pass_rows``) after the first context, and of the largest after the
+    others (a kernel's choice by row count does not depend on the context; the longest pass crosses the most), are
+    compared with the same tokens decoded one at a time; padded, one pass of up to ``rows`` tokens (every pass then
+    has that shape). Leaves the model's cache empty."""
     probed = contexts(model.n_ctx, rows)
-    tokens = _probe_text(model, max(probed) + max(rows, BATCH))
-    worst, agree, n = 0.0, 0, 0
+    tokens = _probe_text(model, max(probed) + max(rows, PROBED_ROWS))
+    worst, agree, n, exact_up_to = 0.0, 0, 0, PROBED_ROWS
     for context in probed:
         model.truncate(0)
         model.decode(tokens[:context], 0, 1)
-        k = min(rows or BATCH, model.max_pass_rows(context))
-        tail = tokens[context:context + k]
+        longest = min(rows or PROBED_ROWS, model.max_pass_rows(context))
+        tail = tokens[context:context + longest]
         single = np.stack([model.decode([t], context + i, 1)[0].copy() for i, t in enumerate(tail)])
-        model.truncate(context)
-        batched = model.decode(tail, context, k).copy()
-        worst = max(worst, float(np.abs(single - batched).max()))
-        agree += int((single.argmax(-1) == batched.argmax(-1)).sum())
-        n += k
+        for k in range(2, longest + 1) if context == probed[0] and not rows else [longest]:
+            model.truncate(context)
+            batched = model.decode(tail[:k], context, k).copy()
+            difference = float(np.abs(single[:k] - batched).max())
+            if difference != 0.0:
+                exact_up_to = min(exact_up_to, k - 1)
+            worst = max(worst, difference)
+            agree += int((single[:k].argmax(-1) == batched.argmax(-1)).sum())
+            n += k
     model.truncate(0)
-    return worst, agree, n
+    return worst, agree, n, exact_up_to
 
 
 def _tree(size: int) -> tuple[list[int], int]:
@@ -248,10 +262,11 @@ def _path(key: dict[str, object]) -> Path:
 def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
     """The cached verdict for this build and device, probing ``model`` (about a second) when there is none.
 
-    Where unpadded passes are not exact and the model can pad its passes (``set_pass_rows``: llama.cpp), each of
-    PADDED_ROWS is probed in turn and the first that is exact is kept: the model is left padding its passes so,
-    whether the verdict was measured now or read from the cache. A model that verifies trees is then probed with
-    trees at that shape, and left with ``exact_trees`` set to the verdict.
+    Where unpadded passes are exact only up to some size (2 or more rows) on a CPU and the model can hold its verify
+    passes to that (``set_row_cap``: llama.cpp), it is held there. Else, where the model can pad its passes
+    (``set_pass_rows``: llama.cpp), each of PADDED_ROWS is probed in turn and the first that is exact is kept. The
+    model is left capped or padded so, whether the verdict was measured now or read from the cache. A model that
+    verifies trees is then probed with trees at that shape, and left with ``exact_trees`` set to the verdict.
     """
     key = build_key(model, device, exact_numerics)
     path = _path(key)
@@ -260,18 +275,29 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
     if cached is not None:
         if cached.pass_rows and pad is not None:
             pad(cached.pass_rows)
+        if cached.row_cap and hasattr(model, "set_row_cap"):
+            model.set_row_cap(cached.row_cap)  # type: ignore[attr-defined]
         _apply_trees(model, cached.exact_trees)
         _apply_reuse(model, cached.reuse_max_abs_diff)
         return cached
     started = time.perf_counter()
-    worst, agree, n = probe(model)
-    unpadded, rows = worst, 0
+    worst, agree, n, exact_up_to = probe(model)
+    unpadded, rows, cap = worst, 0, 0
+    held = getattr(model, "set_row_cap", None)
+    if worst != 0.0 and held is not None and exact_up_to >= 2 and not key.get("gpu"):
+        # Exact in smaller passes: holding verify passes to those keeps a one-token decode at its own cost, where
+        # padding every pass to B rows would charge it B rows (on a CPU a row costs nearly a pass).
+        held(exact_up_to)
+        worst, agree, n, _ = probe(model)
+        cap = exact_up_to if worst == 0.0 else 0
+        if not cap:
+            held(0)
     if worst != 0.0 and pad is not None:
         for candidate in PADDED_ROWS:
             pad(candidate)
             padded = probe(model, candidate)
             if padded[0] == 0.0:
-                (worst, agree, n), rows = padded, candidate
+                (worst, agree, n, _), rows = padded, candidate
                 break
         else:
             pad(0)
@@ -280,7 +306,7 @@ def check(model: Probed, device: str, exact_numerics: bool = True) -> Exactness:
     reuse = probe_reuse(model) if getattr(model, "exact_reuse", False) else None
     _apply_reuse(model, reuse)
     result = Exactness(key, worst == 0.0, worst, agree, n, round(time.perf_counter() - started, 3),
-                       pass_rows=rows, unpadded_max_abs_diff=unpadded, exact_trees=tree_worst == 0.0,
+                       pass_rows=rows, row_cap=cap, unpadded_max_abs_diff=unpadded, exact_trees=tree_worst == 0.0,
                        tree_max_abs_diff=tree_worst, reuse_max_abs_diff=reuse)
     keep(path, lambda p: write_text(p, json.dumps({"format": FORMAT, **asdict(result)} | {"cached": False}, indent=1)))
     return result

@@ -24,60 +24,19 @@ onnx = pytest.importorskip("onnx")
 from edgespec.export.onnx.reference import OnnxReference  # noqa: E402
 
 from tests.export.llama_checks import assert_batch_invariant, llama_logits  # noqa: E402
-from tests.tiny_gguf import add_small_tokenizer, llama_quantize, llama_writer, quantize_kquant  # noqa: E402
+from tests.tiny_gguf import KQ_LAYERS, KQ_TYPES, llama_quantize, write_kquant_gguf  # noqa: E402
 
 pytestmark = pytest.mark.skipif(custom_ops.ensure() is None, reason="the kernel library cannot be built here")
 
-QT = gguf.GGMLQuantizationType
-HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
-HEAD_DIM = HIDDEN // HEADS
 TEXT = "the thin one on the table, in 2024: naïve café 東京 {x: [1, 22]} the end"
-# llama.cpp's Q4_K_M: Q4_K, with Q6_K for attn_v, half the layers' ffn_down and the output (here the tied embedding);
-# layer 1's gate Q6_K too, so that gate|up mixes types as q|k|v does
-TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
-         "ffn_up": "Q4_K", "ffn_down": "Q4_K"}
-LAYER_TYPES = [TYPES | {"ffn_down": "Q6_K"}, TYPES | {"ffn_gate": "Q6_K"}]
 # K-quants beside the types carried otherwise (Q4_0 / Q4_1, Q5_0 / Q5_1: BlockQ4MatMul; Q8_0: MatMulNBits or
 # BlockInt8MatMul), within q|k|v and gate|up
 MIXED = [{"attn_q": "Q4_K", "attn_k": "Q8_0", "attn_v": "Q5_0", "attn_output": "Q4_0", "ffn_gate": "Q4_1",
-          "ffn_up": "Q4_K", "ffn_down": "Q6_K"}, TYPES | {"attn_output": "Q5_1", "ffn_gate": "Q5_1"}]
+          "ffn_up": "Q4_K", "ffn_down": "Q6_K"}, KQ_TYPES | {"attn_output": "Q5_1", "ffn_gate": "Q5_1"}]
 # per file: the GGUF's types, and the edgespec products in each layer graph (runs of a type in q|k|v and gate|up)
 FILES = {"q4_k_m": ({"Q4_K": 10, "Q6_K": 5, "F32": 5}, [5, 6]),
          # llama.cpp's Q5_K_M here: Q5_K, with Q6_K for layer 1's v and down and the tied embedding
          "q5_k_m": ({"Q5_K": 12, "Q6_K": 3, "F32": 5}, [4, 5])}
-
-
-def write_kquant_gguf(path: Path, seed: int = 0, layer_types: list[dict[str, str]] = LAYER_TYPES,
-                      embedding: str = "Q6_K") -> Path:
-    """The tiny llama with its matrices in ``layer_types`` (per layer, GGUF name → type) and its tied embedding in
-    ``embedding``: K-quants written in llama.cpp's layout here, other types by gguf.quants."""
-    rng = np.random.default_rng(seed)
-    w = llama_writer(path, LAYERS, HIDDEN, FFN, HEADS, KV_HEADS)
-    n_vocab = add_small_tokenizer(w)
-
-    def matrix(name: str, kind: str, rows: int, cols: int, scale: float = 1.0) -> None:
-        values = (scale * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-        data = quantize_kquant(values, kind) if kind in ("Q4_K", "Q6_K") else gguf.quants.quantize(values, QT[kind])
-        w.add_tensor(name, data, raw_dtype=QT[kind])
-
-    def norm(name: str) -> None:
-        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
-
-    matrix("token_embd.weight", embedding, n_vocab, HIDDEN, scale=16.0)
-    norm("output_norm.weight")
-    for i, types in enumerate(layer_types):
-        norm(f"blk.{i}.attn_norm.weight")
-        norm(f"blk.{i}.ffn_norm.weight")
-        shapes = {"attn_q": (HIDDEN, HIDDEN, 4.0), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN, 4.0),
-                  "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN, 1.0), "attn_output": (HIDDEN, HIDDEN, 1.0),
-                  "ffn_gate": (FFN, HIDDEN, 1.0), "ffn_up": (FFN, HIDDEN, 1.0), "ffn_down": (HIDDEN, FFN, 1.0)}
-        for name, (rows, cols, scale) in shapes.items():
-            matrix(f"blk.{i}.{name}.weight", types[name], rows, cols, scale)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture(scope="module", params=list(FILES))
@@ -91,7 +50,7 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     if request.param == "q4_k_m":
         write_kquant_gguf(path)
     else:
-        dense = [dict.fromkeys(TYPES, "F32")] * LAYERS
+        dense = [dict.fromkeys(KQ_TYPES, "F32")] * KQ_LAYERS
         llama_quantize(write_kquant_gguf(folder / "f32.gguf", layer_types=dense, embedding="F32"), path,
                        request.param.upper())
     printed = io.StringIO()

@@ -12,7 +12,16 @@ import pytest
 
 import edgespec
 from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
-from edgespec.backends.selfcheck import PADDED_ROWS, ExactnessWarning, NotExactError, build_key, check, enforce, probe
+from edgespec.backends.selfcheck import (
+    PADDED_ROWS,
+    PROBED_ROWS,
+    ExactnessWarning,
+    NotExactError,
+    build_key,
+    check,
+    enforce,
+    probe,
+)
 from edgespec.catalog.models import families
 from edgespec.cli.main import main
 
@@ -43,8 +52,10 @@ def test_the_exact_build_passes_quickly_and_the_verdict_is_cached(home: Path) ->
         cpu = time.process_time()
         first = check(model, "cpu")
         cpu = time.process_time() - cpu
-        assert first.exact and first.max_abs_diff == 0.0 and first.argmax_agree == first.positions == 15
-        assert first.pass_rows == 0  # exact unpadded: no pass is padded
+        # every pass size from 2 to the largest verify after the first context, the largest after the other two
+        probed = sum(range(2, PROBED_ROWS + 1)) + 2 * PROBED_ROWS
+        assert first.exact and first.max_abs_diff == 0.0 and first.argmax_agree == first.positions == probed
+        assert first.pass_rows == 0 and first.row_cap == 0  # exact unpadded at every size: no pass padded or held
         # Trees probed too, and not exact with these kernels: a branch's rows depend on the cells it sits in.
         assert not first.exact_trees and first.tree_max_abs_diff > 0 and not model.exact_trees
         # The probe's passes (chains, trees, reuse) took ~4.5 units on a 2-core AMD EPYC (12 s of one core there).
@@ -65,7 +76,8 @@ def test_a_small_context_window_is_probed_within_it(home: Path) -> None:
         window = model.n_ctx  # llama.cpp rounds a small request up (256 here), still below 320 + 5
     finally:
         model.close()
-    assert window < 325 and result.exact and result.key["contexts"] == [24, window - 5]  # no overflow
+    # no overflow: room left after the last context for the largest pass probed
+    assert window < 320 + PROBED_ROWS and result.exact and result.key["contexts"] == [24, window - PROBED_ROWS]
 
 
 def test_the_key_names_the_build_device_and_quantization() -> None:
@@ -99,7 +111,7 @@ def test_fast_numerics_are_flagged_unpadded_and_made_exact_by_padding(home: Path
     verifying trees."""
     model = _shipped(exact_numerics=False, n_threads=2)
     try:
-        worst, _, _ = probe(model)
+        worst, _, _, _ = probe(model)
         assert worst > 0
         result = check(model, "cpu", exact_numerics=False)
         assert result.exact and result.pass_rows == PADDED_ROWS[0] == model.pass_rows
@@ -139,10 +151,79 @@ class PerturbedBatches:
 def test_the_probe_flags_perturbed_batched_rows() -> None:
     model = _shipped()
     try:
-        worst, agree, n = probe(PerturbedBatches(model))
+        worst, agree, n, _ = probe(PerturbedBatches(model))
     finally:
         model.close()
     assert worst == pytest.approx(1e-3, rel=1e-2) and agree == n  # argmax unchanged, logits not: still flagged
+
+
+class ChangesKernelAt:
+    """SCRIPTED, not a real backend: the real 135M model whose rows in a pass of ``rows`` or more tokens get a tiny
+    offset, as a CPU kernel chosen by row count would give them (llama.cpp's K-quant products: tests below). Only the
+    check's logic is under test."""
+
+    def __init__(self, model: LlamaModel, rows: int) -> None:
+        self.model, self.n_ctx, self.rows = model, model.n_ctx, rows
+        self.description = f"kernel change at {rows} rows, {model.description}"  # its own verdict in the cache
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.model.tokenize(text, add_special, parse_special)
+
+    def decode(self, tokens: list[int], start: int, n_logits: int) -> np.ndarray:
+        logits = self.model.decode(tokens, start, n_logits)
+        return logits + np.float32(1e-3) if len(tokens) >= self.rows else logits
+
+    def truncate(self, keep: int) -> None:
+        self.model.truncate(keep)
+
+    def set_row_cap(self, rows: int) -> None:
+        self.model.set_row_cap(rows)
+
+    def max_pass_rows(self, start: int) -> int:
+        return self.model.max_pass_rows(start)
+
+
+def test_passes_exact_only_up_to_a_size_are_held_to_it(home: Path) -> None:
+    """Holding verify passes to the largest exact size costs a one-token decode nothing, where padding every pass to
+    B rows would charge it B; the cached verdict holds them again."""
+    model = _shipped()
+    try:
+        result = check(ChangesKernelAt(model, 8), "cpu")
+        assert result.exact and result.row_cap == 7 == model.max_pass_rows(100) and result.pass_rows == 0
+        assert result.unpadded_max_abs_diff == pytest.approx(1e-3, rel=1e-2)
+        assert "passes of up to 7 rows" in result.describe()
+        model.set_row_cap(0)
+        again = check(ChangesKernelAt(model, 8), "cpu")
+        assert again.cached and model.max_pass_rows(100) == 7
+        model.set_row_cap(0)
+        assert not check(ChangesKernelAt(model, 2), "cpu").row_cap  # not even two rows: nothing to hold to
+    finally:
+        model.close()
+
+
+def test_a_k_quant_file_is_lossless_at_any_gamma(home: Path, tmp_path: Path) -> None:
+    """A Q4_K_M file made by llama.cpp's own quantizer: on an AVX-512 CPU llama.cpp's K-quant products take another
+    kernel from 8 rows on, so a probe of 5-row passes found it exact while lookup at γ 7 or more changed the output.
+    Every pass size is probed now: verify passes are held to the largest exact one (or none where all are), and
+    greedy lookup at γ 12 equals target-only decoding."""
+    from tests.tiny_gguf import KQ_LAYERS, KQ_TYPES, llama_quantize, write_kquant_gguf
+
+    dense = write_kquant_gguf(tmp_path / "f32.gguf", layer_types=[dict.fromkeys(KQ_TYPES, "F32")] * KQ_LAYERS,
+                              embedding="F32")
+    path = llama_quantize(dense, tmp_path / "q4_k_m.gguf", "Q4_K_M")
+    engine = edgespec.load(path, n_ctx=1024, n_threads=2, tuning=False, require_exact=True)
+    try:
+        result = check(engine.target, "cpu")
+        assert result.cached and result.exact and result.pass_rows == 0
+        if result.row_cap:
+            assert result.unpadded_max_abs_diff > 0 and engine.target.max_pass_rows(100) == result.row_cap
+        assert probe(engine.target)[0] == 0.0  # within the cap, every size probed is exact
+        prompt = engine.tokenize("one two three four five six seven eight nine ten " * 12)
+        plain = engine.generate(prompt, max_tokens=64, mode="none")
+        drafted = engine.generate(prompt, max_tokens=64, mode="ngram", gamma=12)
+        assert drafted.tokens == plain.tokens and drafted.stats.accepted > 0
+    finally:
+        engine.close()
 
 
 def test_require_exact_refuses_and_otherwise_warns_once(home: Path) -> None:

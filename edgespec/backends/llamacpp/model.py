@@ -151,6 +151,7 @@ class LlamaModel:
         # 0: each pass decodes just its tokens. B > 0: every pass of up to B tokens is padded to B rows (see
         # ``set_pass_rows``), chosen by the exactness self-check where unpadded passes are not batch-invariant.
         self.pass_rows = 0
+        self.row_cap = 0  # verify passes held to this many tokens (0: none), where only smaller ones are exact
         # Whether every tree row equals one-token decoding of its path, bit for bit, at this pass shape: what the
         # exactness self-check measured (edgespec/backends/selfcheck.py); until then, no (the engine verifies chains).
         # Measured on a CPU: not with the exact numerics (a row's sums depend on which cells its ancestors sit in),
@@ -264,17 +265,25 @@ class LlamaModel:
         self.pass_rows = rows
         self.n_ctx = self._n_cells - max(0, rows - 1)
 
+    def set_row_cap(self, rows: int) -> None:
+        """Hold verify passes to ``rows`` tokens (0: no cap), the largest size the self-check found exact where
+        larger ones are not: on a CPU llama.cpp's K-quant products take another kernel from 8 rows on."""
+        if rows < 0 or rows == 1:
+            raise InvalidParameterError(f"a row cap must be 0 (none) or 2 or more, got {rows}")
+        self.row_cap = rows
+
     def max_pass_rows(self, start: int) -> int:
         """How many tokens a pass starting at ``start`` may carry and still give each the logits it gets when
-        decoded alone (padded alike): all of them unpadded, where the self-check found passes batch-invariant;
-        padded, those that see the same n_kv as they would alone (``padded_pass_limit``)."""
-        return padded_pass_limit(start, self.pass_rows, KV_STEP) if self.pass_rows else self.n_batch
+        decoded alone (padded alike): unpadded, all of them up to the self-check's cap; padded, those that see the
+        same n_kv as they would alone (``padded_pass_limit``)."""
+        return padded_pass_limit(start, self.pass_rows, KV_STEP) if self.pass_rows else self.row_cap or self.n_batch
 
     def max_tree_rows(self, start: int) -> int:
         """How many nodes (the committed tokens the cache lacks included) a tree pass from ``start`` may carry:
-        padded, as a pass (``max_pass_rows``) whose filler makes it a multiple of ``pass_rows``."""
+        unpadded, up to the self-check's cap; padded, as a pass (``max_pass_rows``) whose filler makes it a
+        multiple of ``pass_rows``."""
         if not self.pass_rows:
-            return self.n_batch
+            return self.row_cap or self.n_batch
         return padded_pass_limit(start, self.pass_rows, KV_STEP, self.n_batch - self.pass_rows + 1)
 
     # -- the KV cache (only KVArena calls these) ------------------------------------------------------
