@@ -108,20 +108,13 @@ def open_model(path: Path, n_threads: int | None = None, exact_numerics: bool = 
                                            exact_numerics=exact_numerics))
 
 
-def prompt_tokens(engine: Engine, text: str) -> list[int]:
-    """The prompt as a user would send it: through the chat template when the model has one."""
-    if engine.chat_template is not None:
-        return engine.chat_tokens([{"role": "user", "content": text}])
-    return engine.tokenize(text)
-
-
 def calibration(source: LlamaModel, n_prompts: int = 4, n_tokens: int = 32) -> list[Sample]:
     """The source's greedy continuations of the first ``n_prompts`` fixed prompts."""
     check_options(n_prompts, n_tokens)
     engine = Engine(source, mode="none", gamma=0)
     samples = []
     for text in prompts(n_prompts):
-        tokens = prompt_tokens(engine, text)
+        tokens = engine.user_prompt(text)
         out = engine.generate(tokens, max_tokens=n_tokens, mode="none")
         if out.tokens:
             samples.append(Sample(tokens + out.tokens, len(tokens)))
@@ -226,7 +219,7 @@ def cost_ratio(draft: LlamaModel, target: LlamaModel, rounds: int = 3) -> float:
 def decode_speed(model: LlamaModel, n_tokens: int = 64) -> float:
     """Plain (target-only) greedy decode tokens/s on the first fixed prompt."""
     engine = Engine(model, mode="none", gamma=0)
-    out = engine.generate(prompt_tokens(engine, prompts(1)[0]), max_tokens=n_tokens, mode="none")
+    out = engine.generate(engine.user_prompt(prompts(1)[0]), max_tokens=n_tokens, mode="none")
     return out.stats.decode_tokens_per_s
 
 
@@ -237,7 +230,7 @@ def speculation(target: LlamaModel, draft: LlamaModel, texts: Sequence[str], max
     drafted = accepted = steps = 0
     lossless = True
     for text in texts:
-        tokens = prompt_tokens(engine, text)
+        tokens = engine.user_prompt(text)
         spec = engine.generate(tokens, max_tokens=max_tokens)
         plain = engine.generate(tokens, max_tokens=max_tokens, mode="none")
         lossless &= spec.tokens == plain.tokens

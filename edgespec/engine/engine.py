@@ -199,6 +199,12 @@ class Engine:
     def tokenize(self, prompt: str) -> list[int]:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
 
+    def user_prompt(self, text: str) -> list[int]:
+        """``text`` as a user's one-turn prompt: in the model's chat template where it has one, else as it is."""
+        if self.chat_template is None:
+            return self.tokenize(text)
+        return self.chat_tokens([{"role": "user", "content": text}])
+
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: str | Sequence[str] | None = (), mode: str | None = None, gamma: int | str | None = None,

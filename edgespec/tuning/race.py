@@ -332,7 +332,7 @@ def race_and_keep(candidates: list[tuple[str, str]], key: dict[str, object], thr
             raise EdgespecError("no default candidate can run losslessly here: " + "; ".join(skipped.values()))
         entries = []
         for _, _, engine in engines:
-            prompts = [engine.chat_tokens([{"role": "user", "content": p}]) for p in RACE_PROMPTS[:budget.prompts]]
+            prompts = [engine.user_prompt(p) for p in RACE_PROMPTS[:budget.prompts]]
             engine.generate(prompts[0], max_tokens=4)  # warm-up
             extra = [HEAD] if HEAD[0] in engine.modes else []
             entries.append((engine, RACED_MODES + extra + ([TREE] if trees and engine.target.exact_trees else []),

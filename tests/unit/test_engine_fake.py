@@ -456,3 +456,13 @@ def test_what_was_learned_of_a_drafter_is_dropped_when_another_takes_its_name(cl
     other = engine_with("two")._get_controller().learned()
     assert "head" not in other["pooled"] and not any(name == "head" for name, *_ in other["keyed"])  # type: ignore
     assert other["pooled"]["ngram"] == learned["pooled"]["ngram"]  # type: ignore[index]
+
+
+def test_a_users_text_goes_through_the_chat_template_where_the_model_has_one() -> None:
+    """What the races and the quality report feed a model: a model without a template (a base model) gets the text as
+    it is, not an error."""
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    plain = Engine(FakeModel(scripted([BOS])), gamma=1)
+    chat = Engine(FakeModel(scripted([BOS]), chat_template=template), gamma=1)
+    assert plain.user_prompt("hi") == plain.tokenize("hi")
+    assert chat.user_prompt("hi") == chat.chat_tokens([{"role": "user", "content": "hi"}]) != plain.tokenize("hi")
