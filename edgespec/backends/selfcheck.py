@@ -207,19 +207,23 @@ def probe_trees(model: TreeProbed, rows: int = 0) -> float | None:
 
 def probe_reuse(model: Probed) -> float:
     """Max |logit difference| of a prompt's last row between the prompt prefilled whole and prefilled as a kept
-    prefix and then the rest, as the prompt cache reuses a conversation's earlier turns. Batch invariance of verify
-    passes (``probe``) does not imply it: a prefill of hundreds of tokens takes other kernels than a verify, and where
-    reuse was measured exact (two CPU kinds, 1-6 threads) it was measured, not derived. Leaves the cache empty."""
+    prefix and then the rest, as the prompt cache reuses a conversation's earlier turns: a rest of many tokens, and of
+    the last one alone (a request repeating a cached prompt feeds only that). Batch invariance of verify passes
+    (``probe``) does not imply it: a prefill of hundreds of tokens takes other kernels than a verify (llama.cpp's
+    K-quant products from 8 rows on, where a lone last token takes the one-row kernel), and where reuse was measured
+    exact (two CPU kinds, 1-6 threads, the shipped Q4_1) it was measured, not derived. Leaves the cache empty."""
     end = max(2, min(REUSE[1], model.n_ctx - 1))
-    kept = min(REUSE[0], end - 1)
     tokens = _probe_text(model, end)
     model.truncate(0)
     whole = model.decode(tokens, 0, 1)[0].copy()
+    worst = 0.0
+    for kept in sorted({min(REUSE[0], end - 1), end - 1}):
+        model.truncate(0)
+        model.decode(tokens[:kept], 0, 1)
+        resumed = model.decode(tokens[kept:], kept, 1)[0].copy()
+        worst = max(worst, float(np.abs(whole - resumed).max()))
     model.truncate(0)
-    model.decode(tokens[:kept], 0, 1)
-    resumed = model.decode(tokens[kept:], kept, 1)[0].copy()
-    model.truncate(0)
-    return float(np.abs(whole - resumed).max())
+    return worst
 
 
 def _files(folder: Path) -> list[list[object]]:

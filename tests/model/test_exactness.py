@@ -203,9 +203,10 @@ def test_passes_exact_only_up_to_a_size_are_held_to_it(home: Path) -> None:
 
 def test_a_k_quant_file_is_lossless_at_any_gamma(home: Path, tmp_path: Path) -> None:
     """A Q4_K_M file made by llama.cpp's own quantizer: on an AVX-512 CPU llama.cpp's K-quant products take another
-    kernel from 8 rows on, so a probe of 5-row passes found it exact while lookup at γ 7 or more changed the output.
-    Every pass size is probed now: verify passes are held to the largest exact one (or none where all are), and
-    greedy lookup at γ 12 equals target-only decoding."""
+    kernel from 8 rows on, so a probe of 5-row passes found it exact while lookup at γ 7 or more changed the output,
+    and a repeated prompt's last token, fed alone after its kept prefix, got other logits than in the prefill. Every
+    pass size is probed now: verify passes are held to the largest exact one (or none where all are), reuse is
+    probed with a lone last token, and greedy lookup at γ 12 equals target-only decoding, the prompt cached or not."""
     from tests.tiny_gguf import KQ_LAYERS, KQ_TYPES, llama_quantize, write_kquant_gguf
 
     dense = write_kquant_gguf(tmp_path / "f32.gguf", layer_types=[dict.fromkeys(KQ_TYPES, "F32")] * KQ_LAYERS,
@@ -220,8 +221,12 @@ def test_a_k_quant_file_is_lossless_at_any_gamma(home: Path, tmp_path: Path) -> 
         assert probe(engine.target)[0] == 0.0  # within the cap, every size probed is exact
         prompt = engine.tokenize("one two three four five six seven eight nine ten " * 12)
         plain = engine.generate(prompt, max_tokens=64, mode="none")
-        drafted = engine.generate(prompt, max_tokens=64, mode="ngram", gamma=12)
+        drafted = engine.generate(prompt, max_tokens=64, mode="ngram", gamma=12, cache_prompt=False)
         assert drafted.tokens == plain.tokens and drafted.stats.accepted > 0
+        # The prompt again, its cache kept where reuse is exact: there a lone last token takes the one-row kernel,
+        # not the prefill's (the reuse probe feeds it alone too, and turns reuse off where that differs).
+        assert result.reuse_max_abs_diff == 0.0 or not engine.target.exact_reuse
+        assert engine.generate(prompt, max_tokens=64, mode="ngram", gamma=12).tokens == plain.tokens
     finally:
         engine.close()
 
