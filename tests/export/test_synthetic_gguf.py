@@ -154,6 +154,27 @@ def test_verify_curve_benchmark_runs_on_it(smol: Path, tmp_path: Path) -> None:
     assert model["rss_after_load_mib"] > 0
 
 
+def test_builds_side_by_side_runs_on_two_copies(smol: Path, tmp_path: Path) -> None:
+    """benchmarks/builds_side_by_side.py end to end, cut short, on two copies of one file: every rate measured per
+    round, drafted output equal to plain decoding's, a peak RSS per build from its own process (timings are not
+    checked: a shared machine)."""
+    import runpy
+    import shutil
+
+    copy = shutil.copy(smol, tmp_path / "copy.gguf")
+    bench = runpy.run_path(str(TOOL.with_name("builds_side_by_side.py")))
+    assert bench["main"]([str(smol), str(copy), "--rounds", "2", "--max-tokens", "6", "--threads", "1", "--ctx",
+                          "4096", "--label", "test", "--out", str(tmp_path)]) == 0  # its tokenizer: few merges
+    [written] = tmp_path.glob("builds_side_by_side-*-1t-test.json")
+    models = json.loads(written.read_text())["models"]
+    assert list(models) == [str(smol), str(copy)]
+    for m in models.values():
+        assert len(m["rounds"]["prefill"]) == len(m["rounds"]["plain"]) == len(m["rounds"]["lookup"]) == 2
+        assert m["prefill"] > 0 and m["plain"] > 0 and m["lookup"] > 0 and m["head"] is None
+        assert m["rounds"]["identical"] == ["3/3", "3/3"]
+        assert m["peak_rss_mib"] > 0
+
+
 def test_replay_takes_acceptance_from_real_outputs_and_costs_from_the_benchmark(tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture[str]
                                                                                 ) -> None:
