@@ -41,7 +41,11 @@ pass an untimed one-row pass of the same backend, so the other runtime's spinnin
 - verify: ``decode(tokens, 1024, k)`` then ``truncate(1024)``, a verify that accepts nothing, at exactly
   ``--context`` tokens, k = 1, 2, 4, 8 shuffled each round; the median of the rounds, and each k against one row
   (the goal at 1B, context 1024: k=2 ≤ 1.25×, k=4 ≤ 1.6×, k=8 ≤ 2.4×);
-- plain decoding: ``--decode-tokens`` one-row passes in sequence after a 128-token prompt, greedy;
+- plain decoding: ``--decode-tokens`` one-row passes in sequence after a 128-token prompt, greedy; and the median
+  step against the one-row verify pass, which it should not exceed (a shorter context). The two are timed in
+  phases a minute or more apart, and taking turns evens the machine's drift between backends, not between phases:
+  on the shared machine an 8B decoding run took 78 ms a step and the next 212 ms, and the verify phase 270 ms (no
+  other change), so a step dearer than the pass says the load moved, not the backend;
 - prefill: ``--prefill-tokens`` tokens into an empty cache (each backend's own batches), to the last logits;
 - peak RSS: per backend in a process of its own (load, prefill, the context, every pass, a few decoding steps).
 It prints one table (backend, decode and prefill tok/s, k-row ms and × one row, peak RSS, ONNX against each other)
@@ -516,22 +520,27 @@ def verify_turns(models: dict[str, Compared], context: int, rows: tuple[int, ...
 
 
 def decode_turns(models: dict[str, Compared], tokens: int, runs: int, rng: np.random.Generator
-                 ) -> dict[str, list[float]]:
+                 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Plain decoding: after a ``DECODE_PROMPT``-token prompt (untimed), ``tokens`` one-row passes in sequence,
-    each feeding the last one's greedy token; tokens per second, per run, backends taking turns."""
+    each feeding the last one's greedy token; tokens per second per run, and the seconds of every step, backends
+    taking turns."""
     names = list(models)
     prompt = random_tokens(rng, min(model.n_vocab for model in models.values()), DECODE_PROMPT)
     speeds: dict[str, list[float]] = {name: [] for name in names}
+    steps: dict[str, list[float]] = {name: [] for name in names}
     for run in range(runs):
         for name in turns(names, run):
             model = models[name]
             model.truncate(0)
             token = int(np.argmax(model.decode(prompt, 0, 1)[-1]))
-            began = time.perf_counter()
+            began = last = time.perf_counter()
             for i in range(tokens):
                 token = int(np.argmax(model.decode([token], len(prompt) + i, 1)[-1]))
-            speeds[name].append(tokens / (time.perf_counter() - began))
-    return speeds
+                now = time.perf_counter()
+                steps[name].append(now - last)
+                last = now
+            speeds[name].append(tokens / (last - began))
+    return speeds, steps
 
 
 def prefill_turns(models: dict[str, Compared], tokens: int, runs: int, rng: np.random.Generator
@@ -651,7 +660,7 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
         lap("verify")
         print(f"plain decoding ({args.decode_tokens} tokens), prefill ({args.prefill_tokens} tokens), {args.runs} "
               "runs ...", file=sys.stderr, flush=True)
-        decode = decode_turns(models, args.decode_tokens, args.runs, rng)
+        decode, steps = decode_turns(models, args.decode_tokens, args.runs, rng)
         lap("decode")
         prefill, last = prefill_turns(models, args.prefill_tokens, args.runs, rng)
         lap("prefill")
@@ -669,7 +678,8 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
             "n_batch": batches[name], "exactness": verdicts[name],
             "verify": {str(k): {"ms": float(np.median(s)) * 1e3, "relative": float(np.median(s)) / one,
                                 "samples_ms": [x * 1e3 for x in s]} for k, s in verify[name].items()},
-            "decode": {"tok_s": float(np.median(decode[name])), "runs": decode[name]},
+            "decode": {"tok_s": float(np.median(decode[name])), "runs": decode[name],
+                       "step_ms_median": float(np.median(steps[name])) * 1e3},
             "prefill": {"tok_s": float(np.median(prefill[name])), "runs": prefill[name]},
             "memory": memory[name]}
     return {"mode": "compare", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": "cpu",
@@ -738,6 +748,9 @@ def compare_table(result: dict) -> str:
         relative = {k: b["verify"][str(k)]["relative"] for k in goals}
         return " ".join(f"{relative[k]:.2f}{'✓' if relative[k] <= GOALS[k] else '✗'}" for k in goals)
 
+    lines.append(f"decode step, median ms (× the one-row pass at {result['context']}): " + "; ".join(
+        f"{name} {b['decode']['step_ms_median']:.1f} ({b['decode']['step_ms_median'] / b['verify']['1']['ms']:.2f})"
+        for name, b in backends.items()))
     if goals:
         lines.append("goal at 1B, context 1024: " + ", ".join(f"k={k} ≤ {GOALS[k]}×" for k in goals) + " one row: "
                      + "; ".join(f"{name} {against_goals(b)}" for name, b in backends.items() if name != GENAI))

@@ -224,6 +224,7 @@ def test_compare_exports_a_kquant_file_and_times_both_backends(tmp_path: Path) -
         assert [int(k) for k in backend["verify"]] == [1, 2, 4] and backend["verify"]["1"]["relative"] == 1.0
         assert all(len(row["samples_ms"]) == 2 and row["ms"] > 0 for row in backend["verify"].values())
         assert backend["decode"]["tok_s"] > 0 and backend["prefill"]["tok_s"] > 0
+        assert backend["decode"]["step_ms_median"] > 0
         assert backend["memory"]["rss_peak_mib"] >= backend["memory"]["rss_after_load_mib"] > 0
         assert backend["exactness"]["exact"]
     assert result["agreement"]["llamacpp"]["max_abs_diff"] < 0.5 * result["agreement"]["llamacpp"]["logit_std"]
