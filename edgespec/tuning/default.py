@@ -1,12 +1,12 @@
 """Which model ``edgespec.load()`` runs when none is named: measured once per machine, then read back.
 
 The candidates are the default family's variants that pass the quality bar (``ModelFamily.default_candidates``)
-and, with onnxruntime installed, an ONNX export of its shipped GGUF; ``race`` races them (with and without
-n-gram drafting, and the export with its shipped draft head too) and stores the fastest lossless one. With
-``EDGESPEC_TUNING=off`` (the tests) nothing is measured: the default is the family's default quantization with
-n-gram lookup, γ auto. The stored choice is a cache entry like any other in the home: one that is damaged, names
-what edgespec does not know, or whose export cannot be opened is measured again, saying why; a home that cannot
-be written gets the fixed default, since nothing measured there could be kept.
+and, with onnxruntime installed, two ONNX exports of its shipped GGUF (INT8 and its own 4-bit blocks); ``race``
+races them (with and without n-gram drafting, and the exports with the shipped draft head too) and stores the
+fastest lossless one. With ``EDGESPEC_TUNING=off`` (the tests) nothing is measured: the default is the family's
+default quantization with n-gram lookup, γ auto. The stored choice is a cache entry like any other in the home: one
+that is damaged, names what edgespec does not know, or whose export cannot be opened is measured again, saying why;
+a home that cannot be written gets the fixed default, since nothing measured there could be kept.
 
 A GGUF of the user's own gets the same treatment per file (``own_choice``; what is raced: ``own_model.py``).
 """
@@ -108,8 +108,8 @@ def check_choice(choice: DefaultChoice) -> None:
 
 def open_default(threads: int, device: str, open_choice: Callable[[DefaultChoice], Engine]) -> Engine:
     """The engine of this machine's default (``open_choice`` loads a choice)."""
-    export = default_race.onnx_export_path(families()[DEFAULT_MODEL])
-    return open_kept(default_choice(threads, device), export, open_choice, lambda: default_choice(threads, device))
+    exports = [default_race.onnx_export_path(families()[DEFAULT_MODEL], b) for b in default_race.ONNX_BUILDS]
+    return open_kept(default_choice(threads, device), exports, open_choice, lambda: default_choice(threads, device))
 
 
 def open_own(source: Path, threads: int, device: str, open_choice: Callable[[DefaultChoice], Engine]) -> Engine | None:
@@ -117,17 +117,19 @@ def open_own(source: Path, threads: int, device: str, open_choice: Callable[[Def
     choice = own_choice(source, threads, device)
     if choice is None:
         return None
-    return open_kept(choice, own_model.export_path(source), open_choice, lambda: own_choice(source, threads, device))
+    return open_kept(choice, [own_model.export_path(source)], open_choice,
+                     lambda: own_choice(source, threads, device))
 
 
-def open_kept(choice: DefaultChoice, export: Path, open_choice: Callable[[DefaultChoice], Engine],
+def open_kept(choice: DefaultChoice, exports: list[Path], open_choice: Callable[[DefaultChoice], Engine],
               choose_again: Callable[[], DefaultChoice | None]) -> Engine:
-    """``open_choice(choice)``; where the choice is ``export``, the cache's own, and it cannot be opened (a damaged
-    file), the export is removed and the choice measured again (``choose_again``: exporting it anew)."""
+    """``open_choice(choice)``; where the choice is one of ``exports``, the cache's own, and it cannot be opened (a
+    damaged file), the export is removed and the choice measured again (``choose_again``: exporting it anew)."""
     try:
         return open_choice(choice)
     except ModelLoadError as e:
-        if choice.backend != "onnx" or Path(choice.target) != export:
+        export = Path(choice.target)
+        if choice.backend != "onnx" or export not in exports:
             raise
         say_once(f"damaged {export}", f"the export {export} cannot be opened ({e}): exporting it again")
         default_race.discard_export(export)

@@ -1,8 +1,9 @@
 """``edgespec tune --default``: the model, backend and drafter ``edgespec.load()`` uses on this machine.
 
 The first ``edgespec.load()`` / ``edgespec generate`` without a model runs this (``default.py``):
-every variant of the default family that passes the quality bar, on llama.cpp, and (with onnxruntime) an INT8
-ONNX export of the shipped GGUF if it passes the same bar against the shipped weights; a candidate whose build
+every variant of the default family that passes the quality bar, on llama.cpp, and (with onnxruntime) two ONNX
+exports of the shipped GGUF (INT8, and its own 4-bit blocks: ONNX_BUILDS), each if it passes the same bar against
+the shipped weights; a candidate whose build
 is not batch-invariant here (edgespec/backends/selfcheck.py) is left out, since it could not be lossless. Each is raced
 with plain decoding and with n-gram lookup, γ auto, on four built-in texts (a document to work on, chat,
 summarization-like, code; not Spec-Bench), all interleaved prompt by prompt (``tune.race``). Among the runs
@@ -43,6 +44,9 @@ from .tune import MARGIN, race
 
 PLAIN, LOOKUP = ("none", 0), ("ngram", "auto")  # (mode, γ)
 RACED_MODES: list[tuple[str, int | str]] = [PLAIN, LOOKUP]  # plain first: the identity reference
+# The shipped GGUF's ONNX exports raced (``edgespec export onnx --quant``): INT8 (edgespec's block INT8 products) and
+# the file's own Q4_1 blocks (its 4-bit products; 1.22-1.35x INT8's decoding on SmolLM2, docs/kernels.md).
+ONNX_BUILDS = ("int8", "gguf")
 HEAD = ("head", "auto")  # raced too where the ONNX export has a draft head beside it (docs/draft-head.md)
 TREE = ("tree", "auto")  # raced for a user's own file (own_model.py): lookup, suffix-trie and recycled candidates
 
@@ -102,8 +106,8 @@ def head_identity(family: ModelFamily) -> str:
     shipped = family.draft_head_path()
     if shipped is not None:
         return f", shipped draft head of {file_identity(shipped)['size']} bytes, {file_digest(shipped)}"
-    manifest = _head_manifest(onnx_export_path(family))
-    return f", draft head of {file_identity(manifest)['mtime_ns']}" if manifest.is_file() else ""
+    manifests = [_head_manifest(onnx_export_path(family, build)) for build in ONNX_BUILDS]
+    return "".join(f", draft head of {file_identity(m)['mtime_ns']}" for m in manifests if m.is_file())
 
 
 def has_head(export: Path) -> bool:
@@ -180,17 +184,20 @@ def say_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def onnx_export_path(family: ModelFamily) -> Path:
-    """Where the default's ONNX export lives: one folder per attention op, so that an export made while edgespec's
-    kernels could not be built (GroupQueryAttention) never overwrites the kernel's, which a stored choice names."""
+def onnx_export_path(family: ModelFamily, build: str = "int8") -> Path:
+    """Where the default's ONNX export of ``build`` (one of ONNX_BUILDS) lives: one folder per attention op, so
+    that an export made while edgespec's kernels could not be built (GroupQueryAttention) never overwrites the
+    kernel's, which a stored choice names."""
     suffix = "" if custom_ops.default_attention() == "exact" else "-gqa"
-    return home_dir("onnx") / f"{family.name}-{family.source_quant}-int8{suffix}"
+    return home_dir("onnx") / f"{family.name}-{family.source_quant}-{build}{suffix}"
 
 
-def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None]) -> tuple[str | None, str]:
-    """The INT8 ONNX export of the shipped GGUF, the family's shipped draft head beside it (``export_candidate``)."""
-    out = onnx_export_path(family)
-    return export_candidate(family.variant_path(family.source_quant), out, "int8", threads, say,
+def onnx_candidate(family: ModelFamily, threads: int, say: Callable[[str], None], build: str = "int8"
+                   ) -> tuple[str | None, str]:
+    """An ONNX export of the shipped GGUF (``build``: one of ONNX_BUILDS), the family's shipped draft head beside it
+    (``export_candidate``)."""
+    out = onnx_export_path(family, build)
+    return export_candidate(family.variant_path(family.source_quant), out, build, threads, say,
                             "the shipped weights", lambda: write_shipped_head(family, out, say))
 
 
@@ -281,21 +288,23 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
                        default_choice_path(key), why))
     skipped: dict[str, str] = {}
     transient: list[str] = []  # candidates left out for a reason that may pass
-    if onnx and on_gpu:
-        where = device if device in GPU_DEVICES else "the GPU (device auto)"
-        skipped["onnx int8"] = f"its exact kernels run on the CPU only, and this race is on {where}"
-    elif onnx and key["onnx"]:  # onnx_identity(): None without onnxruntime
-        try:
-            path, note = onnx_candidate(family, threads, say)
-        except OSError as e:
-            path, note = None, f"the ONNX export could not be written: {e}"
-            transient.append("onnx int8")
-        if path is None:
-            skipped["onnx int8"] = note
+    for build in ONNX_BUILDS if onnx else ():
+        name = f"onnx {build}"
+        if on_gpu:
+            where = device if device in GPU_DEVICES else "the GPU (device auto)"
+            skipped[name] = f"its exact kernels run on the CPU only, and this race is on {where}"
+        elif not key["onnx"]:  # onnx_identity(): None without onnxruntime
+            skipped[name] = f"onnxruntime is not installed ({install_command('onnx')})"
         else:
-            candidates.append((path, "onnx"))
-    elif onnx:
-        skipped["onnx int8"] = f"onnxruntime is not installed ({install_command('onnx')})"
+            try:
+                path, note = onnx_candidate(family, threads, say, build)
+            except OSError as e:
+                path, note = None, f"the ONNX export could not be written: {e}"
+                transient.append(name)
+            if path is None:
+                skipped[name] = note
+            else:
+                candidates.append((path, "onnx"))
     return race_and_keep(candidates, key, threads, device, budget, say, skipped, transient, started)
 
 
@@ -381,8 +390,8 @@ def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, 
                    why: str = "first use on this machine") -> str:
     """Said before the measurement starts: why now, what it does, about how long, where it is kept.
     The time is the range seen on 2 cores: 54 s on a quiet machine, 308 s on a busy one (ONNX export included)."""
-    export = "an ONNX export of its shipped weights and a quality check of it, then " if onnx else ""
-    models = ggufs + onnx
+    export = "two ONNX exports of its shipped weights and a quality check of each, then " if onnx else ""
+    models = ggufs + onnx * len(ONNX_BUILDS)
     return (f"edgespec: {why}: measuring which build of {family.name} answers quickest here "
             f"({export}a race of {models} model{'s' if models > 1 else ''} × {len(RACED_MODES)} modes on "
             f"{budget.prompts} texts); once, about 1–5 minutes on 2 cores; the result is kept in {kept}")

@@ -183,7 +183,8 @@ class DefaultChoice:
 # 3: the same race; choices stored by a race that skipped the ONNX candidate by a misread key are redone.
 # 4: the same race; plain decoding chosen over a model's γ auto only where it won by a margin (race.pick): a
 #    choice of plain decoding on a tie is redone.
-DEFAULT_RACE = 4
+# 5: the ONNX export of the shipped file's own blocks (its 4-bit products) races beside the INT8 one.
+DEFAULT_RACE = 5
 
 
 def default_choice_key(source: str | os.PathLike[str], candidates: list[str], onnx: str | None, threads: int,

@@ -93,7 +93,7 @@ def test_the_key_names_the_shipped_draft_head_else_one_the_user_trained(monkeypa
     """The race's key names the draft head the ONNX candidate races with: the family's shipped one, or, where the
     family ships none, one trained for the default's export (training one races again)."""
     export = tmp_path / "smollm2-int8"
-    monkeypatch.setattr(default_race, "onnx_export_path", lambda family: export)
+    monkeypatch.setattr(default_race, "onnx_export_path", lambda family, build="int8": export)
     shipped = choice_key(2, "cpu")
     assert shipped is not None and "shipped draft head of" in str(shipped["onnx"])
     monkeypatch.setattr(ModelFamily, "draft_head_path", lambda self: None)
@@ -158,11 +158,12 @@ def test_the_choice_is_measured_once_stored_and_reused(tmp_path: Path, monkeypat
     monkeypatch.setattr(default_race, "onnx_candidate", lambda *_: (None, "not exported in this test"))
     choice = choose_default(families()["smollm2-135m"], key, 1, "cpu", Budget(prompts=2, max_tokens=12),
                             say=said.append)
-    assert choice.skipped.pop("onnx int8") == "not exported in this test"
+    for build in default_race.ONNX_BUILDS:  # INT8 and the shipped file's own 4-bit blocks
+        assert choice.skipped.pop(f"onnx {build}") == "not exported in this test"
     # Said first, before anything is measured: once, what, about how long, and where the result is kept.
     assert said[0].startswith("edgespec: first use on this machine: measuring which build of smollm2-135m")
-    models = len(key["candidates"]) + 1  # the shipped GGUF's variants and its ONNX export
-    assert "an ONNX export" in said[0] and f"a race of {models} models × 2 modes on 2 texts" in said[0]
+    models = len(key["candidates"]) + 2  # the shipped GGUF's variants and its two ONNX exports
+    assert "two ONNX exports" in said[0] and f"a race of {models} models × 2 modes on 2 texts" in said[0]
     assert "once, about 1–5 minutes on 2 cores" in said[0] and said[0].endswith(str(default_choice_path(key)))
     raced = {r["target"] for r in choice.candidates}
     assert raced | set(choice.skipped) == {f"smollm2-135m:{q}" for q in key["candidates"]}  # each raced or skipped
@@ -258,3 +259,19 @@ def test_auto_races_on_the_cpu_with_a_cpu_build() -> None:
     assert not default_race.races_on_gpu("auto") and default_race.races_on_gpu("metal")
     key = choice_key(1, "auto")
     assert key is not None and key["onnx"] is not None
+
+
+def test_the_shipped_files_own_blocks_are_a_candidate_that_passes_the_bar(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 4-bit build (the shipped Q4_1 blocks carried into edgespec's 4-bit products) is exported, checked against
+    the shipped weights and raced beside the INT8 one, in a folder of its own, with the shipped draft head."""
+    if custom_ops.ensure() is None:
+        pytest.skip("the kernel library cannot be built here")
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    family = families()["smollm2-135m"]
+    said: list[str] = []
+    path, note = default_race.onnx_candidate(family, 1, said.append, "gguf")
+    assert path == str(default_race.onnx_export_path(family, "gguf")) != str(default_race.onnx_export_path(family))
+    assert note.startswith("top-1") and "against the shipped weights" in note
+    manifest = json.loads((Path(path) / MANIFEST).read_text())
+    assert "Q4_1" in manifest["quant_options"]["carried"] and default_race.has_head(Path(path))
