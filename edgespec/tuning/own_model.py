@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..catalog import discovery
+from ..catalog import discovery, gguf_header
 from ..errors import ModelLoadError
 from ..extras import install_command
 from ..home import edgespec_home, home_dir, say_once
@@ -41,11 +41,15 @@ _EXPORT_MODULES = ("gguf", "onnx_ir", "onnx", "onnxruntime")  # the export extra
 
 def own_gguf(model: str | os.PathLike[str]) -> Path | None:
     """The GGUF file ``model`` names when it is the user's own — a path to a file, or a store name — else None (a
-    catalog name, an ONNX export). A store name that finds nothing raises ``ModelLoadError``, saying where it
-    looked."""
+    catalog name, an ONNX export, a file that is not a GGUF: loading it says why). A store name that finds nothing
+    raises ``ModelLoadError``, saying where it looked."""
     text = os.fspath(model)
     path = discovery.find(text) if discovery.is_store_name(text) else Path(text).expanduser()
-    return path.resolve() if path.is_file() else None
+    try:
+        gguf_header.check_gguf(path)
+    except ModelLoadError:
+        return None
+    return path.resolve()
 
 
 def own_key(source: Path, threads: int, device: str) -> dict[str, object]:
@@ -70,13 +74,12 @@ def why_not(source: Path, device: str) -> str | None:
         return f"preparing edgespec's build of it needs the export extra ({install_command('export')})"
     if custom_ops.default_attention() != "exact":
         return "edgespec's kernels cannot be built on this machine (`edgespec build-kernel` says why)"
-    from ..catalog import gguf_header
     from ..catalog.info import onnx_exportable
 
     try:
         meta = gguf_header.read_metadata(source)
-    except ModelLoadError:
-        return None  # not a GGUF edgespec can read: loading it says so
+    except ModelLoadError as e:
+        return f"its header cannot be read ({e})"
     arch = gguf_header.text(meta, "general.architecture")
     layers = meta.get(f"{arch}.block_count")
     if not onnx_exportable(arch, layers if isinstance(layers, int) else 0, meta[gguf_header.TENSORS]):  # type: ignore[arg-type]

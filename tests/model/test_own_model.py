@@ -137,3 +137,12 @@ def test_on_a_read_only_home_the_file_runs_as_it_is(
     assert engine.target.path == mine.resolve()
     assert "cannot be written, so edgespec's build of it could not be kept" in _said(capfd)
     home._said.clear()
+
+
+def test_a_file_that_is_not_a_gguf_gets_the_loaders_error_and_no_race(
+        tuned: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(own_model, "choose_own", lambda *_, **__: pytest.fail("raced a file that is not a GGUF"))
+    bogus = tmp_path / "notes.gguf"
+    bogus.write_text("not a model")
+    with pytest.raises(edgespec.ModelLoadError, match="not a GGUF file"):
+        edgespec.load(bogus, n_ctx=512, n_threads=1)
