@@ -290,9 +290,12 @@ static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
 // Each row's integer sums over one block of 32 k added to sum: the block's four chunks of 4-bit codes (k … k + 7, …,
 // k + 24 … k + 31), with kFive each code's fifth bit from the 64 bytes after them; each chunk unpacked once for all R
-// rows, whose activations start at codes + r · stride.
+// rows, whose activations start at codes + r · stride. Always inlined: called, its R sums went through memory on every
+// dot product (GCC did not inline it), and a 1B model's prefill ran at 0.59× and 8-row passes at 1.3× the loop's own
+// time before it was a function.
 template <class V, int R, bool kFive>
-void add_block(const uint8_t* block, const uint8_t* codes, int64_t stride, typename V::Int (&sum)[R]) {
+__attribute__((always_inline)) inline void add_block(const uint8_t* block, const uint8_t* codes, int64_t stride,
+                                                     typename V::Int (&sum)[R]) {
   for (int64_t line = 0; line < kUnit<kFive>; line += 64)
     _mm_prefetch(reinterpret_cast<const char*>(block + line + kPrefetchBytes), _MM_HINT_T1);
   for (int c = 0; c < 4; ++c) {
