@@ -88,6 +88,7 @@ def load(target: str | os.PathLike[str] | None = None, draft: str | os.PathLike[
     return open_engine(target, draft, mode, gamma, n_ctx, device, n_threads, exact_numerics, backend, layer_skip,
                        tuning, require_exact)
 
+
 __all__ = [
     "BACKENDS",
     "DEFAULT_MODEL",
