@@ -83,15 +83,21 @@ class ProductCall {
     return ctx.GetOutput(0, shape).GetTensorMutableData<float>();
   }
 
-  // columns(call, n0) for every group of 16 columns from n0, a batch per group: a thread that finishes takes the
-  // next, rather than each thread a fixed share (the INT8 kernel measured both ways round in one process,
-  // docs/kernels.md: ~1% quicker, same bits).
+  // columns(call, n0) for every `per_task` groups of 16 columns from n0 (the last task may hold fewer), a batch per
+  // task: a thread that finishes takes the next, rather than each thread a fixed share (the INT8 kernel measured both
+  // ways round in one process, docs/kernels.md: ~1% quicker, same bits).
   template <class Call, void (*columns)(const Call&, int64_t)>
-  void for_each_group(const Call& call, int64_t groups) const {
-    const auto task = [](void* data, size_t group) {
-      columns(*static_cast<const Call*>(data), static_cast<int64_t>(group) * kColumns);
+  void for_each_group(const Call& call, int64_t groups, int64_t per_task = 1) const {
+    struct Tasks {
+      const Call* call;
+      int64_t per_task;
+    } tasks{&call, per_task};
+    const auto task = [](void* data, size_t i) {
+      const Tasks& t = *static_cast<const Tasks*>(data);
+      columns(*t.call, static_cast<int64_t>(i) * t.per_task * kColumns);
     };
-    ctx.ParallelFor(task, static_cast<size_t>(groups), static_cast<size_t>(groups), const_cast<Call*>(&call));
+    const auto count = static_cast<size_t>((groups + per_task - 1) / per_task);
+    ctx.ParallelFor(task, count, count, &tasks);
   }
 
   Ort::KernelContext ctx;
@@ -109,6 +115,8 @@ struct QuantizedRows {
   float* scales;  // [M][K/32]
   int32_t* sums;  // [M][K/32]: Σ of each block's codes, or null
   int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (sub-blocks of 16), or null
+  float* scaled_sums;  // [M][K/32]: with sums, each block's scale · Σ of its codes (one rounding): what a minimum
+                       // multiplies, one fused multiply-add per row, block and vector of columns
   const float* x;
   int64_t k;
   uint8_t flip;
@@ -120,6 +128,9 @@ inline void quantize_task(void* data, size_t row) {
   uint8_t* codes = q.codes + r * q.k;
   int32_t* sums = q.sums ? q.sums + r * blocks : nullptr;
   quantize_row(q.x + r * q.k, q.k, codes, q.scales + r * blocks, q.flip, sums);
+  if (!sums) return;
+  for (int64_t b = 0; b < blocks; ++b)
+    q.scaled_sums[r * blocks + b] = q.scales[r * blocks + b] * static_cast<float>(sums[b]);
   if (!q.half_sums) return;
   for (int64_t b = 0; b < blocks; ++b) {  // each block's first half summed, the second the rest (exact integers)
     int32_t first = 0;
@@ -130,15 +141,16 @@ inline void quantize_task(void* data, size_t row) {
 }
 
 // The call's rows quantized into buffers the calling thread keeps between calls; with `sums` each block's Σ of
-// codes, with `halves` (and `sums`, unflipped codes) each half block's too.
+// codes (and scale · Σ), with `halves` (and `sums`, unflipped codes) each half block's too.
 inline QuantizedRows quantize_rows(const ProductCall& call, uint8_t flip, bool sums, bool halves) {
   thread_local std::vector<uint8_t> codes;
-  thread_local std::vector<float> scales;
+  thread_local std::vector<float> scales, scaled_sums;
   thread_local std::vector<int32_t> block_sums, half_sums;
   const int64_t m = call.m, k = call.a_shape.back();
   QuantizedRows q{scratch(codes, m * k), scratch(scales, m * k / kBlock),
                   sums ? scratch(block_sums, m * k / kBlock) : nullptr,
-                  halves ? scratch(half_sums, m * k / (kBlock / 2)) : nullptr, call.a.GetTensorData<float>(), k, flip};
+                  halves ? scratch(half_sums, m * k / (kBlock / 2)) : nullptr,
+                  sums ? scratch(scaled_sums, m * k / kBlock) : nullptr, call.a.GetTensorData<float>(), k, flip};
   for_each_row(call.ctx, m, quantize_task, &q);
   return q;
 }
@@ -209,6 +221,10 @@ struct FloatLanes8 {
   static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(_mm256_set1_ps(row_scale), column_scales), acc);
   }
+  // acc + row_value · column_values, one rounding (a minimum's step: row_value is a scaled sum)
+  static Float fma(Float acc, float row_value, Float column_values) {
+    return _mm256_fmadd_ps(_mm256_set1_ps(row_value), column_values, acc);
+  }
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -225,6 +241,9 @@ struct FloatLanes16 {
   static void store(float* p, Float v) { _mm512_storeu_ps(p, v); }
   static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(_mm512_set1_ps(row_scale), column_scales), acc);
+  }
+  static Float fma(Float acc, float row_value, Float column_values) {
+    return _mm512_fmadd_ps(_mm512_set1_ps(row_value), column_values, acc);
   }
 };
 #endif

@@ -6,12 +6,13 @@
 // The arithmetic: W in blocks of 32 along K, a 4-bit code q (0 … 15) per weight and fp16 numbers per block and
 // output column: Q4_0's weight is (q − 8)·d, Q4_1's q·d + m. Each activation row is quantized per block of 32 to int8
 // (scale s = max|x| / 127, round to nearest even, block_products.h), as llama.cpp quantizes activations for these
-// types (Q8_0; its Q8_1 for Q4_1 adds s·Σa, which here is the exact integer Σa and the float s kept apart): the
+// types (Q8_0; its Q8_1 for Q4_1 also keeps s·Σa per block, in fp16, here in float32 beside the exact integer Σa): the
 // weights' block is the activations' block, so per block and (row, column) one exact integer sum, then, blocks in
 // ascending order,
 //   Q4_0: acc = fma(float(Σ q·a − 8·Σa), s·d, acc)
-//   Q4_1: acc = fma(float(Σ q·a), s·d, acc); acc = fma(float(Σa), s·m, acc)
-// (|Σ q·a − 8·Σa| ≤ 32 · 15 · 127 + 8 · 32 · 127 < 2²⁴, exact in float; s·d and s·m one rounding each).
+//   Q4_1: acc = fma(float(Σ q·a), s·d, acc); acc = fma(s·float(Σa), m, acc)
+// (|Σ q·a − 8·Σa| ≤ 32 · 15 · 127 + 8 · 32 · 127 < 2²⁴, exact in float; s·d and s·Σa one rounding each, s·Σa made
+// once per row and block when the row is quantized: the minimum's step is one fused multiply-add in the loop).
 //
 // Why: llama.cpp's CPU kernels take a verify batch's rows nearly at full price at 1–8B sizes (Llama-3.2-1B Q4_0:
 // 2 rows 1.97× one row, docs/synthetic-models.md), and MatMulNBits' 4-bit kernel rounds a lone row otherwise than
@@ -43,9 +44,10 @@
 // the file's numbers (once per group of 16 columns, for every row of the tile), so each sub-block is a Q4_1 or Q4_0
 // step with a float32 scale. The activations are quantized per block of 32 as above; per (row, column), sub-blocks in
 // ascending order, s the row's scale of the block of 32 that holds the sub-block:
-//   Q4_K, Q5_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(float(Σa), s·(−(dmin·m)), acc)
+//   Q4_K, Q5_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(s·float(Σa), −(dmin·m), acc)
 //   Q6_K: acc = fma(float(Σ u·a − 32·Σa), s·(d·scale), acc)    (Σ over the sub-block's 16 k: two steps per s)
-// (|Σ q·a| ≤ 32 · 31 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) one rounding, the fma another.)
+// (|Σ q·a| ≤ 32 · 31 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) and s·Σa one rounding, the fma
+// another.)
 // Q6_K's codes go into vpdpbusd unsigned (u ≤ 63: vpmaddubsw's pairs ≤ 2 · 63 · 127, no saturation), its sums
 // starting at −32·Σa of the half block, as Q4_0's start at −8·Σa. Not llama.cpp's Q8_K activations (one scale per 256)
 // and integer sums over the super-block: the per-32 scales are finer, and every step above is the same in any call.
@@ -93,6 +95,7 @@ struct Call {
   const uint8_t* codes;  // [M][K]: the rows' int8 codes
   const float* row_scales;  // [M][K/32]
   const int32_t* row_sums;  // [M][K/32]: Σ of each block's codes
+  const float* scaled_sums;  // [M][K/32]: each block's row scale · Σ of its codes (Q4_1, Q5_1)
   const uint8_t* weights;  // B
   const Half* scales;  // [N/16][K/32][16 · (1 + minimum)]
   float* out;
@@ -124,6 +127,7 @@ struct KCall {
   const float* row_scales;  // [M][K/32]
   const int32_t* row_sums;  // [M][K/32]: Σ of each block's codes (Q4_K)
   const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K)
+  const float* scaled_sums;  // [M][K/32]: each block's row scale · Σ of its codes (Q4_K, Q5_K)
   const uint8_t* weights;  // B
   const uint8_t* scales;  // [N/16][K/256][kQ4KBytes or kQ6KBytes]
   float* out;
@@ -272,6 +276,9 @@ struct Pair {
   static Float step(Float acc, Int sum, float row_scale, Float column_scales) {
     return {V::step(acc.lo, sum.lo, row_scale, column_scales.lo), V::step(acc.hi, sum.hi, row_scale, column_scales.hi)};
   }
+  static Float fma(Float acc, float row_value, Float column_values) {
+    return {V::fma(acc.lo, row_value, column_values.lo), V::fma(acc.hi, row_value, column_values.hi)};
+  }
   static Float load_half(const uint8_t* p) { return {V::load_half(p), V::load_half(p + 2 * V::kWidth)}; }
   static Float widen_u8(const uint8_t* p) { return {V::widen_u8(p), V::widen_u8(p + V::kWidth)}; }
   static Float widen_i8(const uint8_t* p) { return {V::widen_i8(p), V::widen_i8(p + V::kWidth)}; }
@@ -288,150 +295,234 @@ using GroupLanes = Pair;
 #endif
 static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
-// Each row's integer sums over one block of 32 k added to sum: the block's four chunks of 4-bit codes (k … k + 7, …,
-// k + 24 … k + 31), with kFive each code's fifth bit from the 64 bytes after them; each chunk unpacked once for all R
-// rows, whose activations start at codes + r · stride. Always inlined: called, its R sums went through memory on every
-// dot product (GCC did not inline it), and a 1B model's prefill ran at 0.59× and 8-row passes at 1.3× the loop's own
-// time before it was a function.
-template <class V, int R, bool kFive>
-__attribute__((always_inline)) inline void add_block(const uint8_t* block, const uint8_t* codes, int64_t stride,
-                                                     typename V::Int (&sum)[R]) {
-  for (int64_t line = 0; line < kUnit<kFive>; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(block + line + kPrefetchBytes), _MM_HINT_T1);
+// A prefill's tiles (more rows than kTileRows): kWideRows rows against kWideGroups groups of 16 columns, so that each
+// activation broadcast serves kWideGroups products as each unpacked weight vector serves kWideRows rows. The sums and
+// accumulators of 6 rows × 2 groups, the 4 nibble vectors and a broadcast fill AVX-512's 32 registers; Q6_K's 8 code
+// vectors leave room for 4, yet 5 rows (a few spilled) ran quicker; the 5-bit types' fifth bits leave no room, and
+// 2 groups of 3 to 6 rows ran no quicker than one group's 8 (docs/kernels.md). A verify batch keeps its one tile over
+// one group: every row then shares each weight load. The tile changes which products share a register, not any row's
+// or column's operations or their order.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+template <int kBits>
+constexpr int kWideGroups = kBits == 5 ? 1 : 2;
+#else
+template <int kBits>
+constexpr int kWideGroups = 1;
+#endif
+template <int kBits>
+constexpr int kWideRows = kBits == 6 ? 5 : 6;
+
+// Each row's integer sums over one block of 32 k added to sum, for G groups of 16 columns group_stride bytes apart:
+// the block's four chunks of 4-bit codes (k … k + 7, …, k + 24 … k + 31), with kFive each code's fifth bit from the 64
+// bytes after them; each chunk unpacked once for all R rows, whose activations start at codes + r · stride, and each
+// row's four activations broadcast once for the G groups. Always inlined: called, its R sums went through memory on
+// every dot product (GCC did not inline it), and a 1B model's prefill ran at 0.59× and 8-row passes at 1.3× the
+// loop's own time before it was a function.
+template <class V, int R, int G, bool kFive>
+__attribute__((always_inline)) inline void add_block(const uint8_t* block, int64_t group_stride, const uint8_t* codes,
+                                                     int64_t stride, typename V::Int (&sum)[G][R]) {
+  for (int g = 0; g < G; ++g)
+    for (int64_t line = 0; line < kUnit<kFive>; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(block + g * group_stride + line + kPrefetchBytes), _MM_HINT_T1);
   for (int c = 0; c < 4; ++c) {
-    typename V::Int low, high;
-    V::nibbles(block + c * kChunk, low, high);
-    if constexpr (kFive) V::fifth_bits(block + 4 * kChunk, c, low, high);
-    for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], low, V::broadcast(codes + r * stride + kDepth * c));
-    for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], high, V::broadcast(codes + r * stride + kDepth * c + 4));
+    typename V::Int low[G], high[G];
+    for (int g = 0; g < G; ++g) {
+      V::nibbles(block + g * group_stride + c * kChunk, low[g], high[g]);
+      if constexpr (kFive) V::fifth_bits(block + g * group_stride + 4 * kChunk, c, low[g], high[g]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const typename V::Int a = V::broadcast(codes + r * stride + kDepth * c);
+      for (int g = 0; g < G; ++g) sum[g][r] = V::dot(sum[g][r], low[g], a);
+    }
+    for (int r = 0; r < R; ++r) {
+      const typename V::Int a = V::broadcast(codes + r * stride + kDepth * c + 4);
+      for (int g = 0; g < G; ++g) sum[g][r] = V::dot(sum[g][r], high[g], a);
+    }
   }
 }
 
-// Rows m0 … m0 + R − 1 against the 16 columns from n0: per block each row's exact integer sums (Q4_0's start at
-// −8·Σa, Q5_0's at −16·Σa, so the zero point costs nothing in the loop), then the float steps.
-template <class V, int R, bool kMinimum, bool kFive>
+// Rows m0 … m0 + R − 1 against the G groups of 16 columns from n0: per block each row's exact integer sums (Q4_0's
+// start at −8·Σa, Q5_0's at −16·Σa, so the zero point costs nothing in the loop), then the float steps.
+template <class V, int R, int G, bool kMinimum, bool kFive>
 void panel(const Call& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const uint8_t* packed = c.weights + n0 / kColumns * blocks * kUnit<kFive>;
-  const Half* scales = c.scales + n0 / kColumns * blocks * kScalesPerBlock<kMinimum>;
+  const int64_t group_stride = blocks * kUnit<kFive>, scales_stride = blocks * kScalesPerBlock<kMinimum>;
+  const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
+  const Half* scales = c.scales + n0 / kColumns * scales_stride;
   const uint8_t* codes = c.codes + m0 * c.k;
   const float* row_scales = c.row_scales + m0 * blocks;
   const int32_t* row_sums = c.row_sums + m0 * blocks;
-  typename V::Float acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
+  const float* scaled_sums = c.scaled_sums + m0 * blocks;
+  typename V::Float acc[G][R];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = V::zero_float();
   for (int64_t b = 0; b < blocks; ++b) {
-    typename V::Int sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = V::splat(kMinimum ? 0 : -kZeroPoint<kFive> * row_sums[r * blocks + b]);
-    add_block<V, R, kFive>(packed + b * kUnit<kFive>, codes + b * kBlock, c.k, sum);
-    const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
-    const typename V::Float d = V::load(block_scales);
-    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + b], d);
-    if constexpr (kMinimum) {
-      const typename V::Float minimum = V::load(block_scales + kColumns);
-      for (int r = 0; r < R; ++r)
-        acc[r] = V::step(acc[r], V::splat(row_sums[r * blocks + b]), row_scales[r * blocks + b], minimum);
+    typename V::Int sum[G][R];
+    for (int r = 0; r < R; ++r) {
+      const typename V::Int start = V::splat(kMinimum ? 0 : -kZeroPoint<kFive> * row_sums[r * blocks + b]);
+      for (int g = 0; g < G; ++g) sum[g][r] = start;
+    }
+    add_block<V, R, G, kFive>(packed + b * kUnit<kFive>, group_stride, codes + b * kBlock, c.k, sum);
+    for (int g = 0; g < G; ++g) {
+      const Half* block_scales = scales + g * scales_stride + b * kScalesPerBlock<kMinimum>;
+      const typename V::Float d = V::load(block_scales);
+      for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + b], d);
+      if constexpr (kMinimum) {
+        const typename V::Float minimum = V::load(block_scales + kColumns);
+        for (int r = 0; r < R; ++r) acc[g][r] = V::fma(acc[g][r], scaled_sums[r * blocks + b], minimum);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
 }
 
-using Panel = void (*)(const Call&, int64_t, int64_t);
+// Groups of 16 columns per task (ProductCall::for_each_group) for a type of kBits: a prefill's tasks hold a wide
+// tile's groups.
+template <int kBits>
+int64_t groups_per_task(int64_t m) {
+  return m > edgespec_blocks::kTileRows ? kWideGroups<kBits> : 1;
+}
 
-// panel<GroupLanes, 1, …> … panel<GroupLanes, kTileRows, …>: a tile of r rows runs table[r − 1].
+template <class C>
+using PanelOf = void (*)(const C&, int64_t, int64_t);
+template <class C>
+using Narrow = std::array<PanelOf<C>, edgespec_blocks::kTileRows>;
+
+// A task's columns from n0: where it holds a wide tile's groups, tiles of kWideRows rows over all of them (`wide`)
+// while that many rows are left; then each group alone, the rest of the rows in near-equal tiles of up to kTileRows
+// (`narrow[r − 1]` for r rows).
+template <class C, int kBits>
+void task_tiles(const C& c, int64_t n0, PanelOf<C> wide, const Narrow<C>& narrow) {
+  const int64_t groups = std::min(groups_per_task<kBits>(c.m), (c.n - n0) / kColumns);
+  int64_t m0 = 0;
+  if (kWideGroups<kBits> > 1 && groups == kWideGroups<kBits>)
+    for (; m0 + kWideRows<kBits> <= c.m; m0 += kWideRows<kBits>) wide(c, m0, n0);
+  for (int64_t g = 0; g < groups; ++g)
+    edgespec_blocks::for_each_tile(c.m - m0, [&](int64_t t0, int64_t rows) {
+      narrow[static_cast<size_t>(rows - 1)](c, m0 + t0, n0 + g * kColumns);
+    });
+}
+
+// panel<GroupLanes, 1, 1, …> … panel<GroupLanes, kTileRows, 1, …>: a tile of r rows over one group runs table[r − 1].
 template <bool kMinimum, bool kFive, size_t... I>
-constexpr std::array<Panel, sizeof...(I)> panel_table(std::index_sequence<I...>) {
-  return {panel<GroupLanes, static_cast<int>(I) + 1, kMinimum, kFive>...};
+constexpr Narrow<Call> panel_table(std::index_sequence<I...>) {
+  return {panel<GroupLanes, static_cast<int>(I) + 1, 1, kMinimum, kFive>...};
 }
 template <bool kMinimum, bool kFive>
 constexpr auto kPanels = panel_table<kMinimum, kFive>(std::make_index_sequence<edgespec_blocks::kTileRows>());
 
 template <bool kMinimum, bool kFive>
 void columns(const Call& c, int64_t n0) {
-  edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
-    kPanels<kMinimum, kFive>[static_cast<size_t>(rows - 1)](c, m0, n0);
-  });
+  constexpr int kBits = kFive ? 5 : 4;
+  task_tiles<Call, kBits>(c, n0, panel<GroupLanes, kWideRows<kBits>, kWideGroups<kBits>, kMinimum, kFive>,
+                          kPanels<kMinimum, kFive>);
 }
 
-// Q4_K and Q5_K, rows m0 … m0 + R − 1 against the 16 columns from n0: Q4_1's and Q5_1's loop, the scale d·sc and
-// minimum −dmin·m of each sub-block made from the super-block's fp16 d and dmin and the sub-block's 6-bit numbers
-// (exact products), once for all the tile's rows.
-template <class V, int R, bool kFive>
+// Q4_K and Q5_K, rows m0 … m0 + R − 1 against the G groups of 16 columns from n0: Q4_1's and Q5_1's loop, the scale
+// d·sc and minimum −dmin·m of each sub-block made from the super-block's fp16 d and dmin and the sub-block's 6-bit
+// numbers (exact products), once for all the tile's rows.
+template <class V, int R, int G, bool kFive>
 void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock;
-  const uint8_t* packed = c.weights + n0 / kColumns * blocks * kUnit<kFive>;
-  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * kQ4KBytes;
+  const int64_t group_stride = blocks * kUnit<kFive>, scales_stride = c.k / kSuper * kQ4KBytes;
+  const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
+  const uint8_t* scales = c.scales + n0 / kColumns * scales_stride;
   const uint8_t* codes = c.codes + m0 * c.k;
   const float* row_scales = c.row_scales + m0 * blocks;
-  const int32_t* row_sums = c.row_sums + m0 * blocks;
-  typename V::Float acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
+  const float* scaled_sums = c.scaled_sums + m0 * blocks;
+  typename V::Float acc[G][R];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = V::zero_float();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* super = scales + b / kSubBlocks4 * kQ4KBytes;
-    typename V::Int sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = V::splat(0);
-    add_block<V, R, kFive>(packed + b * kUnit<kFive>, codes + b * kBlock, c.k, sum);
-    const uint8_t* sub = super + 4 * kColumns + b % kSubBlocks4 * 2 * kColumns;
-    const typename V::Float scale = V::mul(V::load_half(super), V::widen_u8(sub));
-    const typename V::Float minimum =
-        V::mul(V::negate(V::load_half(super + 2 * kColumns)), V::widen_u8(sub + kColumns));
-    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + b], scale);
-    for (int r = 0; r < R; ++r)
-      acc[r] = V::step(acc[r], V::splat(row_sums[r * blocks + b]), row_scales[r * blocks + b], minimum);
+    typename V::Int sum[G][R];
+    for (int g = 0; g < G; ++g)
+      for (int r = 0; r < R; ++r) sum[g][r] = V::splat(0);
+    add_block<V, R, G, kFive>(packed + b * kUnit<kFive>, group_stride, codes + b * kBlock, c.k, sum);
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* super = scales + g * scales_stride + b / kSubBlocks4 * kQ4KBytes;
+      const uint8_t* sub = super + 4 * kColumns + b % kSubBlocks4 * 2 * kColumns;
+      const typename V::Float scale = V::mul(V::load_half(super), V::widen_u8(sub));
+      const typename V::Float minimum =
+          V::mul(V::negate(V::load_half(super + 2 * kColumns)), V::widen_u8(sub + kColumns));
+      for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + b], scale);
+      for (int r = 0; r < R; ++r) acc[g][r] = V::fma(acc[g][r], scaled_sums[r * blocks + b], minimum);
+    }
   }
-  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
 }
 
 // Q6_K: per sub-block of 16 each row's integer sum of (u − 32)·a, u the unsigned 6-bit code (it starts at −32·Σa of
 // the half block), then one float step with d·scale; a block of 32 activations spans two sub-blocks, both steps
 // taking its row scale.
-template <class V, int R>
+template <class V, int R, int G>
 void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const uint8_t* packed = c.weights + n0 / kColumns * halves * kSixChunk;
-  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * kQ6KBytes;
+  const int64_t group_stride = halves * kSixChunk, scales_stride = c.k / kSuper * kQ6KBytes;
+  const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
+  const uint8_t* scales = c.scales + n0 / kColumns * scales_stride;
   const uint8_t* codes = c.codes + m0 * c.k;
   const float* row_scales = c.row_scales + m0 * blocks;
   const int32_t* half_sums = c.half_sums + m0 * halves;
-  typename V::Float acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::zero_float();
+  typename V::Float acc[G][R];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = V::zero_float();
   for (int64_t h = 0; h < halves; ++h) {
     const int64_t k = h * kHalf;
-    const uint8_t* unit = packed + h * kSixChunk;
-    for (int64_t line = 0; line < kSixChunk; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
-    typename V::Int u[4], sum[R];
-    V::six_bits(unit, u);
-    for (int r = 0; r < R; ++r) sum[r] = V::splat(-32 * half_sums[r * halves + h]);
+    typename V::Int u[G][4], sum[G][R];
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* unit = packed + g * group_stride + h * kSixChunk;
+      for (int64_t line = 0; line < kSixChunk; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
+      V::six_bits(unit, u[g]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const typename V::Int start = V::splat(-32 * half_sums[r * halves + h]);
+      for (int g = 0; g < G; ++g) sum[g][r] = start;
+    }
     for (int i = 0; i < 4; ++i)
-      for (int r = 0; r < R; ++r) sum[r] = V::dot(sum[r], u[i], V::broadcast(codes + r * c.k + k + 4 * i));
-    const uint8_t* super = scales + h / kSubBlocks6 * kQ6KBytes;
-    const typename V::Float scale =
-        V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
-    for (int r = 0; r < R; ++r) acc[r] = V::step(acc[r], sum[r], row_scales[r * blocks + h / 2], scale);
+      for (int r = 0; r < R; ++r) {
+        const typename V::Int a = V::broadcast(codes + r * c.k + k + 4 * i);
+        for (int g = 0; g < G; ++g) sum[g][r] = V::dot(sum[g][r], u[g][i], a);
+      }
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* super = scales + g * scales_stride + h / kSubBlocks6 * kQ6KBytes;
+      const typename V::Float scale =
+          V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
+      for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + h / 2], scale);
+    }
   }
-  for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0, acc[r]);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
 }
 
-using KPanel = void (*)(const KCall&, int64_t, int64_t);
-
-template <int kBits, size_t... I>
-constexpr std::array<KPanel, sizeof...(I)> kpanel_table(std::index_sequence<I...>) {
+// A K-quant type's panel over R rows and G groups
+template <int kBits, int R, int G>
+constexpr PanelOf<KCall> kpanel() {
   if constexpr (kBits == 6) {
-    return {panel_q6k<GroupLanes, static_cast<int>(I) + 1>...};
+    return panel_q6k<GroupLanes, R, G>;
   } else {
-    return {panel_q4k<GroupLanes, static_cast<int>(I) + 1, kBits == 5>...};
+    return panel_q4k<GroupLanes, R, G, kBits == 5>;
   }
+}
+template <int kBits, size_t... I>
+constexpr Narrow<KCall> kpanel_table(std::index_sequence<I...>) {
+  return {kpanel<kBits, static_cast<int>(I) + 1, 1>()...};
 }
 template <int kBits>
 constexpr auto kKPanels = kpanel_table<kBits>(std::make_index_sequence<edgespec_blocks::kTileRows>());
 
 template <int kBits>
 void kquant_columns(const KCall& c, int64_t n0) {
-  edgespec_blocks::for_each_tile(c.m, [&](int64_t m0, int64_t rows) {
-    kKPanels<kBits>[static_cast<size_t>(rows - 1)](c, m0, n0);
-  });
+  task_tiles<KCall, kBits>(c, n0, kpanel<kBits, kWideRows<kBits>, kWideGroups<kBits>>(), kKPanels<kBits>);
 }
 #else
+template <int kBits>
+int64_t groups_per_task(int64_t) {
+  return 1;
+}
+
 // Column j's code of k + i in a block of 32 as the SIMD paths unpack it: its nibble, with kFive its fifth bit.
 template <bool kFive>
 int32_t code_at(const uint8_t* block, int64_t j, int64_t i) {
@@ -462,7 +553,7 @@ void columns(const Call& c, int64_t n0) {
         const float s = c.row_scales[m * blocks + b];
         const Half* block_scales = scales + b * kScalesPerBlock<kMinimum>;
         acc = std::fma(static_cast<float>(dot), s * edgespec_vec::widen(block_scales[j]), acc);
-        if (kMinimum) acc = std::fma(static_cast<float>(sum), s * edgespec_vec::widen(block_scales[kColumns + j]), acc);
+        if (kMinimum) acc = std::fma(c.scaled_sums[m * blocks + b], edgespec_vec::widen(block_scales[kColumns + j]), acc);
       }
       c.out[m * c.n + n0 + j] = acc;
     }
@@ -512,7 +603,7 @@ void kquant_columns(const KCall& c, int64_t n0) {
           const float minimum = -half_at(super + 2 * kColumns + 2 * j) * static_cast<float>(sub[kColumns + j]);
           const float s = c.row_scales[m * blocks + b];
           acc = std::fma(static_cast<float>(dot), s * scale, acc);
-          acc = std::fma(static_cast<float>(c.row_sums[m * blocks + b]), s * minimum, acc);
+          acc = std::fma(c.scaled_sums[m * blocks + b], minimum, acc);
         }
       }
       c.out[m * c.n + n0 + j] = acc;
@@ -543,13 +634,14 @@ struct BlockQ4MatMulKernel {
     float* out = p.output(n);
     if (p.m == 0) return;
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, false);
-    Call call{q.codes, q.scales, q.sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<Half>(), out, p.m, k, n};
+    Call call{q.codes, q.scales, q.sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<Half>(), out,
+              p.m, k, n};
     const bool minimum = s_shape[2] == 2 * kColumns;
     const auto run = five ? (minimum ? &edgespec_blocks::ProductCall::for_each_group<Call, columns<true, true>>
                                      : &edgespec_blocks::ProductCall::for_each_group<Call, columns<false, true>>)
                           : (minimum ? &edgespec_blocks::ProductCall::for_each_group<Call, columns<true, false>>
                                      : &edgespec_blocks::ProductCall::for_each_group<Call, columns<false, false>>);
-    (p.*run)(call, b_shape[0]);
+    (p.*run)(call, b_shape[0], five ? groups_per_task<5>(p.m) : groups_per_task<4>(p.m));
   }
 };
 
@@ -577,12 +669,15 @@ struct BlockKQuantMatMulKernel {
     float* out = p.output(n);
     if (p.m == 0) return;
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, six);
-    KCall call{q.codes, q.scales, q.sums, q.half_sums, p.b.GetTensorData<uint8_t>(), p.s.GetTensorData<uint8_t>(),
-               out, p.m, k, n};
+    KCall call{q.codes,   q.scales, q.sums, q.half_sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(),
+               p.s.GetTensorData<uint8_t>(), out, p.m, k, n};
     const auto run = bits == 4   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
                      : bits == 5 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<5>>
                                  : &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<6>>;
-    (p.*run)(call, b_shape[0]);
+    const int64_t per_task = bits == 4 ? groups_per_task<4>(p.m)
+                             : bits == 5 ? groups_per_task<5>(p.m)
+                                         : groups_per_task<6>(p.m);
+    (p.*run)(call, b_shape[0], per_task);
   }
 };
 
