@@ -31,7 +31,15 @@ from ..extras import install_command
 from ..home import edgespec_home, home_dir, say_once
 from ..identity import file_identity, key_digest
 from ..kernels import library as custom_ops
-from .race import Budget, export_candidate, onnx_identity, race_and_keep, races_on_gpu, say_stderr
+from .race import (
+    Budget,
+    export_candidate,
+    onnx_identity,
+    race_and_keep,
+    races_on_gpu,
+    say_stderr,
+    trained_head_identity,
+)
 from .store import DefaultChoice, default_choice_key, default_choice_path, tuning_enabled
 
 AGAINST = "llama.cpp on the same file"
@@ -53,8 +61,12 @@ def own_gguf(model: str | os.PathLike[str]) -> Path | None:
 
 
 def own_key(source: Path, threads: int, device: str) -> dict[str, object]:
-    """The choice's key: the file, the export's runtime and graphs (``race.onnx_identity``), threads, device, CPU."""
-    return {**default_choice_key(source, ["llamacpp"], onnx_identity(), threads, device), "model": source.stem}
+    """The choice's key: the file, the export's runtime and graphs (``race.onnx_identity``) and a draft head the user
+    trained for it (training one races again), threads, device, CPU."""
+    onnx = onnx_identity()
+    if onnx is not None:
+        onnx += trained_head_identity(export_path(source))
+    return {**default_choice_key(source, ["llamacpp"], onnx, threads, device), "model": source.stem}
 
 
 def export_path(source: Path) -> Path:

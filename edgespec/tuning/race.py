@@ -106,8 +106,14 @@ def head_identity(family: ModelFamily) -> str:
     shipped = family.draft_head_path()
     if shipped is not None:
         return f", shipped draft head of {file_identity(shipped)['size']} bytes, {file_digest(shipped)}"
-    manifests = [_head_manifest(onnx_export_path(family, build)) for build in ONNX_BUILDS]
-    return "".join(f", draft head of {file_identity(m)['mtime_ns']}" for m in manifests if m.is_file())
+    return "".join(trained_head_identity(onnx_export_path(family, build)) for build in ONNX_BUILDS)
+
+
+def trained_head_identity(export: Path) -> str:
+    """A draft head the user trained for ``export`` (``edgespec export head``), for a choice's key, so that training
+    one races again; empty where there is none."""
+    manifest = _head_manifest(export)
+    return f", draft head of {file_identity(manifest)['mtime_ns']}" if manifest.is_file() else ""
 
 
 def has_head(export: Path) -> bool:

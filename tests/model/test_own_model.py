@@ -14,7 +14,7 @@ import pytest
 
 import edgespec
 from edgespec import home
-from edgespec.backends.onnx.manifest import MANIFEST
+from edgespec.backends.onnx.manifest import MANIFEST, head_folder
 from edgespec.cli.main import main
 from edgespec.kernels import library as custom_ops
 from edgespec.tuning import own_model
@@ -80,6 +80,18 @@ def test_first_load_prepares_races_and_keeps_the_choice_then_reads_it_back(
         again.close()
     assert main(["tune", "--default", str(mine), "--show", "--threads", "1"]) == 0
     assert "mine runs as" in capfd.readouterr().out
+
+
+def test_a_draft_head_trained_for_the_export_changes_the_key(tuned: Path, mine: Path) -> None:
+    """A head written beside the file's export (``edgespec export head``) after the race: the choice is made again,
+    with the head among the candidates."""
+    before = own_model.own_key(mine, 1, "cpu")
+    folder = head_folder(own_model.export_path(mine))
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text("{}")
+    after = own_model.own_key(mine, 1, "cpu")
+    assert after != before and default_choice_path(after) != default_choice_path(before)
+    assert own_model.own_key(mine, 1, "cpu") == after  # and stays the same while the head does
 
 
 def test_a_damaged_export_is_made_again(tuned: Path, mine: Path, capfd: pytest.CaptureFixture[str]) -> None:
