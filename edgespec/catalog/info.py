@@ -40,11 +40,8 @@ def describe(path: Path) -> ModelInfo:
     meta = gguf_header.read_metadata(path)
     arch = gguf_header.text(meta, "general.architecture")
     context = meta.get(f"{arch}.context_length")
-    layers = meta.get(f"{arch}.block_count")
-    exportable = onnx_exportable(arch, int(layers) if isinstance(layers, int) else 0,
-                                 meta[gguf_header.TENSORS])  # type: ignore[arg-type]
     return ModelInfo(arch, quant_name(meta), int(context) if isinstance(context, int) else None,
-                     llamacpp_knows(path), exportable)
+                     llamacpp_knows(path), onnx_exportable(meta))
 
 
 def quant_name(meta: dict[str, object]) -> str | None:
@@ -68,13 +65,17 @@ def llamacpp_knows(path: Path) -> bool:
     return True
 
 
-def onnx_exportable(architecture: str | None, n_layers: int, tensors: Iterable[str]) -> bool:
-    """Whether the exporter's GGUF reader maps the architecture and every tensor of the file."""
+def onnx_exportable(meta: dict[str, object]) -> bool:
+    """Whether the exporter's GGUF reader maps the architecture and every tensor of a file, from its header
+    (``gguf_header.read_metadata``)."""
     from edgespec.export.onnx.gguf_source import ARCHITECTURES, unsupported_tensor
 
+    architecture = gguf_header.text(meta, "general.architecture")
     if architecture not in ARCHITECTURES:
         return False
-    return unsupported_tensor(architecture, n_layers, tensors) is None  # type: ignore[arg-type]
+    layers = meta.get(f"{architecture}.block_count")
+    tensors: Iterable[str] = meta[gguf_header.TENSORS]  # type: ignore[assignment]
+    return unsupported_tensor(architecture, layers if isinstance(layers, int) else 0, tensors) is None
 
 
 def onnx_exports(model: FoundModel) -> list[Path]:

@@ -6,7 +6,8 @@ On first use edgespec says what it is about to do and about how long it takes, t
 exact kernels (``edgespec export onnx FILE --quant gguf``: the file's own blocks carried, no torch) into
 ``$EDGESPEC_HOME/onnx``, checks that export against llama.cpp on the same file (the quality bar), races it against
 llama.cpp on the same file, each with plain decoding, n-gram lookup and token trees (neither drafter needs
-training), and keeps the quickest lossless choice keyed by the file, threads, device and CPU. On llama.cpp's CPU
+training), and keeps the quickest lossless choice keyed by the file, threads, device and CPU (a file replaced under
+the same path is a new file: its old export is removed as the new one is prepared). On llama.cpp's CPU
 kernels a verify row costs nearly a whole pass, so drafting there rarely pays; on the export's kernels it does
 (docs/kernels.md): which one answers quicker here is measured, not assumed.
 
@@ -19,7 +20,9 @@ llama.cpp and measures nothing; ``edgespec tune --default FILE`` measures again 
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import json
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +36,8 @@ from ..identity import file_identity, key_digest
 from ..kernels import library as custom_ops
 from .race import (
     Budget,
+    Entrants,
+    discard_export,
     export_candidate,
     onnx_identity,
     race_and_keep,
@@ -75,6 +80,22 @@ def export_path(source: Path) -> Path:
     return home_dir("onnx") / f"{source.stem}-{key_digest(file_identity(source))}"
 
 
+def drop_replaced(source: Path, export: Path) -> None:
+    """Exports of the file at this path as it was before it was replaced (a new download under the same name):
+    nothing reads them again, and each is about the file's size. Exports of other files of the same name stay."""
+    from ..backends.onnx.manifest import MANIFEST
+
+    for other in export.parent.glob(f"{glob.escape(source.stem)}-*"):
+        if other == export or other.name.endswith(".head") or not other.is_dir():
+            continue
+        try:
+            src = json.loads((other / MANIFEST).read_text(encoding="utf-8"))["source"]["src"]
+        except (OSError, ValueError, KeyError, TypeError):  # not an export, or one that says nothing of its file
+            continue
+        if isinstance(src, str) and Path(src).resolve() == source:
+            discard_export(other)
+
+
 def why_not(source: Path, device: str) -> str | None:
     """Why the file runs on llama.cpp as it is, without preparing or racing anything; None where it is prepared."""
     if not tuning_enabled():
@@ -92,9 +113,8 @@ def why_not(source: Path, device: str) -> str | None:
         meta = gguf_header.read_metadata(source)
     except ModelLoadError as e:
         return f"its header cannot be read ({e})"
-    arch = gguf_header.text(meta, "general.architecture")
-    layers = meta.get(f"{arch}.block_count")
-    if not onnx_exportable(arch, layers if isinstance(layers, int) else 0, meta[gguf_header.TENSORS]):  # type: ignore[arg-type]
+    if not onnx_exportable(meta):
+        arch = gguf_header.text(meta, "general.architecture")
         return f"edgespec's exporter does not read its architecture ({arch}) or one of its tensors (docs/models.md)"
     return None
 
@@ -121,20 +141,11 @@ def choose_own(source: Path, key: dict[str, object], threads: int, device: str, 
     """Prepare the export, race it against llama.cpp on ``source`` and keep the choice (the module docstring)."""
     started = time.perf_counter()
     say(first_use_line(source, why, default_choice_path(key)))
-    skipped: dict[str, str] = {}
-    transient: list[str] = []
-    candidates = [(str(source), "llamacpp")]
-    try:
-        path, note = export_candidate(source, export_path(source), "gguf", threads, say, AGAINST)
-    except OSError as e:
-        path, note = None, f"the ONNX export could not be written: {e}"
-        transient.append("onnx")
-    if path is None:
-        skipped["onnx"] = note
-    else:
-        candidates.append((path, "onnx"))
-    return race_and_keep(candidates, key, threads, device, race_budget or budget(source), say, skipped, transient,
-                         started, trees=True, n_ctx=RACE_CTX)
+    drop_replaced(source, export_path(source))
+    entrants = Entrants([(str(source), "llamacpp")])
+    entrants.add_export("onnx", lambda: export_candidate(source, export_path(source), "gguf", threads, say, AGAINST))
+    return race_and_keep(entrants, key, threads, device, race_budget or budget(source), say, started, trees=True,
+                         n_ctx=RACE_CTX)
 
 
 def unkept(source: Path) -> None:

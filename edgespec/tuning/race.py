@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -292,39 +292,51 @@ def choose_default(family: ModelFamily, key: dict[str, object], threads: int, de
     on_gpu = races_on_gpu(device)  # the export's exact kernels run on the CPU: it is not exported for nothing
     say(first_use_line(family, len(candidates), bool(onnx and key["onnx"] and not on_gpu), budget,
                        default_choice_path(key), why))
-    skipped: dict[str, str] = {}
-    transient: list[str] = []  # candidates left out for a reason that may pass
+    entrants = Entrants(candidates)
     for build in ONNX_BUILDS if onnx else ():
         name = f"onnx {build}"
         if on_gpu:
             where = device if device in GPU_DEVICES else "the GPU (device auto)"
-            skipped[name] = f"its exact kernels run on the CPU only, and this race is on {where}"
+            entrants.skipped[name] = f"its exact kernels run on the CPU only, and this race is on {where}"
         elif not key["onnx"]:  # onnx_identity(): None without onnxruntime
-            skipped[name] = f"onnxruntime is not installed ({install_command('onnx')})"
+            entrants.skipped[name] = f"onnxruntime is not installed ({install_command('onnx')})"
         else:
-            try:
-                path, note = onnx_candidate(family, threads, say, build)
-            except OSError as e:
-                path, note = None, f"the ONNX export could not be written: {e}"
-                transient.append(name)
-            if path is None:
-                skipped[name] = note
-            else:
-                candidates.append((path, "onnx"))
-    return race_and_keep(candidates, key, threads, device, budget, say, skipped, transient, started)
+            entrants.add_export(name, lambda build=build: onnx_candidate(family, threads, say, build))
+    return race_and_keep(entrants, key, threads, device, budget, say, started)
 
 
-def race_and_keep(candidates: list[tuple[str, str]], key: dict[str, object], threads: int, device: str,
-                  budget: Budget, say: Callable[[str], None], skipped: dict[str, str], transient: list[str],
-                  started: float, trees: bool = False, n_ctx: int = 2048) -> DefaultChoice:
-    """Race ``candidates`` (name or path, backend) with plain decoding, n-gram lookup, a draft head where one lies
-    beside an export and, with ``trees``, token trees where the backend's tree rows are exact; ``pick`` one, store it
-    under ``key`` unless a candidate was left out for a reason that may pass (``transient``) and print the table.
-    ``skipped``: candidates left out before the race, and why; ``n_ctx`` holds the longest text and its reply in
-    the candidates' tokens."""
+@dataclass
+class Entrants:
+    """A race's candidates (name or path, backend), those left out before it and why (``skipped``), and which of
+    those were left out for a reason that may pass (``transient``: a full disk), so that the choice is not stored."""
+    candidates: list[tuple[str, str]]
+    skipped: dict[str, str] = field(default_factory=dict)
+    transient: list[str] = field(default_factory=list)
+
+    def add_export(self, name: str, export: Callable[[], tuple[str | None, str]]) -> None:
+        """The ONNX export ``export`` makes (``export_candidate``: its path, or None and why not) as candidate
+        ``name``; one that could not be written is left out, for a reason that may pass."""
+        try:
+            path, note = export()
+        except OSError as e:
+            path, note = None, f"the ONNX export could not be written: {e}"
+            self.transient.append(name)
+        if path is None:
+            self.skipped[name] = note
+        else:
+            self.candidates.append((path, "onnx"))
+
+
+def race_and_keep(entrants: Entrants, key: dict[str, object], threads: int, device: str, budget: Budget,
+                  say: Callable[[str], None], started: float, trees: bool = False, n_ctx: int = 2048) -> DefaultChoice:
+    """Race the ``entrants`` with plain decoding, n-gram lookup, a draft head where one lies beside an export and,
+    with ``trees``, token trees where the backend's tree rows are exact; ``pick`` one, store it under ``key`` unless
+    a candidate was left out for a reason that may pass and print the table. ``n_ctx`` holds the longest text and
+    its reply in the candidates' tokens."""
+    skipped, transient = entrants.skipped, entrants.transient
     engines: list[tuple[str, str, Engine]] = []
     try:
-        for name, backend in candidates:
+        for name, backend in entrants.candidates:
             say(f"  loading {Path(name).name} ({backend})")
             try:
                 engine = open_engine(name, backend=backend, mode="none", gamma=0, n_ctx=n_ctx, n_threads=threads,

@@ -94,6 +94,18 @@ def test_a_draft_head_trained_for_the_export_changes_the_key(tuned: Path, mine: 
     assert own_model.own_key(mine, 1, "cpu") == after  # and stays the same while the head does
 
 
+def test_the_export_of_a_file_replaced_under_the_same_path_is_removed(tuned: Path, mine: Path) -> None:
+    """A new download under the same name: preparing it removes the old one's export (about the file's size),
+    not the export of another file that shares the name."""
+    exports = tuned / "onnx"
+    old, other = exports / "mine-0123456789ab", exports / "mine-ba9876543210"
+    for folder, src in ((old, mine), (other, mine.parent / "elsewhere" / "mine.gguf")):
+        folder.mkdir(parents=True)
+        (folder / MANIFEST).write_text(json.dumps({"format": "edgespec-onnx/1", "source": {"src": str(src)}}))
+    own_model.drop_replaced(mine.resolve(), own_model.export_path(mine.resolve()))
+    assert not old.exists() and other.is_dir()
+
+
 def test_a_damaged_export_is_made_again(tuned: Path, mine: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """The export is the cache's: one that cannot be opened is exported again and the choice measured again."""
     edgespec.load(mine, n_ctx=512, n_threads=1).close()
