@@ -32,7 +32,9 @@ ARCHITECTURES = {
     "phi3": "fused qkv and gate_up projections",
     "gemma2": "post-attention/post-FFN norms, logit soft-capping, alternating sliding-window layers",
     "gemma3": "per-head q/k RMSNorm, post norms, a local (sliding-window) and a global layer with their own RoPE bases",
+    "gemma3-scaled": "gemma3 with linear RoPE scaling of its global layer (Gemma 3 4B and larger)",
 }
+VARIANTS = {"llama3": "llama", "gemma3-scaled": "gemma3"}  # the names above that are another's variant: its GGUF name
 GEMMA3_ROPE_BASES = (1e6, 2e4)  # global, local: neither the default, so a reader that ignored either would differ
 QUANTS = {"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # the matrices' type (norms stay F32) → general.file_type
 
@@ -121,7 +123,8 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
     ``quant`` (a key of QUANTS): the type of the matrices, the embedding among them; ``extra``: tensors (arrays)
     and metadata keys (numbers, strings; "{arch}" stands for the architecture) added or replaced."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(dst, "llama" if arch == "llama3" else arch)
+    gguf_arch = VARIANTS.get(arch, arch)
+    writer = gguf.GGUFWriter(dst, gguf_arch)
     if smollm2_vocabulary:
         for name, (value, vtype, sub_type) in _tokenizer().items():
             if name == "tokenizer.ggml.tokens" and rename_token is not None:
@@ -144,12 +147,14 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
         writer.add_attn_logit_softcapping(50.0)
         writer.add_final_logit_softcapping(30.0)
         writer.add_sliding_window(SLIDING_WINDOW)
-    if arch == "gemma3":
+    if gguf_arch == "gemma3":
         writer.add_sliding_window(SLIDING_WINDOW)
         writer.add_sliding_window_pattern([True, False])  # layer 0 local, layer 1 global
         writer.add_rope_freq_base(GEMMA3_ROPE_BASES[0])
         writer.add_rope_freq_base_swa(GEMMA3_ROPE_BASES[1])
-    gguf_arch = "llama" if arch == "llama3" else arch
+    if arch == "gemma3-scaled":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(8.0)
     for key, value in (extra or {}).items():  # a key written above is replaced (gguf logs a warning)
         if not isinstance(value, np.ndarray):
             key = key.format(arch=gguf_arch)
@@ -188,9 +193,9 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
                         "ffn_gate": w(N_FF, N_EMBD), "ffn_up": w(N_FF, N_EMBD)}
         if arch == "qwen2":
             tensors |= {"attn_q.bias": w(N_EMBD), "attn_k.bias": w(kv_dim), "attn_v.bias": w(kv_dim)}
-        if arch in ("gemma2", "gemma3"):
+        if gguf_arch in ("gemma2", "gemma3"):
             tensors |= {"post_attention_norm": norm(), "post_ffw_norm": norm()}
-        if arch in ("qwen3", "gemma3"):
+        if gguf_arch in ("qwen3", "gemma3"):
             tensors |= {"attn_q_norm": norm()[:HEAD_DIM], "attn_k_norm": norm()[:HEAD_DIM]}
         for name, value in tensors.items():
             add(f"blk.{il}.{name}" + ("" if name.endswith(".bias") else ".weight"), value)

@@ -109,7 +109,7 @@ def spec_from_gguf(path: Path) -> ModelSpec:
     tensors = {t.name: t for t in r.tensors}
     _check_tensors(path, arch, n_layers, tensors)
     scaling = field(r, f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    if scaling not in ("none", None, "linear"):
         raise refuse(f"RoPE scaling {scaling!r}")
     if int(field(r, f"{arch}.expert_count", 0) or 0):
         raise refuse("a mixture of experts")
@@ -132,6 +132,10 @@ def spec_from_gguf(path: Path) -> ModelSpec:
         # Gemma 2: one RoPE for both kinds of layer; Gemma 3's local layers: 10⁴ (llama.cpp's value)
         local = theta if arch == "gemma2" else _GEMMA3_LOCAL_ROPE_BASE
         rope_theta["sliding_attention"] = float(field(r, f"{arch}.rope.freq_base_swa", local))
+    linear = {}
+    if scaling == "linear":  # llama.cpp scales every layer's positions, but Gemma 3's local layers (their own RoPE)
+        factor = float(number("rope.scaling.factor"))
+        linear = {t: factor for t in set(layer_types) if not (arch == "gemma3" and t == "sliding_attention")}
     scale = head_dim ** -0.5
     if arch in _GEMMA and n_layers == _GEMMA_27B_LAYERS[arch]:
         scale = float(hidden // heads) ** -0.5
@@ -150,7 +154,7 @@ def spec_from_gguf(path: Path) -> ModelSpec:
                      vocab, float(number("attention.layer_norm_rms_epsilon")), layer_types, rope_theta, window, scale,
                      field(r, "tokenizer.ggml.bos_token_id"), eos_ids, qkv_bias=arch == "qwen2",
                      attn_softcap=softcaps[0], final_softcap=softcaps[1], rope_freq_factors=factors,
-                     norm_offset=arch not in _GEMMA)
+                     norm_offset=arch not in _GEMMA, rope_linear=linear)
 
 
 def _window_layers(r: Any, arch: str, n_layers: int) -> tuple[tuple[str, ...], int | None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +75,9 @@ class ModelSpec:
     # [per-architecture] Gemma: whether norm weights are stored as w and the graph adds 1 (transformers) or
     # already as 1 + w (llama.cpp's GGUF converter adds it)
     norm_offset: bool = True
+    # Linear RoPE scaling (positions divided by a factor), per layer type: Gemma 3 4B and larger scale their global
+    # layers by 8, not their local ones
+    rope_linear: dict[str, float] = field(default_factory=dict)
 
     @property
     def gemma(self) -> bool:  # (1 + w) norms, post-attention/post-FFN norms, scaled embeddings, GELU
@@ -104,7 +107,8 @@ class ModelSpec:
             # Gemma 3: one RoPE per layer type; Gemma 2: one for both
             per_type = {t: rope.get(t, rope) for t in ("full_attention", "sliding_attention")}
             theta = {t: float(r["rope_theta"]) for t, r in per_type.items()}
-            bad = {t: r.get("rope_type", "default") for t, r in per_type.items()}
+            linear = {t: float(r["factor"]) for t, r in per_type.items() if r.get("rope_type") == "linear"}
+            bad = {t: r.get("rope_type", "default") for t, r in per_type.items() if t not in linear}
             scale = float(c.get("query_pre_attn_scalar") or head_dim) ** -0.5
             window = int(c["sliding_window"])
             softcaps = (float(c.get("attn_logit_softcapping") or 0), float(c.get("final_logit_softcapping") or 0))
@@ -122,7 +126,10 @@ class ModelSpec:
             layer_types = ("sliding_attention" if window else "full_attention",) * layers
             theta = {layer_types[0]: float(rope["rope_theta"])}
             bad = {layer_types[0]: rope.get("rope_type", "default")}
-            if model_type == "llama" and bad[layer_types[0]] == "llama3":  # [per-architecture] Llama 3.x
+            linear = {}
+            if bad[layer_types[0]] == "linear":
+                linear, bad = {layer_types[0]: float(rope["factor"])}, {}
+            elif model_type == "llama" and bad[layer_types[0]] == "llama3":  # [per-architecture] Llama 3.x
                 llama3 = tuple(float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
                                                          "original_max_position_embeddings"))
                 bad = {}
@@ -136,7 +143,7 @@ class ModelSpec:
                    float(c["rms_norm_eps"]), layer_types, theta, window, scale, c.get("bos_token_id"),
                    tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
                    qkv_bias=model_type == "qwen2", rope_llama3=llama3,  # type: ignore[arg-type]
-                   attn_softcap=softcaps[0], final_softcap=softcaps[1])
+                   attn_softcap=softcaps[0], final_softcap=softcaps[1], rope_linear=linear)
 
 
 class GraphBuilder:
@@ -345,6 +352,8 @@ def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[n
         inv_freq = _llama3_scaled(inv_freq, *spec.rope_llama3)
     if spec.rope_freq_factors:  # as ggml's rope with freq_factors: each frequency divided by its factor
         inv_freq = (inv_freq / np.asarray(spec.rope_freq_factors, np.float32)).astype(np.float32)
+    if layer_type in spec.rope_linear:  # as transformers' linear scaling (llama.cpp: positions × 1 / factor)
+        inv_freq = (inv_freq / np.float32(spec.rope_linear[layer_type])).astype(np.float32)
     freqs = np.arange(context_length, dtype=np.float32)[:, None] * inv_freq[None, :]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 

@@ -12,7 +12,7 @@ import pytest
 import edgespec
 from edgespec.engine.engine import Engine
 from tests.conftest import SpecBench
-from tests.tiny_gguf import ARCHITECTURES, SLIDING_WINDOW, tiny_gguf
+from tests.tiny_gguf import ARCHITECTURES, SLIDING_WINDOW, VARIANTS, tiny_gguf
 
 MAX_TOKENS = 32
 
@@ -60,6 +60,6 @@ def test_architecture_names_are_listed(tmp_path: Path) -> None:
 
     for arch in ARCHITECTURES:
         info = model_info.describe(tiny_gguf(tmp_path / f"{arch}.gguf", arch, smollm2_vocabulary=False))
-        assert info.architecture == ("llama" if arch == "llama3" else arch) and info.llamacpp
+        assert info.architecture == VARIANTS.get(arch, arch) and info.llamacpp
         # the exporter reads every one of them without torch (tests/export/test_export_gguf_archs.py)
         assert info.onnx

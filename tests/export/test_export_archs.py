@@ -58,6 +58,11 @@ def _llama3() -> object:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, rope_parameters=rope))
 
 
+def _llama_linear() -> object:  # linear RoPE scaling: positions divided by 4
+    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, rope_parameters=rope))
+
+
 def _phi3() -> object:  # fused qkv and gate_up projections, every layer windowed (64 of the test's 300–600)
     return transformers.Phi3ForCausalLM(transformers.Phi3Config(**SMALL, sliding_window=64, pad_token_id=0))
 
@@ -79,8 +84,8 @@ def _gemma2() -> object:
     return model
 
 
-BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3, "phi3": _phi3, "mistral": _mistral,
-            "gemma2": _gemma2}
+BUILDERS = {"qwen2": _qwen2, "qwen3": _qwen3, "llama3": _llama3, "llama-linear": _llama_linear, "phi3": _phi3,
+            "mistral": _mistral, "gemma2": _gemma2}
 
 
 @pytest.fixture(scope="module")

@@ -113,8 +113,8 @@ REFUSED = {  # (architecture, what the tiny file gets) → what the refusal name
     "llama o_proj bias": ("llama", {"blk.0.attn_output.bias": np.zeros(64, np.float32)}, "attn_output.bias (a bias)"),
     "qwen2 rope_freqs": ("qwen2", {"rope_freqs.weight": np.ones(HEAD_DIM // 2, np.float32)}, "rope_freqs.weight"),
     "llama partial rotary": ("llama", {"{arch}.rope.dimension_count": HEAD_DIM // 2}, "partial rotary"),
-    "gemma3 linear RoPE": ("gemma3", {"{arch}.rope.scaling.type": "linear", "{arch}.rope.scaling.factor": 8.0},
-                           "RoPE scaling 'linear'"),
+    "llama YaRN RoPE": ("llama", {"{arch}.rope.scaling.type": "yarn", "{arch}.rope.scaling.factor": 4.0},
+                        "RoPE scaling 'yarn'"),
     "gemma3 final softcap": ("gemma3", {"{arch}.final_logit_softcapping": 30.0}, "final logit soft-capping"),
     "llama experts": ("llama", {"{arch}.expert_count": 8}, "mixture of experts"),
 }

@@ -98,7 +98,7 @@ def test_the_export_of_a_file_replaced_under_the_same_path_is_removed(tuned: Pat
     """A new download under the same name: preparing it removes the old one's export (about the file's size),
     not the export of another file that shares the name."""
     exports = tuned / "onnx"
-    old, other = exports / "mine-0123456789ab", exports / "mine-ba9876543210"
+    old, other = exports / "mine-old", exports / "mine-other"
     for folder, src in ((old, mine), (other, mine.parent / "elsewhere" / "mine.gguf")):
         folder.mkdir(parents=True)
         (folder / MANIFEST).write_text(json.dumps({"format": "edgespec-onnx/1", "source": {"src": str(src)}}))
