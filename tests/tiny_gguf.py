@@ -33,9 +33,12 @@ ARCHITECTURES = {
     "gemma2": "post-attention/post-FFN norms, logit soft-capping, alternating sliding-window layers",
     "gemma3": "per-head q/k RMSNorm, post norms, a local (sliding-window) and a global layer with their own RoPE bases",
     "gemma3-scaled": "gemma3 with linear RoPE scaling of its global layer (Gemma 3 4B and larger)",
+    "phi3-longrope": "phi3 with LongRoPE factors (Phi-3 and 3.5 128k), its original context shorter than a test's",
 }
-VARIANTS = {"llama3": "llama", "gemma3-scaled": "gemma3"}  # the names above that are another's variant: its GGUF name
-GEMMA3_ROPE_BASES = (1e6, 2e4)  # global, local: neither the default, so a reader that ignored either would differ
+# the names above that are another's variant: its GGUF name
+VARIANTS = {"llama3": "llama", "gemma3-scaled": "gemma3", "phi3-longrope": "phi3"}
+GEMMA3_ROPE_BASES = (1e6, 2e4)
+LONGROPE_ORIGINAL_CONTEXT = 256  # global, local: neither the default, so a reader that ignored either would differ
 QUANTS = {"F32": 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # the matrices' type (norms stay F32) → general.file_type
 
 
@@ -155,6 +158,9 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
     if arch == "gemma3-scaled":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(8.0)
+    if arch == "phi3-longrope":  # llama.cpp takes the long factors where its context passes this one
+        writer.add_rope_scaling_orig_ctx_len(LONGROPE_ORIGINAL_CONTEXT)
+        writer.add_rope_scaling_attn_factors(1.19)
     for key, value in (extra or {}).items():  # a key written above is replaced (gguf logs a warning)
         if not isinstance(value, np.ndarray):
             key = key.format(arch=gguf_arch)
@@ -183,10 +189,13 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
     writer.add_tensor("output_norm.weight", norm())
     if arch == "llama3":
         writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, HEAD_DIM // 2).astype(np.float32))
+    if arch == "phi3-longrope":
+        writer.add_tensor("rope_factors_short.weight", np.linspace(1, 2, HEAD_DIM // 2).astype(np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.linspace(1, 16, HEAD_DIM // 2).astype(np.float32))
     for il in range(N_LAYERS):
         tensors = {"attn_norm": norm(), "ffn_norm": norm(), "attn_output": w(N_EMBD, N_EMBD),
                    "ffn_down": w(N_EMBD, N_FF)}
-        if arch == "phi3":
+        if gguf_arch == "phi3":
             tensors |= {"attn_qkv": w(N_EMBD + 2 * kv_dim, N_EMBD), "ffn_up": w(2 * N_FF, N_EMBD)}
         else:
             tensors |= {"attn_q": w(N_EMBD, N_EMBD), "attn_k": w(kv_dim, N_EMBD), "attn_v": w(kv_dim, N_EMBD),

@@ -82,7 +82,7 @@ _LAYER_TENSORS = {
                        "attn_k_norm.weight"},
 }
 # What a tensor the writer does not read is, for the refusal
-_UNSUPPORTED = (("rope_factors_", "LongRoPE scaling (Phi-3 128k)"), ("_exps", "mixture of experts"),
+_UNSUPPORTED = (("rope_factors_", "LongRoPE scaling outside Phi-3"), ("_exps", "mixture of experts"),
                 ("_inp", "mixture of experts"), ("_shexp", "mixture of experts"), (".bias", "a bias"))
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales attention by (hidden/heads)^-½ for these
 _GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope base of Gemma 3's local layers (unless the file sets one)
@@ -145,6 +145,14 @@ def spec_from_gguf(path: Path) -> ModelSpec:
                     float(field(r, "gemma2.final_logit_softcapping", 30.0)))
     elif arch == "gemma3" and field(r, "gemma3.final_logit_softcapping"):
         raise refuse("final logit soft-capping")
+    longrope = None
+    if "rope_factors_short.weight" in tensors:  # [per-architecture] Phi-3 LongRoPE, as llama.cpp runs it
+        short, long = (tuple(float(f) for f in _dequantized(tensors[f"rope_factors_{k}.weight"]).ravel())
+                       for k in ("short", "long"))
+        if not len(short) == len(long) == head_dim // 2:
+            raise ModelLoadError(f"{path}: LongRoPE holds {len(short)} and {len(long)} factors, not {head_dim // 2}")
+        longrope = (short, long, int(number("rope.scaling.original_context_length")),
+                    float(field(r, f"{arch}.rope.scaling.attn_factor", 1.0)))
     factors = None
     if "rope_freqs.weight" in tensors:  # [per-architecture] Llama 3.x: llama.cpp divides frequency i by factor i
         factors = tuple(float(f) for f in _dequantized(tensors["rope_freqs.weight"]).ravel())
@@ -154,7 +162,7 @@ def spec_from_gguf(path: Path) -> ModelSpec:
                      vocab, float(number("attention.layer_norm_rms_epsilon")), layer_types, rope_theta, window, scale,
                      field(r, "tokenizer.ggml.bos_token_id"), eos_ids, qkv_bias=arch == "qwen2",
                      attn_softcap=softcaps[0], final_softcap=softcaps[1], rope_freq_factors=factors,
-                     norm_offset=arch not in _GEMMA, rope_linear=linear)
+                     norm_offset=arch not in _GEMMA, rope_linear=linear, rope_longrope=longrope)
 
 
 def _window_layers(r: Any, arch: str, n_layers: int) -> tuple[tuple[str, ...], int | None]:
@@ -174,6 +182,8 @@ def unsupported_tensor(arch: str, n_layers: int, names: Iterable[str]) -> str | 
     allowed = {"token_embd.weight", "output_norm.weight", "output.weight"}
     if arch == "llama":
         allowed.add("rope_freqs.weight")
+    if arch == "phi3":  # LongRoPE (Phi-3 and 3.5 with 128k contexts): the short and the long factors
+        allowed |= {"rope_factors_short.weight", "rope_factors_long.weight"}
     layer = _LAYER_TENSORS.get(arch, set())
     for name in names:
         m = _BLOCK.match(name)

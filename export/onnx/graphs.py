@@ -78,6 +78,10 @@ class ModelSpec:
     # Linear RoPE scaling (positions divided by a factor), per layer type: Gemma 3 4B and larger scale their global
     # layers by 8, not their local ones
     rope_linear: dict[str, float] = field(default_factory=dict)
+    # [per-architecture] Phi-3 LongRoPE from a GGUF: (short factors, long factors, original context, attention
+    # factor). As llama.cpp runs it: each frequency divided by the long factors where the context is longer than the
+    # original one, else by the short ones, and cos and sin multiplied by the attention factor
+    rope_longrope: tuple[tuple[float, ...], tuple[float, ...], int, float] | None = None
 
     @property
     def gemma(self) -> bool:  # (1 + w) norms, post-attention/post-FFN norms, scaled embeddings, GELU
@@ -345,7 +349,8 @@ def attention_min_total(spec: ModelSpec, context_length: int, attention: str = "
 
 
 def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [context_length, head_dim/2] as transformers computes them (float32 inverse frequencies)."""
+    """cos/sin [kv_length(context_length), head_dim/2] as transformers computes them (float32 inverse frequencies),
+    for a model of ``context_length`` positions."""
     exponent = np.arange(0, spec.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(spec.head_dim)
     inv_freq = (np.float32(1.0) / (np.float32(spec.rope_theta[layer_type]) ** exponent)).astype(np.float32)
     if spec.rope_llama3:
@@ -354,8 +359,13 @@ def rope_cache(spec: ModelSpec, layer_type: str, context_length: int) -> tuple[n
         inv_freq = (inv_freq / np.asarray(spec.rope_freq_factors, np.float32)).astype(np.float32)
     if layer_type in spec.rope_linear:  # as transformers' linear scaling (llama.cpp: positions × 1 / factor)
         inv_freq = (inv_freq / np.float32(spec.rope_linear[layer_type])).astype(np.float32)
-    freqs = np.arange(context_length, dtype=np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    attention = np.float32(1.0)
+    if spec.rope_longrope:
+        short, long, original, factor = spec.rope_longrope
+        inv_freq = (inv_freq / np.asarray(long if context_length > original else short, np.float32)).astype(np.float32)
+        attention = np.float32(factor)
+    freqs = np.arange(kv_length(context_length), dtype=np.float32)[:, None] * inv_freq[None, :]
+    return (np.cos(freqs) * attention).astype(np.float32), (np.sin(freqs) * attention).astype(np.float32)
 
 
 def _llama3_scaled(inv_freq: np.ndarray, factor: float, low: float, high: float, context: float) -> np.ndarray:
@@ -430,7 +440,7 @@ def layer_graph(spec: ModelSpec, weights: Callable[[str], Weight], index: int, c
     else:  # GroupQueryAttention reads packed q|k|v from `query` when `key` and `value` are empty
         qkv_inputs = [qkv, "", ""]
     layer_type = spec.layer_types[index]
-    cos, sin = rope_cache(spec, layer_type, kv_length(context_length))
+    cos, sin = rope_cache(spec, layer_type, context_length)
     window = spec.sliding_window if layer_type == "sliding_attention" else None
     common = dict(num_heads=spec.num_heads, kv_num_heads=spec.num_kv_heads, scale=spec.scale,
                   # = sliding_window matches transformers' mask (kv > q − window) bit for bit over 700 positions;

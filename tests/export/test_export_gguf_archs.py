@@ -108,8 +108,8 @@ def test_greedy_ngram_speculation_on_the_export_equals_target_only(
 
 
 REFUSED = {  # (architecture, what the tiny file gets) → what the refusal names
-    "phi3 LongRoPE": ("phi3", {"rope_factors_long.weight": np.ones(HEAD_DIM // 2, np.float32),
-                               "rope_factors_short.weight": np.ones(HEAD_DIM // 2, np.float32)}, "LongRoPE"),
+    "llama LongRoPE": ("llama", {"rope_factors_long.weight": np.ones(HEAD_DIM // 2, np.float32),
+                                 "rope_factors_short.weight": np.ones(HEAD_DIM // 2, np.float32)}, "LongRoPE"),
     "llama o_proj bias": ("llama", {"blk.0.attn_output.bias": np.zeros(64, np.float32)}, "attn_output.bias (a bias)"),
     "qwen2 rope_freqs": ("qwen2", {"rope_freqs.weight": np.ones(HEAD_DIM // 2, np.float32)}, "rope_freqs.weight"),
     "llama partial rotary": ("llama", {"{arch}.rope.dimension_count": HEAD_DIM // 2}, "partial rotary"),
