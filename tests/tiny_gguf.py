@@ -119,7 +119,7 @@ def _tokenizer() -> dict[str, tuple[object, object, object]]:
 
 def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int | None = None,
               smollm2_vocabulary: bool = True, quant: str = "F32", sentencepiece: bool = False,
-              extra: dict[str, np.ndarray | int | float | str] | None = None) -> Path:
+              extra: dict[str, np.ndarray | bool | int | float | str] | None = None) -> Path:
     """Write a tiny random model of ``arch`` (a key of ARCHITECTURES) to ``dst``, with SmolLM2's vocabulary or
     the small one (byte-level BPE, or with ``sentencepiece`` a SentencePiece one); ``rename_token`` changes one of
     SmolLM2's tokens' text (same size, another vocabulary);
@@ -166,6 +166,8 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
             key = key.format(arch=gguf_arch)
             if isinstance(value, str):
                 writer.add_string(key, value)
+            elif isinstance(value, bool):
+                writer.add_bool(key, value)
             else:
                 (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
     rng = np.random.default_rng(seed)

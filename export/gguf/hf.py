@@ -16,7 +16,6 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from edgespec import extras
 from edgespec.catalog.discovery import is_store_name
 from edgespec.catalog.gguf_header import check_gguf
 from edgespec.catalog.models import prepare_named, resolve
@@ -125,18 +124,6 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
         _inline_chat_template(tmp, tokenizer.chat_template)
         _check_saved(tmp)
     return out
-
-
-def write_sentencepiece_tokenizer(gguf: Path, out: Path) -> str | None:
-    """tokenizer.json and tokenizer_config.json for a GGUF with a SentencePiece vocabulary (``tokenizer.ggml.model``
-    "llama": Gemma, Phi-3, Mistral), which edgespec's own writer (``tokenizer.py``) does not handle yet: written by
-    transformers' GGUF tokenizer conversion, as the folder ``gguf_to_hf`` writes has it. Returns the chat
-    template. Needs transformers (the ``export-hf`` extra), not the model's weights."""
-    transformers = extras.require("transformers", "export-hf", "a SentencePiece vocabulary's tokenizer")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer.save_pretrained(out)
-    _inline_chat_template(out, tokenizer.chat_template)
-    return tokenizer.chat_template
 
 
 def _inline_chat_template(folder: Path, template: str | None) -> None:

@@ -3,6 +3,11 @@
 
 llama.cpp's byte-level BPE ("gpt2" vocabularies): the text is split by the pre-tokenizer's regular expressions
 in turn (chosen by ``tokenizer.ggml.pre``), each piece spelled in GPT-2's printable bytes, then merged by rank.
+llama.cpp's SentencePiece vocabularies ("llama": Gemma, Phi-3, Mistral, Llama 2): spaces spelled ``▁`` (and one put
+before each stretch of text that starts the text or follows a token, where ``tokenizer.ggml.add_space_prefix``
+says so), the stretch cut into characters, and the adjacent pair whose concatenation is the highest-scoring piece
+merged until none is a piece; a character no piece holds becomes its UTF-8 bytes' ``<0xAB>`` tokens. As a
+``tokenizers`` BPE: every such pair is a merge, ranked by the merged piece's score, with byte fallback.
 Control tokens (type 3) are recognised in text only when special tokens are parsed; user-defined ones (type 4)
 always — as a ``tokenizers`` added token that is special / not special.
 """
@@ -35,6 +40,7 @@ PRE_TOKENIZERS = {
 IGNORE_MERGES = _LLAMA3_NAMES
 ADD_BOS_BY_DEFAULT = _LLAMA3_NAMES
 _CONTROL, _USER_DEFINED = 3, 4
+SENTENCEPIECE = "llama"  # tokenizer.ggml.model of SentencePiece vocabularies
 
 
 def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
@@ -42,20 +48,24 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
     tokenizers = require("tokenizers", "onnx")
     kind = field(r, "tokenizer.ggml.model")
     pre = field(r, "tokenizer.ggml.pre", "default")
-    if kind != "gpt2" or pre not in PRE_TOKENIZERS:
+    if kind not in ("gpt2", SENTENCEPIECE) or (kind == "gpt2" and pre not in PRE_TOKENIZERS):
         raise UnsupportedArchitectureError(f"the GGUF's tokenizer ({kind!r}, pre-tokenizer {pre!r}) cannot be "
-                                           f"written without transformers yet (supported: byte-level BPE with "
+                                           f"written yet (supported: SentencePiece, and byte-level BPE with "
                                            f"{', '.join(PRE_TOKENIZERS)})")
     tokens: list[str] = field(r, "tokenizer.ggml.tokens")
     types: list[int] = field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges") or []]
-    model = tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
-                                  ignore_merges=pre in IGNORE_MERGES)
-    tok = tokenizers.Tokenizer(model)
-    pt = tokenizers.pre_tokenizers
-    tok.pre_tokenizer = pt.Sequence([pt.Split(tokenizers.Regex(expr), "isolated") for expr in PRE_TOKENIZERS[pre]]
-                                    + [pt.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = tokenizers.decoders.ByteLevel()
+    if kind == SENTENCEPIECE:
+        tok = _sentencepiece(tokenizers, r, tokens)
+    else:
+        merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges") or []]
+        model = tokenizers.models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False,
+                                      ignore_merges=pre in IGNORE_MERGES)
+        tok = tokenizers.Tokenizer(model)
+        pt = tokenizers.pre_tokenizers
+        tok.pre_tokenizer = pt.Sequence([pt.Split(tokenizers.Regex(expr), "isolated")
+                                         for expr in PRE_TOKENIZERS[pre]]
+                                        + [pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = tokenizers.decoders.ByteLevel()
     tok.add_tokens([tokenizers.AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
                     for i in range(len(tokens)) if types[i] in (_CONTROL, _USER_DEFINED)])
 
@@ -64,7 +74,8 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
         return tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
 
     bos, eos = special("bos"), special("eos")
-    add_bos = bool(field(r, "tokenizer.ggml.add_bos_token", pre in ADD_BOS_BY_DEFAULT)) and bos is not None
+    bos_by_default = pre in ADD_BOS_BY_DEFAULT or kind == SENTENCEPIECE  # llama.cpp's default for SentencePiece
+    add_bos = bool(field(r, "tokenizer.ggml.add_bos_token", bos_by_default)) and bos is not None
     add_eos = bool(field(r, "tokenizer.ggml.add_eos_token", False)) and eos is not None
     if add_bos or add_eos:
         template = " ".join([*(["$bos"] if add_bos else []), "$A", *(["$eos"] if add_eos else [])])
@@ -77,3 +88,26 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
               "chat_template": field(r, "tokenizer.chat_template")}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return config
+
+
+def _sentencepiece(tokenizers: Any, r: Any, tokens: list[str]) -> Any:
+    """llama.cpp's SentencePiece tokenizer (the module docstring) as a ``tokenizers`` BPE."""
+    scores: list[float] = field(r, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for token, score in zip(tokens, scores, strict=True):
+        for cut in range(1, len(token)):
+            if token[:cut] in vocab and token[cut:] in vocab:
+                merges.append((-score, vocab[token], cut, token[:cut], token[cut:]))
+    merges.sort()  # the highest-scoring piece first (a piece made two ways: both merges side by side)
+    unk = field(r, "tokenizer.ggml.unknown_token_id")
+    model = tokenizers.models.BPE(vocab, [(left, right) for *_, left, right in merges], byte_fallback=True,
+                                  unk_token=tokens[unk] if unk is not None and 0 <= unk < len(tokens) else None,
+                                  fuse_unk=True)
+    tok = tokenizers.Tokenizer(model)
+    prefix = bool(field(r, "tokenizer.ggml.add_space_prefix", True))  # llama.cpp's default
+    nm, dc = tokenizers.normalizers, tokenizers.decoders
+    tok.normalizer = nm.Sequence([*([nm.Prepend("▁")] if prefix else []), nm.Replace(" ", "▁")])
+    tok.decoder = dc.Sequence([dc.Replace("▁", " "), dc.ByteFallback(), dc.Fuse(),
+                               *([dc.Strip(" ", 1, 0)] if prefix else [])])
+    return tok

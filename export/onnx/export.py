@@ -34,8 +34,8 @@ from edgespec.files import staged
 from edgespec.kernels import library as custom_ops
 
 from .. import require
-from ..gguf.ggufio import field, info, reader
-from ..gguf.hf import hf_folder, resolve_source, write_sentencepiece_tokenizer
+from ..gguf.ggufio import info, reader
+from ..gguf.hf import hf_folder, resolve_source
 from ..gguf.tokenizer import write_tokenizer
 from . import block_int8, block_kquant
 from .block_kquant import KQuantWeight
@@ -298,13 +298,9 @@ def replacing(out: Path) -> Iterator[Path]:
 
 
 def _gguf_tokenizer(path: Path, out: Path) -> str | None:
-    """Write the GGUF's tokenizer into ``out``; returns the chat template. Byte-level BPE vocabularies are written
-    by edgespec's own writer (no transformers); SentencePiece ones by transformers' conversion, as the
-    transformers path wrote every GGUF's tokenizer before (the weights are still read without it)."""
-    r = reader(path)
-    if field(r, "tokenizer.ggml.model") == "llama":
-        return write_sentencepiece_tokenizer(path, out)
-    return write_tokenizer(r, out)["chat_template"]
+    """Write the GGUF's tokenizer into ``out`` with edgespec's own writer (byte-level BPE and SentencePiece
+    vocabularies, tokenizing as llama.cpp does; no transformers); returns the chat template."""
+    return write_tokenizer(reader(path), out)["chat_template"]
 
 
 def _chat_template(folder: Path) -> str | None:

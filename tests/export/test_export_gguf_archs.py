@@ -17,6 +17,7 @@ from edgespec.export.onnx.reference import OnnxReference
 import edgespec
 from edgespec.backends.llamacpp.model import ContextOptions, LlamaModel
 from edgespec.cli.main import main
+from tests.conftest import SpecBench
 from tests.tiny_gguf import ARCHITECTURES, HEAD_DIM, SLIDING_WINDOW, tiny_gguf
 
 pytest.importorskip("onnxruntime")
@@ -135,30 +136,54 @@ def test_what_the_graphs_cannot_compute_is_refused_by_name(case: str, tmp_path: 
         assert not model_info.describe(gguf).onnx
 
 
-def test_a_sentencepiece_vocabulary_is_written_by_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """Gemma's, Phi-3's and Mistral's GGUFs hold SentencePiece vocabularies, which edgespec's own tokenizer writer
-    does not handle yet: their tokenizer is written by transformers' GGUF conversion (the weights are still read
-    without it), tokenizing as llama.cpp does; without transformers the export says what it needs."""
-    gguf = tiny_gguf(tmp_path / "gemma3.gguf", "gemma3", smollm2_vocabulary=False, sentencepiece=True, quant="Q4_0")
+TOKENIZER_TEXTS = ("the thin one on the table", " in  a\n\nnaïve café 東京", "<|im_start|>user\nthe<|im_end|>",
+                   "", " ", "  ", "tabs\tthe\n", "an<|im_end|> after a special")
+
+
+def _same_tokens_as_llama_cpp(gguf: Path, folder: Path, texts: tuple[str, ...]) -> None:
+    from edgespec.backends.onnx.tokenizer import HFTokenizer
+
+    mine = HFTokenizer(folder)
+    llama = LlamaModel(gguf, ContextOptions(n_ctx=64, n_threads=1))
+    try:
+        for text in texts:
+            for add_special in (False, True):
+                for parse_special in (False, True):
+                    assert (mine.tokenize(text, add_special, parse_special)
+                            == llama.tokenize(text, add_special, parse_special)), (text, add_special, parse_special)
+    finally:
+        llama.close()
+
+
+@pytest.mark.parametrize("space_prefix", [False, True])  # Gemma's files: none; Phi-3's, Mistral's, Llama 2's: one
+def test_a_sentencepiece_vocabulary_is_written_without_transformers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, space_prefix: bool) -> None:
+    """Gemma's, Phi-3's and Mistral's GGUFs hold SentencePiece vocabularies: edgespec's own writer turns them into
+    a tokenizer.json that tokenizes as llama.cpp does, with or without special tokens parsed and a space prefix."""
+    gguf = tiny_gguf(tmp_path / "gemma3.gguf", "gemma3", smollm2_vocabulary=False, sentencepiece=True, quant="Q4_0",
+                     extra={"tokenizer.ggml.add_space_prefix": space_prefix})
     args = ["export", "onnx", str(gguf), "--out", str(tmp_path / "onnx"), "--no-quality", "--threads", "1"]
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "transformers", None)  # as if it were not installed
-        assert main(args) == 2
-    err = capsys.readouterr().err
-    assert "SentencePiece" in err and "export-hf" in err and not (tmp_path / "onnx").exists(), err
-    pytest.importorskip("transformers")
-    from edgespec.backends.onnx.tokenizer import HFTokenizer
+        assert main(args) == 0
+    _same_tokens_as_llama_cpp(gguf, tmp_path / "onnx", TOKENIZER_TEXTS)
 
-    assert main(args) == 0
-    mine = HFTokenizer(tmp_path / "onnx")
-    llama = LlamaModel(gguf, ContextOptions(n_ctx=64, n_threads=1))
-    try:
-        for text in ("the thin one on the table", " in  a\n\nnaïve café 東京", "<|im_start|>user\nthe<|im_end|>"):
-            for add_special in (False, True):
-                assert mine.tokenize(text, add_special, False) == llama.tokenize(text, add_special, False), text
-    finally:
-        llama.close()
+
+@pytest.mark.slow
+def test_gemma3_vocabulary_tokenizes_as_llama_cpp(tmp_path: Path, spec_bench: SpecBench) -> None:
+    """The shipped Gemma 3 270M's 262 144 pieces (user-defined runs of spaces and newlines, byte tokens, controls):
+    Spec-Bench's questions and harder strings tokenize as llama.cpp tokenizes them."""
+    from edgespec.export.gguf.ggufio import reader
+    from edgespec.export.gguf.tokenizer import write_tokenizer
+
+    from edgespec.catalog.models import families
+
+    gguf = families()["gemma3-270m"].prepare()
+    write_tokenizer(reader(gguf), tmp_path)
+    categories = ["coding", "math_reasoning", "qa", "rag", "summarization", "translation", "writing"]
+    questions = tuple(q["turns"][0] for q in spec_bench(categories, per_category=4))
+    _same_tokens_as_llama_cpp(gguf, tmp_path, TOKENIZER_TEXTS + questions + (
+        "emoji 🙂, 汉字, ß", "a   b    c", "\n\n\n", "<start_of_turn>user\nhi<end_of_turn>", "x" * 60))
 
 
 def test_vocabulary_matrices_read_in_chunks_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
