@@ -125,7 +125,6 @@ constexpr int64_t kSixChunk = 3 * kChunk;
 struct KCall {
   const uint8_t* codes;  // [M][K]: the rows' int8 codes
   const float* row_scales;  // [M][K/32]
-  const int32_t* row_sums;  // [M][K/32]: Σ of each block's codes (Q4_K)
   const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K)
   const float* scaled_sums;  // [M][K/32]: each block's row scale · Σ of its codes (Q4_K, Q5_K)
   const uint8_t* weights;  // B
@@ -669,7 +668,7 @@ struct BlockKQuantMatMulKernel {
     float* out = p.output(n);
     if (p.m == 0) return;
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, six);
-    KCall call{q.codes,   q.scales, q.sums, q.half_sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(),
+    KCall call{q.codes, q.scales, q.half_sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(),
                p.s.GetTensorData<uint8_t>(), out, p.m, k, n};
     const auto run = bits == 4   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
                      : bits == 5 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<5>>
