@@ -21,7 +21,7 @@ from edgespec.tuning import own_model
 from edgespec.tuning.race import Budget
 from edgespec.tuning.store import default_choice_path, find_default_choice
 from tests.model.test_home import read_only
-from tests.tiny_gguf import HEAD_DIM, tiny_gguf
+from tests.tiny_gguf import N_EMBD, tiny_gguf
 
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(custom_ops.ensure() is None, reason="the kernel library cannot be built here")
@@ -135,16 +135,16 @@ def test_asked_for_llamacpp_the_file_runs_as_it_is(tuned: Path, mine: Path) -> N
 
 def test_a_file_the_exporter_does_not_read_runs_on_llamacpp_saying_why(
         tuned: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """Phi-3's LongRoPE factors: llama.cpp runs the file; the exporter has no place for them (docs/models.md)."""
-    factors = np.linspace(1, 2, HEAD_DIM // 2).astype(np.float32)
-    longrope = tiny_gguf(tmp_path / "longrope.gguf", "phi3", smollm2_vocabulary=False,
-                         extra={"rope_factors_long.weight": factors, "rope_factors_short.weight": factors})
-    engine = edgespec.load(longrope, n_ctx=512, n_threads=1)
+    """A bias on llama's attention output: llama.cpp runs the file; the exporter has no place for it
+    (docs/models.md)."""
+    biased = tiny_gguf(tmp_path / "biased.gguf", smollm2_vocabulary=False,
+                       extra={"blk.0.attn_output.bias": np.full(N_EMBD, 0.1, np.float32)})
+    engine = edgespec.load(biased, n_ctx=512, n_threads=1)
     try:
-        assert engine.target.path == longrope.resolve()
+        assert engine.target.path == biased.resolve()
     finally:
         engine.close()
-    assert "longrope.gguf runs on llama.cpp as it is: edgespec's exporter does not read" in _said(capfd)
+    assert "biased.gguf runs on llama.cpp as it is: edgespec's exporter does not read" in _said(capfd)
     assert not (tuned / "onnx").exists()
 
 
