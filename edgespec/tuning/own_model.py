@@ -141,9 +141,10 @@ def choose_own(source: Path, key: dict[str, object], threads: int, device: str, 
     """Prepare the export, race it against llama.cpp on ``source`` and keep the choice (the module docstring)."""
     started = time.perf_counter()
     say(first_use_line(source, why, default_choice_path(key)))
-    drop_replaced(source, export_path(source))
+    export = export_path(source)
+    drop_replaced(source, export)
     entrants = Entrants([(str(source), "llamacpp")])
-    entrants.add_export("onnx", lambda: export_candidate(source, export_path(source), "gguf", threads, say, AGAINST))
+    entrants.add_export("onnx", lambda: export_candidate(source, export, "gguf", threads, say, AGAINST))
     return race_and_keep(entrants, key, threads, device, race_budget or budget(source), say, started, trees=True,
                          n_ctx=RACE_CTX)
 

@@ -407,7 +407,8 @@ def race_and_keep(entrants: Entrants, key: dict[str, object], threads: int, devi
 def first_use_line(family: ModelFamily, ggufs: int, onnx: bool, budget: Budget, kept: Path,
                    why: str = "first use on this machine") -> str:
     """Said before the measurement starts: why now, what it does, about how long, where it is kept.
-    The time is the range seen on 2 cores: 54 s on a quiet machine, 308 s on a busy one (ONNX export included)."""
+    The time is the range seen on 2 cores: 55–69 s on a quiet machine with both ONNX exports, 308 s on a busy one
+    with the INT8 export alone (exports included)."""
     export = "two ONNX exports of its shipped weights and a quality check of each, then " if onnx else ""
     models = ggufs + onnx * len(ONNX_BUILDS)
     return (f"edgespec: {why}: measuring which build of {family.name} answers quickest here "

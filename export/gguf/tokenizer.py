@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgespec.errors import ModelLoadError
+
 from .. import UnsupportedArchitectureError, require
 from .ggufio import field
 
@@ -53,7 +55,7 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
                                            f"written yet (supported: SentencePiece, and byte-level BPE with "
                                            f"{', '.join(PRE_TOKENIZERS)})")
     tokens: list[str] = field(r, "tokenizer.ggml.tokens")
-    types: list[int] = field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    types: list[int] = _per_token(r, "token_type", tokens, 1)
     if kind == SENTENCEPIECE:
         tok = _sentencepiece(tokenizers, r, tokens)
     else:
@@ -90,9 +92,18 @@ def write_tokenizer(r: Any, out: Path) -> dict[str, Any]:
     return config
 
 
+def _per_token(r: Any, key: str, tokens: list[str], default: Any) -> list[Any]:
+    """The file's ``tokenizer.ggml.KEY`` array, one value a token (``default`` for each where there is none); a
+    damaged file whose array is another length is a clear error, not a stray index."""
+    values = field(r, f"tokenizer.ggml.{key}") or [default] * len(tokens)
+    if len(values) != len(tokens):
+        raise ModelLoadError(f"the GGUF's tokenizer.ggml.{key} holds {len(values)} values for {len(tokens)} tokens")
+    return values
+
+
 def _sentencepiece(tokenizers: Any, r: Any, tokens: list[str]) -> Any:
     """llama.cpp's SentencePiece tokenizer (the module docstring) as a ``tokenizers`` BPE."""
-    scores: list[float] = field(r, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    scores: list[float] = _per_token(r, "scores", tokens, 0.0)
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
     for token, score in zip(tokens, scores, strict=True):

@@ -169,6 +169,26 @@ def test_a_sentencepiece_vocabulary_is_written_without_transformers(
     _same_tokens_as_llama_cpp(gguf, tmp_path / "onnx", TOKENIZER_TEXTS)
 
 
+def test_a_vocabulary_array_of_another_length_is_a_clear_error(tmp_path: Path) -> None:
+    """A damaged file whose scores do not match its tokens: the tokenizer writer says which array, no stray index."""
+    import gguf as gguf_package
+    from edgespec.export.gguf.ggufio import reader
+    from edgespec.export.gguf.tokenizer import write_tokenizer
+
+    from edgespec.errors import ModelLoadError
+
+    path = tmp_path / "damaged.gguf"
+    writer = gguf_package.GGUFWriter(path, "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "▁", "a", "▁a"])
+    writer.add_token_scores([0.0, -1.0, -2.0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.ggml\.scores holds 3 values for 4 tokens"):
+        write_tokenizer(reader(path), tmp_path)
+
+
 @pytest.mark.slow
 def test_gemma3_vocabulary_tokenizes_as_llama_cpp(tmp_path: Path, spec_bench: SpecBench) -> None:
     """The shipped Gemma 3 270M's 262 144 pieces (user-defined runs of spaces and newlines, byte tokens, controls):
