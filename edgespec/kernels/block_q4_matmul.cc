@@ -40,12 +40,14 @@
 //   Q4_K: 8 sub-blocks of 32, 4-bit codes q, 6-bit sc and m per sub-block, fp16 d and dmin per super-block; a
 //         weight is (d·sc)·q − dmin·m. Q5_K: the same with 5-bit codes.
 //   Q6_K: 16 sub-blocks of 16, 6-bit codes u (q = u − 32), an int8 scale per sub-block, fp16 d; (d·scale)·q.
+//   Q3_K: Q6_K's form with 3-bit codes u (q = u − 4) and 6-bit scales sc (scale = sc − 32).
 // d·sc and dmin·m (11 significant bits × 6) and d·scale (11 × 8) are exact float32 products, made in the loop from
 // the file's numbers (once per group of 16 columns, for every row of the tile), so each sub-block is a Q4_1 or Q4_0
 // step with a float32 scale. The activations are quantized per block of 32 as above; per (row, column), sub-blocks in
 // ascending order, s the row's scale of the block of 32 that holds the sub-block:
 //   Q4_K, Q5_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(s·float(Σa), −(dmin·m), acc)
 //   Q6_K: acc = fma(float(Σ u·a − 32·Σa), s·(d·scale), acc)    (Σ over the sub-block's 16 k: two steps per s)
+//   Q3_K: acc = fma(float(Σ u·a − 4·Σa), s·(d·scale), acc)
 // (|Σ q·a| ≤ 32 · 31 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) and s·Σa one rounding, the fma
 // another.)
 // Q6_K's codes go into vpdpbusd unsigned (u ≤ 63: vpmaddubsw's pairs ≤ 2 · 63 · 127, no saturation), its sums
@@ -57,7 +59,9 @@
 // B uint8 [N/16, K/16, 192]: per 16 k the low 4 bits of k … k + 7 and of k + 8 … k + 15 as two 64-byte chunks of
 // nibbles, then 64 bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i
 // (bits 0–1, 2–3, 4–5, 6–7); scales uint8 [N/16, K/256, 288]: the 16 fp16 d, then per sub-block the 16 int8 scales
-// (export/onnx/block_kquant.py packs them). Output: float [..., N].
+// (export/onnx/block_kquant.py packs them); Q3_K: B uint8 [N/16, K/16, 128], Q6_K's two chunks of nibbles alone (the
+// 3-bit codes: half the bytes of Q6_K's layout, simpler unpacking than three bits'), and Q6_K's scales. Output: float
+// [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
 #include "block_products.h"  // quantize_rows, kTileRows, for_each_tile, ProductCall, add_product
@@ -119,16 +123,22 @@ constexpr int64_t kSubBlocks6 = kSuper / kHalf;
 // int8 scales.
 constexpr int64_t kQ4KBytes = 2 * kColumns * 2 + kSubBlocks4 * 2 * kColumns;  // 320
 constexpr int64_t kQ6KBytes = kColumns * 2 + kSubBlocks6 * kColumns;  // 288
-// Q6_K's codes per group and 16 k: two 64-byte chunks of low nibbles (as Q4's), then 64 bytes of 2-bit highs.
+// Q6_K's codes per group and 16 k: two 64-byte chunks of low nibbles (as Q4's), then 64 bytes of 2-bit highs; Q3_K's
+// the two chunks alone.
 constexpr int64_t kSixChunk = 3 * kChunk;
+template <int kBits>
+constexpr int64_t kSignedChunk = kBits == 6 ? kSixChunk : 2 * kChunk;
+// Q6_K's and Q3_K's code of 0: a weight is (d·scale)·(u − 32), (d·scale)·(u − 4).
+template <int kBits>
+constexpr int32_t kSignedZero = kBits == 6 ? 32 : 4;
 
 struct KCall {
   const uint8_t* codes;  // [M][K]: the rows' int8 codes
   const float* row_scales;  // [M][K/32]
-  const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K)
+  const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K, Q3_K)
   const float* scaled_sums;  // [M][K/32]: each block's row scale · Σ of its codes (Q4_K, Q5_K)
   const uint8_t* weights;  // B
-  const uint8_t* scales;  // [N/16][K/256][kQ4KBytes or kQ6KBytes]
+  const uint8_t* scales;  // [N/16][K/256][kQ4KBytes or kQ6KBytes (Q6_K, Q3_K)]
   float* out;
   int64_t m, k, n;
 };
@@ -296,11 +306,11 @@ static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
 // A prefill's tiles (more rows than kTileRows): kWideRows rows against kWideGroups groups of 16 columns, so that each
 // activation broadcast serves kWideGroups products as each unpacked weight vector serves kWideRows rows. The sums and
-// accumulators of 6 rows × 2 groups, the 4 nibble vectors and a broadcast fill AVX-512's 32 registers; Q6_K's 8 code
-// vectors leave room for 4, yet 5 rows (a few spilled) ran quicker; the 5-bit types' fifth bits leave no room, and
-// 2 groups of 3 to 6 rows ran no quicker than one group's 8 (docs/kernels.md). A verify batch keeps its one tile over
-// one group: every row then shares each weight load. The tile changes which products share a register, not any row's
-// or column's operations or their order.
+// accumulators of 6 rows × 2 groups, the 4 nibble vectors and a broadcast fill AVX-512's 32 registers; Q6_K's (and
+// Q3_K's) 8 code vectors leave room for 4, yet 5 rows (a few spilled) ran quicker; the 5-bit types' fifth bits leave no
+// room, and 2 groups of 3 to 6 rows ran no quicker than one group's 8 (docs/kernels.md). A verify batch keeps its one
+// tile over one group: every row then shares each weight load. The tile changes which products share a register, not
+// any row's or column's operations or their order.
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 template <int kBits>
 constexpr int kWideGroups = kBits == 5 ? 1 : 2;
@@ -309,7 +319,7 @@ template <int kBits>
 constexpr int kWideGroups = 1;
 #endif
 template <int kBits>
-constexpr int kWideRows = kBits == 6 ? 5 : 6;
+constexpr int kWideRows = kBits == 6 || kBits == 3 ? 5 : 6;
 
 // Each row's integer sums over one block of 32 k added to sum, for G groups of 16 columns group_stride bytes apart:
 // the block's four chunks of 4-bit codes (k … k + 7, …, k + 24 … k + 31), with kFive each code's fifth bit from the 64
@@ -452,13 +462,13 @@ void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
     for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
 }
 
-// Q6_K: per sub-block of 16 each row's integer sum of (u − 32)·a, u the unsigned 6-bit code (it starts at −32·Σa of
-// the half block), then one float step with d·scale; a block of 32 activations spans two sub-blocks, both steps
-// taking its row scale.
-template <class V, int R, int G>
-void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
+// Q6_K and Q3_K: per sub-block of 16 each row's integer sum of (u − 32)·a or (u − 4)·a, u the unsigned 6- or 3-bit
+// code (it starts at −32·Σa or −4·Σa of the half block), then one float step with d·scale; a block of 32 activations
+// spans two sub-blocks, both steps taking its row scale.
+template <class V, int R, int G, int kBits>
+void panel_signed(const KCall& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const int64_t group_stride = halves * kSixChunk, scales_stride = c.k / kSuper * kQ6KBytes;
+  const int64_t group_stride = halves * kSignedChunk<kBits>, scales_stride = c.k / kSuper * kQ6KBytes;
   const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
   const uint8_t* scales = c.scales + n0 / kColumns * scales_stride;
   const uint8_t* codes = c.codes + m0 * c.k;
@@ -471,13 +481,18 @@ void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
     const int64_t k = h * kHalf;
     typename V::Int u[G][4], sum[G][R];
     for (int g = 0; g < G; ++g) {
-      const uint8_t* unit = packed + g * group_stride + h * kSixChunk;
-      for (int64_t line = 0; line < kSixChunk; line += 64)
+      const uint8_t* unit = packed + g * group_stride + h * kSignedChunk<kBits>;
+      for (int64_t line = 0; line < kSignedChunk<kBits>; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
-      V::six_bits(unit, u[g]);
+      if constexpr (kBits == 6) {
+        V::six_bits(unit, u[g]);
+      } else {
+        V::nibbles(unit, u[g][0], u[g][1]);
+        V::nibbles(unit + kChunk, u[g][2], u[g][3]);
+      }
     }
     for (int r = 0; r < R; ++r) {
-      const typename V::Int start = V::splat(-32 * half_sums[r * halves + h]);
+      const typename V::Int start = V::splat(-kSignedZero<kBits> * half_sums[r * halves + h]);
       for (int g = 0; g < G; ++g) sum[g][r] = start;
     }
     for (int i = 0; i < 4; ++i)
@@ -499,8 +514,8 @@ void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
 // A K-quant type's panel over R rows and G groups
 template <int kBits, int R, int G>
 constexpr PanelOf<KCall> kpanel() {
-  if constexpr (kBits == 6) {
-    return panel_q6k<GroupLanes, R, G>;
+  if constexpr (kBits == 6 || kBits == 3) {
+    return panel_signed<GroupLanes, R, G, kBits>;
   } else {
     return panel_q4k<GroupLanes, R, G, kBits == 5>;
   }
@@ -564,23 +579,26 @@ inline float half_at(const uint8_t* p) {
   return edgespec_vec::widen(h);
 }
 
-// Q4_K, Q5_K and Q6_K the same way: each sub-block's integer sum, its scale (and Q4_K's and Q5_K's minimum) an exact
-// float product of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float steps.
+// Q3_K, Q4_K, Q5_K and Q6_K the same way: each sub-block's integer sum, its scale (and Q4_K's and Q5_K's minimum) an
+// exact float product of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float
+// steps.
 template <int kBits>
 void kquant_columns(const KCall& c, int64_t n0) {
+  constexpr bool kSigned = kBits == 6 || kBits == 3;
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kBits == 6 ? kQ6KBytes : kQ4KBytes);
+  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kSigned ? kQ6KBytes : kQ4KBytes);
   for (int64_t m = 0; m < c.m; ++m)
     for (int64_t j = 0; j < kColumns; ++j) {
       float acc = 0.0f;
-      if constexpr (kBits == 6) {
-        const uint8_t* packed = c.weights + n0 / kColumns * halves * kSixChunk;
+      if constexpr (kSigned) {
+        const uint8_t* packed = c.weights + n0 / kColumns * halves * kSignedChunk<kBits>;
         for (int64_t h = 0; h < halves; ++h) {
-          const uint8_t* unit = packed + h * kSixChunk;
-          int32_t dot = -32 * c.half_sums[m * halves + h];
+          const uint8_t* unit = packed + h * kSignedChunk<kBits>;
+          int32_t dot = -kSignedZero<kBits> * c.half_sums[m * halves + h];
           for (int64_t i = 0; i < kHalf; ++i) {
             const int32_t low = code_at<false>(unit, j, i);
-            const int32_t high = unit[2 * kChunk + j * kDepth / 2 + i % (kDepth / 2)] >> (2 * (i / 4)) & 0x03;
+            const int32_t high =
+                kBits == 6 ? unit[2 * kChunk + j * kDepth / 2 + i % (kDepth / 2)] >> (2 * (i / 4)) & 0x03 : 0;
             dot += (low | high << 4) * int32_t(static_cast<int8_t>(c.codes[m * c.k + h * kHalf + i]));
           }
           const uint8_t* super = scales + h / kSubBlocks6 * kQ6KBytes;
@@ -654,26 +672,29 @@ struct BlockKQuantMatMulKernel {
     const std::vector<int64_t>& b_shape = p.b_shape;
     const std::vector<int64_t>& s_shape = p.s_shape;
     // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles), 320 per 32 k (Q5_K's nibbles and fifth
-    // bits), 192 per 16 k (Q6_K's six bits).
+    // bits), 192 per 16 k (Q6_K's six bits), 128 per 16 k (Q3_K's codes in nibbles).
     const int64_t unit = b_shape.size() == 3 ? b_shape[2] : 0;
-    const int bits = unit == kChunk ? 4 : unit == kUnit<true> ? 5 : unit == kSixChunk ? 6 : 0;
-    const bool six = bits == 6;
-    if (p.a_shape.empty() || bits == 0 || s_shape.size() != 3 || s_shape[2] != (six ? kQ6KBytes : kQ4KBytes))
+    const int bits =
+        unit == kChunk ? 4 : unit == kUnit<true> ? 5 : unit == kSixChunk ? 6 : unit == kSignedChunk<3> ? 3 : 0;
+    const bool sub16 = bits == 6 || bits == 3;  // sub-blocks of 16: Q6_K's scales and half-block sums
+    if (p.a_shape.empty() || bits == 0 || s_shape.size() != 3 || s_shape[2] != (sub16 ? kQ6KBytes : kQ4KBytes))
       p.fail("A must be [..., K], B [N/16, K/8, 64] (Q4_K) or [N/16, K/32, 320] (Q5_K) and scales [N/16, K/256, "
-             "320], or B [N/16, K/16, 192] and scales [N/16, K/256, 288] (Q6_K)");
+             "320], or B [N/16, K/16, 192] (Q6_K) or [N/16, K/16, 128] (Q3_K) and scales [N/16, K/256, 288]");
     const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
     const int64_t depth = bits == 4 ? kDepth : bits == 5 ? kBlock : kHalf;  // k per B row
     if (k % kSuper != 0 || b_shape[1] * depth != k || s_shape[0] != b_shape[0] || s_shape[1] != k / kSuper)
       p.fail("K must be a multiple of 256 and A, B and scales must agree on K and N");
     float* out = p.output(n);
     if (p.m == 0) return;
-    const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, six);
+    const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, sub16);
     KCall call{q.codes, q.scales, q.half_sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(),
                p.s.GetTensorData<uint8_t>(), out, p.m, k, n};
-    const auto run = bits == 4   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
+    const auto run = bits == 3   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<3>>
+                     : bits == 4 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
                      : bits == 5 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<5>>
                                  : &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<6>>;
-    const int64_t per_task = bits == 4 ? groups_per_task<4>(p.m)
+    const int64_t per_task = bits == 3   ? groups_per_task<3>(p.m)
+                             : bits == 4 ? groups_per_task<4>(p.m)
                              : bits == 5 ? groups_per_task<5>(p.m)
                                          : groups_per_task<6>(p.m);
     (p.*run)(call, b_shape[0], per_task);

@@ -9,15 +9,19 @@ A super-block holds 256 weights of one row, a block 32 (llama.cpp's ggml-common.
 - Q5_K (176 bytes): Q4_K's, with 32 bytes of the codes' fifth bits before the 128 of their low 4: q is 5 bits.
 - Q6_K (210 bytes): 128 bytes of the codes' low 4 bits, 64 of their high 2, 16 int8 scales for 16 sub-blocks of 16,
   fp16 ``d``; a weight is ``(d·scale)·(u − 32)``, u the 6-bit code.
+- Q3_K (110 bytes): 32 bytes of the codes' high bits, 64 of their low 2, 12 bytes of 6-bit scales ``sc`` for 16
+  sub-blocks of 16, fp16 ``d``; a weight is ``(d·(sc − 32))·(u − 4)``, u the 3-bit code. Carried as Q6_K's loop with
+  4-bit codes (no high bits; 4.6 bits a weight with the scales, against the file's 3.4).
 - Q5_0 (22 bytes): fp16 ``d``, 4 bytes of the codes' fifth bits, 16 of their low 4; a weight is ``(q − 16)·d``.
 - Q5_1 (24 bytes): fp16 ``d`` and ``m``, then Q5_0's codes; a weight is ``q·d + m``.
 
 Q4_0 / Q4_1 / Q8_0 are carried elsewhere (``block_weights``: MatMulNBits or BlockQ4MatMul); these have no
 MatMulNBits form, so an export that does not run edgespec's kernels dequantizes them.
 
-``d·sc``, ``dmin·m`` (11 significant bits × 6) and ``d·scale`` (11 × 8) are exact in float32, so the op rounds
-nothing llama.cpp's own products would not: each activation row quantized per block of 32 to int8, an exact
-integer sum per sub-block (or block), then a float step per sub-block (the kernel's comment has the rounding order).
+``d·sc``, ``dmin·m``, ``d·(sc − 32)`` (11 significant bits × 6) and ``d·scale`` (11 × 8) are exact in float32, so
+the op rounds nothing llama.cpp's own products would not: each activation row quantized per block of 32 to int8, an
+exact integer sum per sub-block (or block), then a float step per sub-block (the kernel's comment has the rounding
+order).
 The packed numbers are the file's: the fp16 ``d`` / ``dmin`` / ``m`` bytes and the small integers, moved into the
 op's order.
 """
@@ -33,11 +37,15 @@ from edgespec.kernels import library as custom_ops
 from .block_q4 import COLUMNS, block_scales, five_bits, nibbles
 
 SUPER = 256  # weights per super-block along K
-KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
-SPAN = {"Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER, "Q5_0": 32, "Q5_1": 32}  # weights per (super-)block along K
-BYTES = {"Q4_K": 2 + 2 + 12 + SUPER // 2, "Q5_K": 2 + 2 + 12 + SUPER // 8 + SUPER // 2,
-         "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2, "Q5_0": 2 + 4 + 16, "Q5_1": 2 + 2 + 4 + 16}
-HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2)}  # where d (dmin, m) stand
+KINDS = ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+SIGNED = ("Q3_K", "Q6_K")  # sub-blocks of 16, a signed scale each, no minimum
+SPAN = {"Q3_K": SUPER, "Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER, "Q5_0": 32, "Q5_1": 32}  # weights per block
+BYTES = {"Q3_K": SUPER // 8 + SUPER // 4 + 12 + 2, "Q4_K": 2 + 2 + 12 + SUPER // 2,
+         "Q5_K": 2 + 2 + 12 + SUPER // 8 + SUPER // 2, "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2,
+         "Q5_0": 2 + 4 + 16, "Q5_1": 2 + 2 + 4 + 16}
+HALVES = {"Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,),
+          "Q5_1": (0, 2)}  # where d (dmin, m) stand
+ZERO = {"Q3_K": 4, "Q6_K": 32}  # the signed kinds' code of 0
 OPS = {kind: custom_ops.KQUANT_PRODUCTS_OP if kind.endswith("_K") else custom_ops.Q4_PRODUCTS_OP for kind in KINDS}
 
 
@@ -99,6 +107,29 @@ class KQuantWeight:
         high = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03).reshape(n, s, 2, 128)
         return d, scales, (low | high << 4).reshape(n, s, 16, 16)
 
+    def q3_k(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q3_K's numbers: d (float16 [N, S]), scales sc − 32 (int8 [N, S, 16]), u (the 3-bit codes, uint8
+        [N, S, 16, 16])."""
+        b = self.blocks
+        n, s = b.shape[:2]
+        hmask, qs, packed = b[..., :32], b[..., 32:96].reshape(n, s, 2, 1, 32), b[..., 96:108]
+        # llama.cpp's dequantize_row_q3_K: scale i's low 4 bits in byte i % 8 (low nibble for i < 8, else high), its
+        # high 2 in byte 8 + i % 4 (bits 2·(i // 4) …)
+        i = np.arange(16)
+        low = (packed[..., i % 8] >> np.where(i < 8, 0, 4).astype(np.uint8)) & 0x0F
+        high = (packed[..., 8 + i % 4] >> (2 * (i // 4)).astype(np.uint8)) & 0x03
+        scales = ((low | high << 4).astype(np.int16) - 32).astype(np.int8)
+        (d,) = self._halves()
+        # per half h of 128 weights, quarter j, sixteen t: weight 128h + 32j + 16t + l has the low 2 bits
+        # (qs[32h + 16t + l] >> 2j) & 3 and the high bit (hmask[16t + l] >> (4h + j)) & 1
+        two = (qs >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 0x03  # [N, S, h, j, 32]
+        bit = (hmask.reshape(n, s, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 2, 4, 1)) & 1
+        return d, scales, (two | bit << 2).reshape(n, s, 16, 16)
+
+    def signed_form(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q3_K's or Q6_K's numbers: d, the sub-blocks' signed scales and the unsigned codes (``ZERO`` is 0)."""
+        return self.q3_k() if self.kind == "Q3_K" else self.q6_k()
+
     def gathered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(codes [N, K/g, g], scales float32 [N, K/g, 1], minima float32 [N, K/g, 1] or None), g the sub-block:
         a weight is scales·codes (+ minima), as ``dequantize`` computes it (the embedding's gather)."""
@@ -114,14 +145,14 @@ class KQuantWeight:
             scale = d.astype(np.float32)[..., None] * sc.astype(np.float32)  # exact: 11 × 6 bits
             minimum = -(dmin.astype(np.float32)[..., None] * m.astype(np.float32))
             return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 1), minimum.reshape(n, s * 8, 1)
-        d, scales, u = self.q6_k()
+        d, scales, u = self.signed_form()
         scale = d.astype(np.float32)[..., None] * scales.astype(np.float32)  # exact: 11 × 8 bits
-        codes = (u.astype(np.int16) - 32).astype(np.int8)
+        codes = (u.astype(np.int16) - ZERO[self.kind]).astype(np.int8)
         return codes.reshape(n, s * 16, 16), scale.reshape(n, s * 16, 1), None
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K], as gguf's (and llama.cpp's) dequantization: (d·sc)·q − dmin·m, (d·scale)·(u − 32),
-        d·(q − 16), d·q + m."""
+        (d·(sc − 32))·(u − 4), d·(q − 16), d·q + m."""
         codes, scales, minima = self.gathered()
         w = scales * codes.astype(np.float32)
         if minima is not None:
@@ -164,6 +195,8 @@ def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
     B [N′/16, K/16, 192], per 16 k the low 4 bits of k … k + 7 and of k + 8 … k + 15 as Q4_K's two chunks, then 64
     bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i (bits 0–1,
     2–3, 4–5, 6–7); scales uint8 [N′/16, K/256, 288], the 16 fp16 d, then per sub-block the 16 int8 scales.
+    Q3_K: B [N′/16, K/16, 128], Q6_K's without the high bits (the 3-bit codes in the nibbles); scales as Q6_K's, the
+    int8 scales sc − 32.
     Q5_0 / Q5_1: B as Q5_K's, scales float16 [N′/16, K/32, 16] (d) or [N′/16, K/32, 32] (the 16 d, then the 16 m),
     as BlockQ4MatMul's Q4_0 / Q4_1."""
     n, k = weight.shape
@@ -181,13 +214,14 @@ def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
         small = small.transpose(0, 2, 4, 3, 1).reshape(groups, supers, 8 * 2 * COLUMNS)
         scales = np.concatenate([_halves(d, extra), _halves(dmin, extra), small], axis=2)
     else:
-        d, signed, u = weight.q6_k()
+        d, signed, u = weight.signed_form()
         u = _columns(u.reshape(n, k), extra).reshape(groups, COLUMNS, k // 16, 2, 2, 4)  # [G, j, unit, chunk, half, i]
         low = (u[..., 0, :] & 0x0F) | (u[..., 1, :] & 0x0F) << 4  # [G, j, unit, chunk, i]
-        low = low.transpose(0, 2, 3, 1, 4).reshape(groups, k // 16, 2 * 64)
-        high = (u >> 4).reshape(groups, COLUMNS, k // 16, 4, 4)  # [G, j, unit, quarter, i]
-        high = sum(high[:, :, :, t] << (2 * t) for t in range(4)).astype(np.uint8)  # [G, j, unit, i]
-        codes = np.concatenate([low, high.transpose(0, 2, 1, 3).reshape(groups, k // 16, 64)], axis=2)
+        codes = low.transpose(0, 2, 3, 1, 4).reshape(groups, k // 16, 2 * 64)
+        if weight.kind == "Q6_K":
+            high = (u >> 4).reshape(groups, COLUMNS, k // 16, 4, 4)  # [G, j, unit, quarter, i]
+            high = sum(high[:, :, :, t] << (2 * t) for t in range(4)).astype(np.uint8)  # [G, j, unit, i]
+            codes = np.concatenate([codes, high.transpose(0, 2, 1, 3).reshape(groups, k // 16, 64)], axis=2)
         small = _columns(signed, extra).transpose(0, 2, 3, 1).reshape(groups, supers, 16 * COLUMNS)
         scales = np.concatenate([_halves(d, extra), small.view(np.uint8)], axis=2)
     return np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales, np.uint8)

@@ -30,7 +30,7 @@ OPSET = 21
 MS_DOMAIN = "com.microsoft"
 ATTENTIONS = ("exact", "gqa")
 # Bumped when the graphs of the same model and options change (manifest "source.graphs"): caches re-export.
-GRAPHS_REVISION = 14  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
+GRAPHS_REVISION = 15  # 2: calls padded to attention_min_total keys (Gemma 3 batch invariance); 3: packed
 # q|k|v and gate|up projections, SkipSimplifiedLayerNormalization; 4: padding rows appended by one Pad op;
 # 5: int4 exports pad single-row calls around every product (4-bit level 4 is not one-row exact on AMD);
 # 6: attention "exact" (edgespec.ExactAttention, no padding) beside "gqa"; 7: 8-bit products as
@@ -41,7 +41,8 @@ GRAPHS_REVISION = 14  # 2: calls padded to attention_min_total keys (Gemma 3 bat
 # edgespec.BlockQ4MatMul under the exact attention (nothing padded); 13: its Q4_K / Q6_K super-blocks as
 # edgespec.BlockKQuantMatMul (q|k|v and gate|up of mixed types as one product per run of a type), the embedding's
 # gathered and dequantized as llama.cpp does; 14: its Q5_K super-blocks as BlockKQuantMatMul and Q5_0 / Q5_1 blocks as
-# BlockQ4MatMul (they were dequantized and quantized to 8 bits)
+# BlockQ4MatMul (they were dequantized and quantized to 8 bits); 15: its Q3_K super-blocks as BlockKQuantMatMul
+# (were dequantized and quantized to 8 bits)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """edgespec.BlockQ4MatMul and edgespec.BlockKQuantMatMul (edgespec/kernels/block_q4_matmul.cc) as onnxruntime runs
-them on random GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K blocks packed by export/onnx/block_q4.py and
+them on random GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K and Q6_K blocks packed by export/onnx/block_q4.py and
 block_kquant.py: the exact
 arithmetic against a float64 reference, every row bit-identical alone and in calls of 1–64 rows and with any thread
 count, the portable, AVX2, AVX-VNNI and AVX-512 builds giving the same bits as this machine's, and a graph off the
@@ -23,7 +23,7 @@ helper, numpy_helper, F = onnx.helper, onnx.numpy_helper, onnx.TensorProto.FLOAT
 pytestmark = pytest.mark.skipif(custom_ops.library() is None, reason="the kernel library is not built here")
 
 K, N = 128, 48  # 4 blocks along K, 3 packed column groups
-KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 DEPTH = {kind: 512 if kind.endswith("_K") else K for kind in KINDS}  # K per kind: K-quants in super-blocks of 256
 Weight = block_weights.BlockWeight | block_kquant.KQuantWeight
 
@@ -35,7 +35,7 @@ def _kernel_blocks(kind: str, rng: np.random.Generator, n: int, k: int) -> np.nd
     raw = rng.integers(0, 256, (blocks, block_kquant.BYTES[kind]), dtype=np.uint8)
     super_block = kind.endswith("_K")
     d = rng.uniform(0.0005, 0.004, blocks) if super_block else rng.uniform(0.001, 0.05, blocks)
-    if kind in ("Q6_K", "Q5_0"):  # no minimum: d of either sign
+    if kind in ("Q3_K", "Q6_K", "Q5_0"):  # no minimum: d of either sign
         d *= np.where(rng.random(blocks) < 0.3, -1, 1)
     second = rng.uniform(0.0005, 0.01, blocks) if super_block else rng.uniform(-0.4, 0.1, blocks)  # dmin, Q5_1's m
     for at, value in zip(block_kquant.HALVES[kind], (d, second), strict=False):
@@ -43,6 +43,8 @@ def _kernel_blocks(kind: str, rng: np.random.Generator, n: int, k: int) -> np.nd
     if kind == "Q6_K":
         raw[::7, :192] = 0  # every code −32 …
         raw[::7, 192:208] = 0x80  # … times scale −128
+    elif kind == "Q3_K":
+        raw[::7, :108] = 0  # every code −4 times scale −32
     elif kind == "Q5_0":
         raw[::7, 2:] = 0  # every code −16
     else:
@@ -242,7 +244,7 @@ def test_five_bit_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
             assert scales[col // 16, at // 32, 16 + col % 16] == m[col, at // 32]
 
 
-@pytest.mark.parametrize("kind", ("Q4_K", "Q5_K", "Q6_K"))
+@pytest.mark.parametrize("kind", ("Q3_K", "Q4_K", "Q5_K", "Q6_K"))
 def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
     """Every weight's code and its sub-block's numbers where the layout puts them, the file's fp16 bytes as they
     are, and the super-blocks read as gguf's own dequantization reads them."""
@@ -256,16 +258,18 @@ def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
     assert np.array_equal(weight.rows(np.arange(n)[::-1]).dequantize(), expected[::-1])
     codes, scales = block_kquant.pack(weight)
     gathered, _, _ = weight.gathered()
-    q = gathered.reshape(n, k).astype(np.int16) + (32 if kind == "Q6_K" else 0)  # Q6_K's unsigned 6-bit codes
-    assert scales.shape == (3, 2, 288 if kind == "Q6_K" else 320) and not codes[2].reshape(-1, 64)[:, 32:].any()
-    fp16 = 1 if kind == "Q6_K" else 2  # d (and dmin) of the 16 columns, then a byte per column and sub-block
+    signed = kind in block_kquant.SIGNED
+    q = gathered.reshape(n, k).astype(np.int16) + block_kquant.ZERO.get(kind, 0)  # Q6_K's, Q3_K's unsigned codes
+    assert scales.shape == (3, 2, 288 if signed else 320) and not codes[2].reshape(-1, 64)[:, 32:].any()
+    fp16 = 1 if signed else 2  # d (and dmin) of the 16 columns, then a byte per column and sub-block
     halves, small = scales[2, :, :32 * fp16].reshape(2, fp16, 16, 2), scales[2, :, 32 * fp16:].reshape(2, -1, 16)
     assert not halves[:, :, 8:].any() and not small[:, :, 8:].any() and small[:, :, :8].any()
     super_blocks = raw.reshape(n, 2, -1)
-    d_bytes = super_blocks[..., 208:210] if kind == "Q6_K" else super_blocks[..., 0:2]  # the file's fp16 d
+    at_d = block_kquant.HALVES[kind][0]
+    d_bytes = super_blocks[..., at_d:at_d + 2]  # the file's fp16 d
     for col, at in [(0, 0), (3, 5), (9, 63), (15, 36), (20, 7), (31, 300), (39, 511), (17, 255)]:
         g, j, s = col // 16, col % 16, at // 256
-        if kind != "Q6_K":
+        if not signed:
             assert _code(codes, g, j, at) == q[col, at]
             d, dmin, sc, m, _ = weight.minima_form()
             assert scales[g, s, 2 * j:2 * j + 2].tobytes() == d_bytes[col, s].tobytes() == d[col, s].tobytes()
@@ -278,10 +282,11 @@ def test_kquant_pack_carries_every_code_scale_and_minimum(kind: str) -> None:
             i = at % 16
             byte = unit[i // 8 * 64 + 4 * j + i % 4]
             low = byte >> 4 if i % 8 >= 4 else byte & 0x0F
-            assert low | (unit[128 + 4 * j + i % 4] >> (2 * (i // 4)) & 3) << 4 == q[col, at]
-            d, signed, _ = weight.q6_k()
+            high = unit[128 + 4 * j + i % 4] >> (2 * (i // 4)) & 3 if kind == "Q6_K" else 0  # Q3_K: 128 bytes
+            assert len(unit) == (192 if kind == "Q6_K" else 128) and low | high << 4 == q[col, at]
+            d, sub_scales, _ = weight.signed_form()
             assert scales[g, s, 2 * j:2 * j + 2].tobytes() == d_bytes[col, s].tobytes() == d[col, s].tobytes()
-            assert scales[g, s, 32 + 16 * (at % 256 // 16) + j].view(np.int8) == signed[col, s, at % 256 // 16]
+            assert scales[g, s, 32 + 16 * (at % 256 // 16) + j].view(np.int8) == sub_scales[col, s, at % 256 // 16]
     with pytest.raises(ValueError, match=r"whole \(super-\)blocks"):
         block_kquant.from_ggml(kind, raw[:, :10], n, 128)
 
@@ -296,7 +301,7 @@ def test_a_graph_off_the_contract_is_a_clear_error() -> None:
         session.run(None, {"x": np.zeros((1, 2, K), np.float32)})
     op, codes, scales = _pack(_weight("Q6_K", np.random.default_rng(6)))
     session = _session(_model((op, codes, scales[..., :-16]), 512))  # Q4_K's 320 bytes would be right for Q4_K
-    with pytest.raises(Exception, match=r"BlockKQuantMatMul: .*scales \[N/16, K/256, 288\] \(Q6_K\)"):
+    with pytest.raises(Exception, match=r"BlockKQuantMatMul: .*\(Q6_K\) or .*\(Q3_K\) and scales \[N/16, K/256, 288\]"):
         session.run(None, {"x": np.zeros((1, 2, 512), np.float32)})
     session = _session(_model((op, codes[:, :-1], scales), 512))
     with pytest.raises(Exception, match="BlockKQuantMatMul: K must be a multiple of 256"):
