@@ -1,5 +1,5 @@
 """Current: a tool the manual uses.
-edgespec.BlockQ4MatMul (Q4_0, Q4_1, Q5_0, Q5_1) and edgespec.BlockKQuantMatMul (Q3_K, Q4_K, Q5_K, Q6_K) against
+edgespec.BlockQ4MatMul (Q4_0, Q4_1, Q5_0, Q5_1) and edgespec.BlockKQuantMatMul (Q2_K … Q6_K) against
 MatMulNBits (4-bit, block 32, accuracy level 4) on the same GGUF blocks: time per product at 1–16 rows, and what
 each extra row costs.
 

@@ -10,9 +10,9 @@ random weights, written as F16 one tensor at a time (an 8B model is never held i
 by llama.cpp's own quantizer (``llama_model_quantize``) to the requested type, as a user's file would be (q4_k_m:
 llama.cpp's mix, Q4_K with Q6_K for the output matrix or tied embedding and some layers' attn_v and ffn_down;
 q4_0: Q4_0 with a Q6_K output matrix or tied embedding; q3_k_m: Q3_K with Q4_K, Q5_K and Q6_K in llama.cpp's
-places). Its tokenizer is synthetic: GPT-2 byte-level BPE (the 256 byte tokens, a few merges, ChatML's special
-tokens), padded with unused tokens to the real vocabulary size so the embedding and output matrices have the real
-shape.
+places; q2_k: Q2_K with Q3_K, Q4_K and Q6_K). Its tokenizer is synthetic: GPT-2 byte-level BPE (the 256 byte
+tokens, a few merges, ChatML's special tokens), padded with unused tokens to the real vocabulary size so the
+embedding and output matrices have the real shape.
 
 Llama 3.x's shapes carry their RoPE scaling factors as the real files do (a ``rope_freqs`` tensor) and name
 their real pre-tokenizer (``llama-bpe``); the GGUF → ONNX exporter (``edgespec export onnx FILE --quant gguf``)
@@ -100,7 +100,7 @@ SHAPES = {
     "qwen2.5-7b": Shape("qwen2", 28, 3584, 28, 4, 18944, 152064, 1000000.0, 1e-6, False, 32768, "qwen2",
                         qkv_bias=True),
 }
-QUANTS = {"f16": 1, "q4_0": 2, "q8_0": 7, "q3_k_m": 12, "q4_k_m": 15}  # llama_ftype values
+QUANTS = {"f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q3_k_m": 12, "q4_k_m": 15}  # llama_ftype values
 WEIGHT_STD = 0.02  # the models' initializer_range: activations stay O(1) through the random layers
 CHUNK = 1 << 24  # values generated at a time (64 MiB of float32)
 

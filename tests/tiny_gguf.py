@@ -221,7 +221,7 @@ def tiny_gguf(dst: Path, arch: str = "llama", seed: int = 0, rename_token: int |
 
 
 # llama.cpp's llama_ftype values of the mixes a test asks its quantizer for
-LLAMA_FTYPES = {"Q5_0": 8, "Q5_1": 9, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17}
+LLAMA_FTYPES = {"Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17}
 
 
 def llama_quantize(src: Path, dst: Path, ftype: str) -> Path:

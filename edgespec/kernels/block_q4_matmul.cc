@@ -41,6 +41,7 @@
 //         weight is (d·sc)·q − dmin·m. Q5_K: the same with 5-bit codes.
 //   Q6_K: 16 sub-blocks of 16, 6-bit codes u (q = u − 32), an int8 scale per sub-block, fp16 d; (d·scale)·q.
 //   Q3_K: Q6_K's form with 3-bit codes u (q = u − 4) and 6-bit scales sc (scale = sc − 32).
+//   Q2_K: 16 sub-blocks of 16, 2-bit codes q, 4-bit sc and m per sub-block, fp16 d and dmin; (d·sc)·q − dmin·m.
 // d·sc and dmin·m (11 significant bits × 6) and d·scale (11 × 8) are exact float32 products, made in the loop from
 // the file's numbers (once per group of 16 columns, for every row of the tile), so each sub-block is a Q4_1 or Q4_0
 // step with a float32 scale. The activations are quantized per block of 32 as above; per (row, column), sub-blocks in
@@ -48,6 +49,7 @@
 //   Q4_K, Q5_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(s·float(Σa), −(dmin·m), acc)
 //   Q6_K: acc = fma(float(Σ u·a − 32·Σa), s·(d·scale), acc)    (Σ over the sub-block's 16 k: two steps per s)
 //   Q3_K: acc = fma(float(Σ u·a − 4·Σa), s·(d·scale), acc)
+//   Q2_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(s·float(Σa), −(dmin·m), acc)   (Σ over 16 k)
 // (|Σ q·a| ≤ 32 · 31 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) and s·Σa one rounding, the fma
 // another.)
 // Q6_K's codes go into vpdpbusd unsigned (u ≤ 63: vpmaddubsw's pairs ≤ 2 · 63 · 127, no saturation), its sums
@@ -60,8 +62,9 @@
 // nibbles, then 64 bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i
 // (bits 0–1, 2–3, 4–5, 6–7); scales uint8 [N/16, K/256, 288]: the 16 fp16 d, then per sub-block the 16 int8 scales
 // (export/onnx/block_kquant.py packs them); Q3_K: B uint8 [N/16, K/16, 128], Q6_K's two chunks of nibbles alone (the
-// 3-bit codes: half the bytes of Q6_K's layout, simpler unpacking than three bits'), and Q6_K's scales. Output: float
-// [..., N].
+// 3-bit codes: half the bytes of Q6_K's layout, simpler unpacking than three bits'), and Q6_K's scales; Q2_K: B uint8
+// [N/16, K/16, 64], laid out as Q6_K's 64 bytes of high bits (the 2-bit codes), and scales uint8 [N/16, K/256, 576]:
+// the 16 fp16 d, the 16 fp16 dmin, then per sub-block the 16 sc and the 16 m. Output: float [..., N].
 
 #include "ops.h"  // onnxruntime's C++ API
 #include "block_products.h"  // quantize_rows, kTileRows, for_each_tile, ProductCall, add_product
@@ -123,22 +126,25 @@ constexpr int64_t kSubBlocks6 = kSuper / kHalf;
 // int8 scales.
 constexpr int64_t kQ4KBytes = 2 * kColumns * 2 + kSubBlocks4 * 2 * kColumns;  // 320
 constexpr int64_t kQ6KBytes = kColumns * 2 + kSubBlocks6 * kColumns;  // 288
-// Q6_K's codes per group and 16 k: two 64-byte chunks of low nibbles (as Q4's), then 64 bytes of 2-bit highs; Q3_K's
-// the two chunks alone.
+constexpr int64_t kQ2KBytes = 2 * kColumns * 2 + kSubBlocks6 * 2 * kColumns;  // 576: Q4_K's order, 16 sub-blocks
+// The types in sub-blocks of 16, codes per group and 16 k: Q6_K's two 64-byte chunks of low nibbles (as Q4's), then 64
+// bytes of 2-bit highs; Q3_K's the two chunks alone; Q2_K's 64 bytes of 2-bit codes.
 constexpr int64_t kSixChunk = 3 * kChunk;
 template <int kBits>
-constexpr int64_t kSignedChunk = kBits == 6 ? kSixChunk : 2 * kChunk;
-// Q6_K's and Q3_K's code of 0: a weight is (d·scale)·(u − 32), (d·scale)·(u − 4).
+constexpr int64_t kSub16Chunk = kBits == 6 ? kSixChunk : kBits == 3 ? 2 * kChunk : kChunk;
+// Their code of 0: a weight is (d·scale)·(u − 32), (d·scale)·(u − 4), (d·sc)·q − dmin·m.
 template <int kBits>
-constexpr int32_t kSignedZero = kBits == 6 ? 32 : 4;
+constexpr int32_t kSub16Zero = kBits == 6 ? 32 : kBits == 3 ? 4 : 0;
+template <int kBits>
+constexpr int64_t kSub16Bytes = kBits == 2 ? kQ2KBytes : kQ6KBytes;
 
 struct KCall {
   const uint8_t* codes;  // [M][K]: the rows' int8 codes
   const float* row_scales;  // [M][K/32]
-  const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K, Q3_K)
+  const int32_t* half_sums;  // [M][K/16]: Σ of each half block's codes (Q6_K, Q3_K, Q2_K)
   const float* scaled_sums;  // [M][K/32]: each block's row scale · Σ of its codes (Q4_K, Q5_K)
   const uint8_t* weights;  // B
-  const uint8_t* scales;  // [N/16][K/256][kQ4KBytes or kQ6KBytes (Q6_K, Q3_K)]
+  const uint8_t* scales;  // [N/16][K/256][kQ4KBytes, kQ6KBytes (Q6_K, Q3_K) or kQ2KBytes]
   float* out;
   int64_t m, k, n;
 };
@@ -191,6 +197,15 @@ struct Lanes8 : edgespec_blocks::FloatLanes8 {
   }
   static Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
   static Float negate(Float a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  // Q2_K's 16 k of 8 columns as four vectors of 2-bit codes (k … k + 3, k + 4 …, k + 8 …, k + 12 …) from 32 bytes
+  // whose byte 4j + i holds them in bits 0–1, 2–3, 4–5, 6–7 (16-bit shifts: what crosses bytes is masked off).
+  static void two_bits(const uint8_t* p, Int* u) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), mask = _mm256_set1_epi8(0x03);
+    u[0] = _mm256_and_si256(v, mask);
+    u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), mask);
+    u[2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    u[3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), mask);
+  }
   // Q6_K's 16 k of 8 columns as four vectors of 6-bit codes (k … k + 3, k + 4 …, k + 8 …, k + 12 …): the low
   // nibbles of two 8-k chunks (at p and p + 64) or'ed with the 2-bit highs at p + 128 (bits 0–1, 2–3, 4–5, 6–7).
   // The shifts are 16-bit; what crosses into the neighbouring byte is masked off.
@@ -238,6 +253,13 @@ struct Lanes16 : edgespec_blocks::FloatLanes16 {
   static Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
   static Float negate(Float a) {
     return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
+  }
+  static void two_bits(const uint8_t* p, Int* u) {
+    const __m512i v = _mm512_loadu_si512(p), mask = _mm512_set1_epi8(0x03);
+    u[0] = _mm512_and_si512(v, mask);
+    u[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), mask);
+    u[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    u[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), mask);
   }
   static void six_bits(const uint8_t* p, Int* u) {
     const __m512i mask = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
@@ -297,6 +319,12 @@ struct Pair {
     V::Int lo[4], hi[4];
     V::six_bits(p, lo);
     V::six_bits(p + kChunk / 2, hi);
+    for (int i = 0; i < 4; ++i) u[i] = {lo[i], hi[i]};
+  }
+  static void two_bits(const uint8_t* p, Int* u) {
+    V::Int lo[4], hi[4];
+    V::two_bits(p, lo);
+    V::two_bits(p + kChunk / 2, hi);
     for (int i = 0; i < 4; ++i) u[i] = {lo[i], hi[i]};
   }
 };
@@ -462,13 +490,14 @@ void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
     for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
 }
 
-// Q6_K and Q3_K: per sub-block of 16 each row's integer sum of (u − 32)·a or (u − 4)·a, u the unsigned 6- or 3-bit
-// code (it starts at −32·Σa or −4·Σa of the half block), then one float step with d·scale; a block of 32 activations
-// spans two sub-blocks, both steps taking its row scale.
+// The types in sub-blocks of 16 (Q6_K, Q3_K, Q2_K): per sub-block each row's integer sum of (u − 32)·a, (u − 4)·a or
+// q·a, u the unsigned 6- or 3-bit code (the sums start at −32·Σa or −4·Σa of the half block), then a float step with
+// d·scale (Q2_K: d·sc, then its minimum's step with s·Σa of the half block, made here, one rounding); a block of 32
+// activations spans two sub-blocks, both steps taking its row scale.
 template <class V, int R, int G, int kBits>
-void panel_signed(const KCall& c, int64_t m0, int64_t n0) {
+void panel_sub16(const KCall& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const int64_t group_stride = halves * kSignedChunk<kBits>, scales_stride = c.k / kSuper * kQ6KBytes;
+  const int64_t group_stride = halves * kSub16Chunk<kBits>, scales_stride = c.k / kSuper * kSub16Bytes<kBits>;
   const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
   const uint8_t* scales = c.scales + n0 / kColumns * scales_stride;
   const uint8_t* codes = c.codes + m0 * c.k;
@@ -481,18 +510,20 @@ void panel_signed(const KCall& c, int64_t m0, int64_t n0) {
     const int64_t k = h * kHalf;
     typename V::Int u[G][4], sum[G][R];
     for (int g = 0; g < G; ++g) {
-      const uint8_t* unit = packed + g * group_stride + h * kSignedChunk<kBits>;
-      for (int64_t line = 0; line < kSignedChunk<kBits>; line += 64)
+      const uint8_t* unit = packed + g * group_stride + h * kSub16Chunk<kBits>;
+      for (int64_t line = 0; line < kSub16Chunk<kBits>; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
       if constexpr (kBits == 6) {
         V::six_bits(unit, u[g]);
-      } else {
+      } else if constexpr (kBits == 3) {
         V::nibbles(unit, u[g][0], u[g][1]);
         V::nibbles(unit + kChunk, u[g][2], u[g][3]);
+      } else {
+        V::two_bits(unit, u[g]);
       }
     }
     for (int r = 0; r < R; ++r) {
-      const typename V::Int start = V::splat(-kSignedZero<kBits> * half_sums[r * halves + h]);
+      const typename V::Int start = V::splat(-kSub16Zero<kBits> * half_sums[r * halves + h]);
       for (int g = 0; g < G; ++g) sum[g][r] = start;
     }
     for (int i = 0; i < 4; ++i)
@@ -501,10 +532,22 @@ void panel_signed(const KCall& c, int64_t m0, int64_t n0) {
         for (int g = 0; g < G; ++g) sum[g][r] = V::dot(sum[g][r], u[g][i], a);
       }
     for (int g = 0; g < G; ++g) {
-      const uint8_t* super = scales + g * scales_stride + h / kSubBlocks6 * kQ6KBytes;
-      const typename V::Float scale =
-          V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
-      for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + h / 2], scale);
+      const uint8_t* super = scales + g * scales_stride + h / kSubBlocks6 * kSub16Bytes<kBits>;
+      if constexpr (kBits == 2) {
+        const uint8_t* sub = super + 4 * kColumns + h % kSubBlocks6 * 2 * kColumns;
+        const typename V::Float scale = V::mul(V::load_half(super), V::widen_u8(sub));
+        const typename V::Float minimum =
+            V::mul(V::negate(V::load_half(super + 2 * kColumns)), V::widen_u8(sub + kColumns));
+        for (int r = 0; r < R; ++r) {
+          const float s = row_scales[r * blocks + h / 2];
+          acc[g][r] = V::step(acc[g][r], sum[g][r], s, scale);
+          acc[g][r] = V::fma(acc[g][r], s * static_cast<float>(half_sums[r * halves + h]), minimum);
+        }
+      } else {
+        const typename V::Float scale =
+            V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
+        for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + h / 2], scale);
+      }
     }
   }
   for (int g = 0; g < G; ++g)
@@ -514,8 +557,8 @@ void panel_signed(const KCall& c, int64_t m0, int64_t n0) {
 // A K-quant type's panel over R rows and G groups
 template <int kBits, int R, int G>
 constexpr PanelOf<KCall> kpanel() {
-  if constexpr (kBits == 6 || kBits == 3) {
-    return panel_signed<GroupLanes, R, G, kBits>;
+  if constexpr (kBits == 6 || kBits == 3 || kBits == 2) {
+    return panel_sub16<GroupLanes, R, G, kBits>;
   } else {
     return panel_q4k<GroupLanes, R, G, kBits == 5>;
   }
@@ -579,32 +622,41 @@ inline float half_at(const uint8_t* p) {
   return edgespec_vec::widen(h);
 }
 
-// Q3_K, Q4_K, Q5_K and Q6_K the same way: each sub-block's integer sum, its scale (and Q4_K's and Q5_K's minimum) an
-// exact float product of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float
-// steps.
+// Q2_K … Q6_K the same way: each sub-block's integer sum, its scale (and Q2_K's, Q4_K's and Q5_K's minimum) an exact
+// float product of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float steps.
 template <int kBits>
 void kquant_columns(const KCall& c, int64_t n0) {
-  constexpr bool kSigned = kBits == 6 || kBits == 3;
+  constexpr bool kSub16 = kBits == 6 || kBits == 3 || kBits == 2;
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kSigned ? kQ6KBytes : kQ4KBytes);
+  const uint8_t* scales = c.scales + n0 / kColumns * (c.k / kSuper) * (kSub16 ? kSub16Bytes<kBits> : kQ4KBytes);
   for (int64_t m = 0; m < c.m; ++m)
     for (int64_t j = 0; j < kColumns; ++j) {
       float acc = 0.0f;
-      if constexpr (kSigned) {
-        const uint8_t* packed = c.weights + n0 / kColumns * halves * kSignedChunk<kBits>;
+      if constexpr (kSub16) {
+        const uint8_t* packed = c.weights + n0 / kColumns * halves * kSub16Chunk<kBits>;
         for (int64_t h = 0; h < halves; ++h) {
-          const uint8_t* unit = packed + h * kSignedChunk<kBits>;
-          int32_t dot = -kSignedZero<kBits> * c.half_sums[m * halves + h];
+          const uint8_t* unit = packed + h * kSub16Chunk<kBits>;
+          int32_t dot = -kSub16Zero<kBits> * c.half_sums[m * halves + h];
           for (int64_t i = 0; i < kHalf; ++i) {
-            const int32_t low = code_at<false>(unit, j, i);
-            const int32_t high =
-                kBits == 6 ? unit[2 * kChunk + j * kDepth / 2 + i % (kDepth / 2)] >> (2 * (i / 4)) & 0x03 : 0;
-            dot += (low | high << 4) * int32_t(static_cast<int8_t>(c.codes[m * c.k + h * kHalf + i]));
+            // Q6_K's and Q2_K's 2-bit parts: byte 4j + i % 4 of their 64 bytes, bits 2·(i / 4)
+            const uint8_t* twos = unit + (kBits == 6 ? 2 * kChunk : 0);
+            const int32_t two = twos[j * kDepth / 2 + i % (kDepth / 2)] >> (2 * (i / 4)) & 0x03;
+            const int32_t code = kBits == 2 ? two : code_at<false>(unit, j, i) | (kBits == 6 ? two << 4 : 0);
+            dot += code * int32_t(static_cast<int8_t>(c.codes[m * c.k + h * kHalf + i]));
           }
-          const uint8_t* super = scales + h / kSubBlocks6 * kQ6KBytes;
-          const auto sub_scale = static_cast<int8_t>(super[2 * kColumns + h % kSubBlocks6 * kColumns + j]);
-          const float scale = half_at(super + 2 * j) * static_cast<float>(sub_scale);
-          acc = std::fma(static_cast<float>(dot), c.row_scales[m * blocks + h / 2] * scale, acc);
+          const uint8_t* super = scales + h / kSubBlocks6 * kSub16Bytes<kBits>;
+          const float s = c.row_scales[m * blocks + h / 2];
+          if constexpr (kBits == 2) {
+            const uint8_t* sub = super + 4 * kColumns + h % kSubBlocks6 * 2 * kColumns;
+            const float scale = half_at(super + 2 * j) * static_cast<float>(sub[j]);
+            const float minimum = -half_at(super + 2 * kColumns + 2 * j) * static_cast<float>(sub[kColumns + j]);
+            acc = std::fma(static_cast<float>(dot), s * scale, acc);
+            acc = std::fma(s * static_cast<float>(c.half_sums[m * halves + h]), minimum, acc);
+          } else {
+            const auto sub_scale = static_cast<int8_t>(super[2 * kColumns + h % kSubBlocks6 * kColumns + j]);
+            const float scale = half_at(super + 2 * j) * static_cast<float>(sub_scale);
+            acc = std::fma(static_cast<float>(dot), s * scale, acc);
+          }
         }
       } else {
         constexpr bool kFive = kBits == 5;
@@ -671,15 +723,23 @@ struct BlockKQuantMatMulKernel {
     edgespec_blocks::ProductCall p(context, kName);
     const std::vector<int64_t>& b_shape = p.b_shape;
     const std::vector<int64_t>& s_shape = p.s_shape;
-    // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles), 320 per 32 k (Q5_K's nibbles and fifth
-    // bits), 192 per 16 k (Q6_K's six bits), 128 per 16 k (Q3_K's codes in nibbles).
+    // B's last axis tells the type: 64 bytes per 8 k (Q4_K's nibbles; per 16 k Q2_K's two bits, told by its
+    // scales), 320 per 32 k (Q5_K's nibbles and fifth bits), 192 per 16 k (Q6_K's six bits), 128 per 16 k (Q3_K's
+    // codes in nibbles).
     const int64_t unit = b_shape.size() == 3 ? b_shape[2] : 0;
-    const int bits =
-        unit == kChunk ? 4 : unit == kUnit<true> ? 5 : unit == kSixChunk ? 6 : unit == kSignedChunk<3> ? 3 : 0;
-    const bool sub16 = bits == 6 || bits == 3;  // sub-blocks of 16: Q6_K's scales and half-block sums
-    if (p.a_shape.empty() || bits == 0 || s_shape.size() != 3 || s_shape[2] != (sub16 ? kQ6KBytes : kQ4KBytes))
+    const bool q2k = unit == kChunk && s_shape.size() == 3 && s_shape[2] == kQ2KBytes;
+    const int bits = q2k                      ? 2
+                     : unit == kChunk         ? 4
+                     : unit == kUnit<true>    ? 5
+                     : unit == kSixChunk      ? 6
+                     : unit == kSub16Chunk<3> ? 3
+                                              : 0;
+    const bool sub16 = bits == 6 || bits == 3 || bits == 2;  // sub-blocks of 16: half-block sums
+    const int64_t scale_bytes = bits == 2 ? kQ2KBytes : sub16 ? kQ6KBytes : kQ4KBytes;
+    if (p.a_shape.empty() || bits == 0 || s_shape.size() != 3 || s_shape[2] != scale_bytes)
       p.fail("A must be [..., K], B [N/16, K/8, 64] (Q4_K) or [N/16, K/32, 320] (Q5_K) and scales [N/16, K/256, "
-             "320], or B [N/16, K/16, 192] (Q6_K) or [N/16, K/16, 128] (Q3_K) and scales [N/16, K/256, 288]");
+             "320], or B [N/16, K/16, 192] (Q6_K) or [N/16, K/16, 128] (Q3_K) and scales [N/16, K/256, 288], or B "
+             "[N/16, K/16, 64] and scales [N/16, K/256, 576] (Q2_K)");
     const int64_t k = p.a_shape.back(), n = b_shape[0] * kColumns;
     const int64_t depth = bits == 4 ? kDepth : bits == 5 ? kBlock : kHalf;  // k per B row
     if (k % kSuper != 0 || b_shape[1] * depth != k || s_shape[0] != b_shape[0] || s_shape[1] != k / kSuper)
@@ -689,11 +749,13 @@ struct BlockKQuantMatMulKernel {
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, sub16);
     KCall call{q.codes, q.scales, q.half_sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(),
                p.s.GetTensorData<uint8_t>(), out, p.m, k, n};
-    const auto run = bits == 3   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<3>>
+    const auto run = bits == 2   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<2>>
+                     : bits == 3 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<3>>
                      : bits == 4 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
                      : bits == 5 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<5>>
                                  : &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<6>>;
-    const int64_t per_task = bits == 3   ? groups_per_task<3>(p.m)
+    const int64_t per_task = bits == 2   ? groups_per_task<2>(p.m)
+                             : bits == 3 ? groups_per_task<3>(p.m)
                              : bits == 4 ? groups_per_task<4>(p.m)
                              : bits == 5 ? groups_per_task<5>(p.m)
                                          : groups_per_task<6>(p.m);

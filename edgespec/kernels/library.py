@@ -8,8 +8,8 @@ costs one row, a verify batch reads each key once, and a row's result is the sam
 verify batch sharing each weight load; int8 exports use it where it is faster here (``export/onnx/block_int8.py``).
 ``edgespec.BlockQ4MatMul`` (``kernels/block_q4_matmul.cc``): a GGUF's Q4_0 / Q4_1 (and Q5_0 / Q5_1) blocks as
 llama.cpp computes them (int8 activations per block), the rows of a verify batch sharing each weight load
-(``export/onnx/block_q4.py``); ``edgespec.BlockKQuantMatMul`` (the same file): its Q3_K / Q4_K / Q5_K / Q6_K
-super-blocks likewise (``export/onnx/block_kquant.py``).
+(``export/onnx/block_q4.py``); ``edgespec.BlockKQuantMatMul`` (the same file): its Q2_K … Q6_K super-blocks
+likewise (``export/onnx/block_kquant.py``).
 ``edgespec.SwiGlu`` (``kernels/swiglu.cc``): a Llama MLP's silu(gate) · up in one op instead of three.
 
 Like llama.cpp it is compiled once per machine (``make setup`` runs ``edgespec build-kernel``, ~10 s; else the first

@@ -9,6 +9,8 @@ A super-block holds 256 weights of one row, a block 32 (llama.cpp's ggml-common.
 - Q5_K (176 bytes): Q4_K's, with 32 bytes of the codes' fifth bits before the 128 of their low 4: q is 5 bits.
 - Q6_K (210 bytes): 128 bytes of the codes' low 4 bits, 64 of their high 2, 16 int8 scales for 16 sub-blocks of 16,
   fp16 ``d``; a weight is ``(d·scale)·(u − 32)``, u the 6-bit code.
+- Q2_K (84 bytes): 16 bytes of 4-bit scales ``sc`` and minima ``m`` (low and high nibble) for 16 sub-blocks of 16,
+  64 bytes of 2-bit codes q, fp16 ``d`` and ``dmin``; a weight is ``(d·sc)·q − dmin·m``.
 - Q3_K (110 bytes): 32 bytes of the codes' high bits, 64 of their low 2, 12 bytes of 6-bit scales ``sc`` for 16
   sub-blocks of 16, fp16 ``d``; a weight is ``(d·(sc − 32))·(u − 4)``, u the 3-bit code. Carried as Q6_K's loop with
   4-bit codes (no high bits; 4.6 bits a weight with the scales, against the file's 3.4).
@@ -18,10 +20,10 @@ A super-block holds 256 weights of one row, a block 32 (llama.cpp's ggml-common.
 Q4_0 / Q4_1 / Q8_0 are carried elsewhere (``block_weights``: MatMulNBits or BlockQ4MatMul); these have no
 MatMulNBits form, so an export that does not run edgespec's kernels dequantizes them.
 
-``d·sc``, ``dmin·m``, ``d·(sc − 32)`` (11 significant bits × 6) and ``d·scale`` (11 × 8) are exact in float32, so
-the op rounds nothing llama.cpp's own products would not: each activation row quantized per block of 32 to int8, an
-exact integer sum per sub-block (or block), then a float step per sub-block (the kernel's comment has the rounding
-order).
+``d·sc``, ``dmin·m``, ``d·(sc − 32)`` (11 significant bits × at most 6) and ``d·scale`` (11 × 8) are exact in
+float32, so the op rounds nothing llama.cpp's own products would not: each activation row quantized per block of 32
+to int8, an exact integer sum per sub-block (or block), then a float step per sub-block (the kernel's comment has the
+rounding order).
 The packed numbers are the file's: the fp16 ``d`` / ``dmin`` / ``m`` bytes and the small integers, moved into the
 op's order.
 """
@@ -37,13 +39,14 @@ from edgespec.kernels import library as custom_ops
 from .block_q4 import COLUMNS, block_scales, five_bits, nibbles
 
 SUPER = 256  # weights per super-block along K
-KINDS = ("Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+KINDS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
 SIGNED = ("Q3_K", "Q6_K")  # sub-blocks of 16, a signed scale each, no minimum
-SPAN = {"Q3_K": SUPER, "Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER, "Q5_0": 32, "Q5_1": 32}  # weights per block
-BYTES = {"Q3_K": SUPER // 8 + SUPER // 4 + 12 + 2, "Q4_K": 2 + 2 + 12 + SUPER // 2,
-         "Q5_K": 2 + 2 + 12 + SUPER // 8 + SUPER // 2, "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2,
-         "Q5_0": 2 + 4 + 16, "Q5_1": 2 + 2 + 4 + 16}
-HALVES = {"Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,),
+SPAN = {"Q2_K": SUPER, "Q3_K": SUPER, "Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER, "Q5_0": 32,
+        "Q5_1": 32}  # weights per (super-)block along K
+BYTES = {"Q2_K": SUPER // 16 + SUPER // 4 + 2 + 2, "Q3_K": SUPER // 8 + SUPER // 4 + 12 + 2,
+         "Q4_K": 2 + 2 + 12 + SUPER // 2, "Q5_K": 2 + 2 + 12 + SUPER // 8 + SUPER // 2,
+         "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2, "Q5_0": 2 + 4 + 16, "Q5_1": 2 + 2 + 4 + 16}
+HALVES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,),
           "Q5_1": (0, 2)}  # where d (dmin, m) stand
 ZERO = {"Q3_K": 4, "Q6_K": 32}  # the signed kinds' code of 0
 OPS = {kind: custom_ops.KQUANT_PRODUCTS_OP if kind.endswith("_K") else custom_ops.Q4_PRODUCTS_OP for kind in KINDS}
@@ -68,7 +71,10 @@ class KQuantWeight:
         return KQuantWeight(self.kind, self.blocks[order])
 
     def minima_form(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Q4_K's and Q5_K's numbers: d, dmin (float16 [N, S]), sc, m (uint8 [N, S, 8]), q (uint8 [N, S, 8, 32])."""
+        """Q4_K's and Q5_K's numbers: d, dmin (float16 [N, S]), sc, m (uint8 [N, S, 8]), q (uint8 [N, S, 8, 32]);
+        Q2_K's (``q2_k``)."""
+        if self.kind == "Q2_K":
+            return self.q2_k()
         b = self.blocks
         n, s = b.shape[:2]
         low, high, both = b[..., 4:8], b[..., 8:12], b[..., 12:16]  # llama.cpp's get_scale_min_k4
@@ -107,6 +113,18 @@ class KQuantWeight:
         high = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03).reshape(n, s, 2, 128)
         return d, scales, (low | high << 4).reshape(n, s, 16, 16)
 
+    def q2_k(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Q2_K's numbers: d, dmin (float16 [N, S]), sc, m (uint8 [N, S, 16]), q (the 2-bit codes, uint8
+        [N, S, 16, 16])."""
+        b = self.blocks
+        n, s = b.shape[:2]
+        small, qs = b[..., :16], b[..., 16:80].reshape(n, s, 2, 1, 32)
+        # llama.cpp's dequantize_row_q2_K: weight 128h + 32j + 16t + l is (qs[32h + 16t + l] >> 2j) & 3, in
+        # sub-block 8h + 2j + t, whose byte holds sc in its low nibble and m in its high one
+        q = (qs >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 0x03  # [N, S, h, j, 32]
+        d, dmin = self._halves()
+        return d, dmin, small & 0x0F, small >> 4, q.reshape(n, s, 16, 16)
+
     def q3_k(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q3_K's numbers: d (float16 [N, S]), scales sc − 32 (int8 [N, S, 16]), u (the 3-bit codes, uint8
         [N, S, 16, 16])."""
@@ -140,11 +158,12 @@ class KQuantWeight:
             if m is None:
                 return (q.astype(np.int16) - 16).astype(np.int8), scale, None
             return q, scale, m.astype(np.float32)[..., None]
-        if self.kind in ("Q4_K", "Q5_K"):
+        if self.kind in ("Q2_K", "Q4_K", "Q5_K"):
             d, dmin, sc, m, q = self.minima_form()
+            subs = sc.shape[-1]
             scale = d.astype(np.float32)[..., None] * sc.astype(np.float32)  # exact: 11 × 6 bits
             minimum = -(dmin.astype(np.float32)[..., None] * m.astype(np.float32))
-            return q.reshape(n, s * 8, 32), scale.reshape(n, s * 8, 1), minimum.reshape(n, s * 8, 1)
+            return q.reshape(n, s * subs, -1), scale.reshape(n, s * subs, 1), minimum.reshape(n, s * subs, 1)
         d, scales, u = self.signed_form()
         scale = d.astype(np.float32)[..., None] * scales.astype(np.float32)  # exact: 11 × 8 bits
         codes = (u.astype(np.int16) - ZERO[self.kind]).astype(np.int8)
@@ -185,6 +204,15 @@ def _halves(d: np.ndarray, extra: int) -> np.ndarray:
     return np.ascontiguousarray(g).view(np.uint8)
 
 
+def _two_bits(u: np.ndarray, extra: int) -> np.ndarray:
+    """Codes of 2 bits, uint8 [N, K] → per group of 16 columns and 16 k, 64 bytes whose byte 4j + i holds column j's
+    codes of k + i, k + 4 + i, k + 8 + i and k + 12 + i in bits 0–1, 2–3, 4–5, 6–7: uint8 [N′/16, K/16, 64]."""
+    k = u.shape[1]
+    two = _columns(u, extra).reshape(-1, COLUMNS, k // 16, 4, 4)  # [G, j, unit, quarter, i]
+    packed = sum(two[:, :, :, t] << (2 * t) for t in range(4)).astype(np.uint8)  # [G, j, unit, i]
+    return packed.transpose(0, 2, 1, 3).reshape(-1, k // 16, 64)
+
+
 def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
     """A carried weight → its op's (``OPS``) B and scales, N′ being N rounded up to 16 (the extra columns zeros, which
     the graph drops). Nothing is rounded.
@@ -196,7 +224,8 @@ def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
     bytes whose byte 4j + i holds column j's high 2 bits of k + i, k + 4 + i, k + 8 + i and k + 12 + i (bits 0–1,
     2–3, 4–5, 6–7); scales uint8 [N′/16, K/256, 288], the 16 fp16 d, then per sub-block the 16 int8 scales.
     Q3_K: B [N′/16, K/16, 128], Q6_K's without the high bits (the 3-bit codes in the nibbles); scales as Q6_K's, the
-    int8 scales sc − 32.
+    int8 scales sc − 32. Q2_K: B [N′/16, K/16, 64], laid out as Q6_K's high bits (the 2-bit codes); scales uint8
+    [N′/16, K/256, 576], the 16 fp16 d, the 16 fp16 dmin, then per sub-block of 16 the 16 sc and the 16 m.
     Q5_0 / Q5_1: B as Q5_K's, scales float16 [N′/16, K/32, 16] (d) or [N′/16, K/32, 32] (the 16 d, then the 16 m),
     as BlockQ4MatMul's Q4_0 / Q4_1."""
     n, k = weight.shape
@@ -206,22 +235,24 @@ def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
         d, m, q = weight.q5()
         codes = five_bits(np.pad(q.reshape(n, k), ((0, extra), (0, 0))))
         return codes, block_scales([d] if m is None else [d, m], extra)
-    if weight.kind in ("Q4_K", "Q5_K"):
+    if weight.kind in ("Q2_K", "Q4_K", "Q5_K"):
         d, dmin, sc, m, q = weight.minima_form()
-        padded = np.pad(q.reshape(n, k), ((0, extra), (0, 0)))
-        codes = five_bits(padded) if weight.kind == "Q5_K" else nibbles(padded)
-        small = np.stack([_columns(sc, extra), _columns(m, extra)], axis=3)  # [G, 16, S, 2, 8]
-        small = small.transpose(0, 2, 4, 3, 1).reshape(groups, supers, 8 * 2 * COLUMNS)
+        q = q.reshape(n, k)
+        padded = np.pad(q, ((0, extra), (0, 0)))
+        codes = {"Q2_K": lambda: _two_bits(q, extra), "Q4_K": lambda: nibbles(padded),
+                 "Q5_K": lambda: five_bits(padded)}[weight.kind]()
+        subs = sc.shape[-1]  # sub-blocks per super-block: 16 (Q2_K) or 8
+        small = np.stack([_columns(sc, extra), _columns(m, extra)], axis=3)  # [G, 16, S, 2, subs]
+        small = small.transpose(0, 2, 4, 3, 1).reshape(groups, supers, subs * 2 * COLUMNS)
         scales = np.concatenate([_halves(d, extra), _halves(dmin, extra), small], axis=2)
     else:
         d, signed, u = weight.signed_form()
-        u = _columns(u.reshape(n, k), extra).reshape(groups, COLUMNS, k // 16, 2, 2, 4)  # [G, j, unit, chunk, half, i]
-        low = (u[..., 0, :] & 0x0F) | (u[..., 1, :] & 0x0F) << 4  # [G, j, unit, chunk, i]
+        u = u.reshape(n, k)
+        chunks = _columns(u, extra).reshape(groups, COLUMNS, k // 16, 2, 2, 4)  # [G, j, unit, chunk, half, i]
+        low = (chunks[..., 0, :] & 0x0F) | (chunks[..., 1, :] & 0x0F) << 4  # [G, j, unit, chunk, i]
         codes = low.transpose(0, 2, 3, 1, 4).reshape(groups, k // 16, 2 * 64)
         if weight.kind == "Q6_K":
-            high = (u >> 4).reshape(groups, COLUMNS, k // 16, 4, 4)  # [G, j, unit, quarter, i]
-            high = sum(high[:, :, :, t] << (2 * t) for t in range(4)).astype(np.uint8)  # [G, j, unit, i]
-            codes = np.concatenate([codes, high.transpose(0, 2, 1, 3).reshape(groups, k // 16, 64)], axis=2)
+            codes = np.concatenate([codes, _two_bits(u >> 4, extra)], axis=2)
         small = _columns(signed, extra).transpose(0, 2, 3, 1).reshape(groups, supers, 16 * COLUMNS)
         scales = np.concatenate([_halves(d, extra), small.view(np.uint8)], axis=2)
     return np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales, np.uint8)

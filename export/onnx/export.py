@@ -3,10 +3,10 @@
 A GGUF of a mapped architecture (``gguf_source.ARCHITECTURES``: llama — Llama 2/3.x, Mistral, SmolLM2 —,
 Qwen2/2.5, Qwen3, Phi-3, Gemma 2 and 3) is read with the ``gguf`` package alone (``gguf_source``: no torch, no
 transformers), and by default (``quant="gguf"``) its Q4_0 / Q4_1 / Q8_0 blocks are carried into MatMulNBits or
-edgespec's 4-bit products as they are (``block_weights``, ``block_q4``), and under edgespec's kernels its Q3_K /
-Q4_K / Q5_K / Q6_K super-blocks and Q5_0 / Q5_1 blocks too (``block_kquant``); tensors of other types are
-dequantized and quantized to 8 bits. Other sources (Hugging Face folders, GGUFs of other architectures) go through
-transformers (``hf``, the ``export-hf`` extra).
+edgespec's 4-bit products as they are (``block_weights``, ``block_q4``), and under edgespec's kernels its Q2_K …
+Q6_K super-blocks and Q5_0 / Q5_1 blocks too (``block_kquant``); tensors of other types are dequantized and
+quantized to 8 bits. Other sources (Hugging Face folders, GGUFs of other architectures) go through transformers
+(``hf``, the ``export-hf`` extra).
 
 FP32 graphs are written first; ``fp16`` stores weights in half precision (cast back to float32 when the
 session loads, so compute stays float32); ``int8``/``int4`` quantize every MatMul weight with
@@ -148,8 +148,8 @@ def export_onnx(src: str | os.PathLike[str], out: Path, quant: str | None = None
     ``products``: 8-bit products at block size 32 and level 4 as "edgespec" (``edgespec.BlockInt8MatMul``, in the
     kernel's library: needs attention "exact"), "nbits" (MatMulNBits) or "auto": whichever one layer's products
     run faster here (``block_int8.choose``). A GGUF's carried Q4_0 / Q4_1 blocks are ``edgespec.BlockQ4MatMul``
-    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded); its Q3_K / Q4_K / Q5_K /
-    Q6_K super-blocks are ``edgespec.BlockKQuantMatMul`` there and its Q5_0 / Q5_1 blocks ``edgespec.BlockQ4MatMul``,
+    under attention "exact" unless ``products`` is "nbits" (MatMulNBits, single rows padded); its Q2_K … Q6_K
+    super-blocks are ``edgespec.BlockKQuantMatMul`` there and its Q5_0 / Q5_1 blocks ``edgespec.BlockQ4MatMul``,
     and they are dequantized and quantized to 8 bits otherwise.
     """
     path = resolve_source(src)

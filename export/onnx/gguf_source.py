@@ -8,8 +8,8 @@ frequency divided by its factor), and Gemma's norms are stored as ``1 + w`` (the
 tensor the writer would not use (biases it has no place for, experts, LongRoPE factors) is refused by name
 rather than dropped.
 
-Q4_0 / Q4_1 / Q8_0 tensors come back as ``BlockWeight`` (carried, nothing rounded) when asked to, and Q3_K / Q4_K /
-Q5_K / Q6_K / Q5_0 / Q5_1 ones as ``KQuantWeight`` where the graphs run them with edgespec's kernels (``kquants``);
+Q4_0 / Q4_1 / Q8_0 tensors come back as ``BlockWeight`` (carried, nothing rounded) when asked to, and Q2_K … Q6_K /
+Q5_0 / Q5_1 ones as ``KQuantWeight`` where the graphs run them with edgespec's kernels (``kquants``);
 every other type is dequantized to float32 by gguf's reference code, one tensor at a time from the memory-mapped file.
 For the llama architecture llama.cpp's converter permutes the rows of q and k so that rotary pairs are adjacent (its
 "normal" RoPE); the graphs rotate halves (GroupQueryAttention, ``rotary_interleaved=0``, as transformers does and as

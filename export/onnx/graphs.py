@@ -41,8 +41,8 @@ GRAPHS_REVISION = 15  # 2: calls padded to attention_min_total keys (Gemma 3 bat
 # edgespec.BlockQ4MatMul under the exact attention (nothing padded); 13: its Q4_K / Q6_K super-blocks as
 # edgespec.BlockKQuantMatMul (q|k|v and gate|up of mixed types as one product per run of a type), the embedding's
 # gathered and dequantized as llama.cpp does; 14: its Q5_K super-blocks as BlockKQuantMatMul and Q5_0 / Q5_1 blocks as
-# BlockQ4MatMul (they were dequantized and quantized to 8 bits); 15: its Q3_K super-blocks as BlockKQuantMatMul
-# (were dequantized and quantized to 8 bits)
+# BlockQ4MatMul (they were dequantized and quantized to 8 bits); 15: its Q2_K and Q3_K super-blocks as
+# BlockKQuantMatMul (were dequantized and quantized to 8 bits)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""Q3_K_M-, Q4_K_M- and Q5_K_M-shaped GGUFs → ONNX with their Q3_K, Q4_K, Q5_K and Q6_K super-blocks carried into
+"""Q2_K-, Q3_K_M-, Q4_K_M- and Q5_K_M-shaped GGUFs → ONNX with their K-quant super-blocks (Q2_K … Q6_K) carried into
 edgespec.BlockKQuantMatMul (nothing re-quantized): a tiny random llama written here (hidden size 256, the K-quants'
 super-block; q, k, o, gate and up Q4_K, v, one layer's down and the tied embedding Q6_K, as llama.cpp's Q4_K_M mixes
-them), and the same model in float32 quantized to Q3_K_M and Q5_K_M by llama.cpp's own quantizer; Q5_0 and Q5_1 blocks
-(edgespec.BlockQ4MatMul) beside the other types. Each against llama.cpp on the same file; every position's logits
-the same alone, in a verify batch and in a prefill; greedy speculation equal to target-only decoding."""
+them), and the same model in float32 quantized to Q2_K, Q3_K_M and Q5_K_M by llama.cpp's own quantizer; Q5_0 and
+Q5_1 blocks (edgespec.BlockQ4MatMul) beside the other types. Each against llama.cpp on the same file; every
+position's logits the same alone, in a verify batch and in a prefill; greedy speculation equal to target-only
+decoding."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ FILES = {"q4_k_m": ({"Q4_K": 10, "Q6_K": 5, "F32": 5}, [5, 6]),
          # llama.cpp's Q5_K_M here: Q5_K, with Q6_K for layer 1's v and down and the tied embedding
          "q5_k_m": ({"Q5_K": 12, "Q6_K": 3, "F32": 5}, [4, 5]),
          # llama.cpp's Q3_K_M here: Q3_K q, k, gate and up, Q4_K o and down, Q5_K v, the tied embedding Q6_K
-         "q3_k_m": ({"Q3_K": 8, "Q4_K": 4, "Q5_K": 2, "Q6_K": 1, "F32": 5}, [5, 5])}
+         "q3_k_m": ({"Q3_K": 8, "Q4_K": 4, "Q5_K": 2, "Q6_K": 1, "F32": 5}, [5, 5]),
+         # llama.cpp's Q2_K here: Q2_K q, k, gate and up, Q3_K v, o and down, the tied embedding Q6_K
+         "q2_k": ({"Q2_K": 8, "Q3_K": 6, "Q6_K": 1, "F32": 5}, [5, 5])}
 
 
 @pytest.fixture(scope="module", params=list(FILES))
@@ -71,12 +74,12 @@ def test_every_k_quant_is_carried_into_the_op(tiny: tuple[Path, Path, dict]) -> 
     options = manifest["quant_options"]
     assert options["kquant_products"] == custom_ops.KQUANT_PRODUCTS and "four_bit_products" not in options
     assert options["single_row_padding"] == "none" and custom_ops.needs_library(manifest)
-    assert {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"} <= set(options["carried"])
+    assert {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"} <= set(options["carried"])
     ops = {name: [n.op_type for n in onnx.load(str(folder / name)).graph.node]
            for name in ("embed.onnx", "layer_00.onnx", "layer_01.onnx", "head.onnx")}
     assert not any(op in ("MatMul", "MatMulNBits") for nodes in ops.values() for op in nodes), ops
     # Q4_K_M: q|k (Q4_K) and v (Q6_K); o; gate|up (layer 1: Q6_K gate, Q4_K up); down; the tied Q6_K head.
-    # Q5_K_M: q|k|v; o; gate|up; down (layer 1: q|k and v, down Q6_K). Q3_K_M: q|k and v; o; gate|up; down.
+    # Q5_K_M: q|k|v; o; gate|up; down (layer 1: q|k and v, down Q6_K). Q3_K_M and Q2_K: q|k and v; o; gate|up; down.
     assert [ops[f"layer_0{i}.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) for i in range(2)] == per_layer
     assert ops["head.onnx"].count(custom_ops.KQUANT_PRODUCTS_OP) == 1 and "Gather" in ops["embed.onnx"]
 
