@@ -197,6 +197,18 @@ struct Lanes8 : edgespec_blocks::FloatLanes8 {
   }
   static Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
   static Float negate(Float a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  // Q3_K's and Q2_K's integer side: small numbers per column widened to 32 bits, products and sums of 32-bit lanes, and
+  // (Q2_K's minima) 16-bit pairs multiplied and added lane by lane
+  static Int widen_u8_int(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Int widen_i8_int(const uint8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Int mullo(Int a, Int b) { return _mm256_mullo_epi32(a, b); }
+  static Int add(Int a, Int b) { return _mm256_add_epi32(a, b); }
+  static Int pair16(Int low, Int high) { return _mm256_or_si256(low, _mm256_slli_epi32(high, 16)); }
+  static Int madd16(Int a, Int b) { return _mm256_madd_epi16(a, b); }
   // Q2_K's 16 k of 8 columns as four vectors of 2-bit codes (k … k + 3, k + 4 …, k + 8 …, k + 12 …) from 32 bytes
   // whose byte 4j + i holds them in bits 0–1, 2–3, 4–5, 6–7 (16-bit shifts: what crosses bytes is masked off).
   static void two_bits(const uint8_t* p, Int* u) {
@@ -254,6 +266,16 @@ struct Lanes16 : edgespec_blocks::FloatLanes16 {
   static Float negate(Float a) {
     return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
   }
+  static Int widen_u8_int(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Int widen_i8_int(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Int mullo(Int a, Int b) { return _mm512_mullo_epi32(a, b); }
+  static Int add(Int a, Int b) { return _mm512_add_epi32(a, b); }
+  static Int pair16(Int low, Int high) { return _mm512_or_si512(low, _mm512_slli_epi32(high, 16)); }
+  static Int madd16(Int a, Int b) { return _mm512_madd_epi16(a, b); }
   static void two_bits(const uint8_t* p, Int* u) {
     const __m512i v = _mm512_loadu_si512(p), mask = _mm512_set1_epi8(0x03);
     u[0] = _mm512_and_si512(v, mask);
@@ -321,6 +343,12 @@ struct Pair {
     V::six_bits(p + kChunk / 2, hi);
     for (int i = 0; i < 4; ++i) u[i] = {lo[i], hi[i]};
   }
+  static Int widen_u8_int(const uint8_t* p) { return {V::widen_u8_int(p), V::widen_u8_int(p + V::kWidth)}; }
+  static Int widen_i8_int(const uint8_t* p) { return {V::widen_i8_int(p), V::widen_i8_int(p + V::kWidth)}; }
+  static Int mullo(Int a, Int b) { return {V::mullo(a.lo, b.lo), V::mullo(a.hi, b.hi)}; }
+  static Int add(Int a, Int b) { return {V::add(a.lo, b.lo), V::add(a.hi, b.hi)}; }
+  static Int pair16(Int low, Int high) { return {V::pair16(low.lo, high.lo), V::pair16(low.hi, high.hi)}; }
+  static Int madd16(Int a, Int b) { return {V::madd16(a.lo, b.lo), V::madd16(a.hi, b.hi)}; }
   static void two_bits(const uint8_t* p, Int* u) {
     V::Int lo[4], hi[4];
     V::two_bits(p, lo);
@@ -334,11 +362,12 @@ static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 
 // A prefill's tiles (more rows than kTileRows): kWideRows rows against kWideGroups groups of 16 columns, so that each
 // activation broadcast serves kWideGroups products as each unpacked weight vector serves kWideRows rows. The sums and
-// accumulators of 6 rows × 2 groups, the 4 nibble vectors and a broadcast fill AVX-512's 32 registers; Q6_K's (and
-// Q3_K's) 8 code vectors leave room for 4, yet 5 rows (a few spilled) ran quicker; the 5-bit types' fifth bits leave no
-// room, and 2 groups of 3 to 6 rows ran no quicker than one group's 8 (docs/kernels.md). A verify batch keeps its one
-// tile over one group: every row then shares each weight load. The tile changes which products share a register, not
-// any row's or column's operations or their order.
+// accumulators of 6 rows × 2 groups, the 4 nibble vectors and a broadcast fill AVX-512's 32 registers; Q6_K's 8 code
+// vectors leave room for 4, yet 5 rows (a few spilled) ran quicker; the 5-bit types' fifth bits leave no room, and 2
+// groups of 3 to 6 rows ran no quicker than one group's 8 (docs/kernels.md); Q3_K's and Q2_K's block sums hold a third
+// set of registers, and 3 rows ran quicker than 4 or than one group's 8. A verify batch keeps its one tile over one
+// group: every row then shares each weight load. The tile changes which products share a register, not any row's or
+// column's operations or their order.
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 template <int kBits>
 constexpr int kWideGroups = kBits == 5 ? 1 : 2;
@@ -347,7 +376,7 @@ template <int kBits>
 constexpr int kWideGroups = 1;
 #endif
 template <int kBits>
-constexpr int kWideRows = kBits == 6 || kBits == 3 ? 5 : 6;
+constexpr int kWideRows = kBits == 6 ? 5 : kBits <= 3 ? 3 : 6;
 
 // Each row's integer sums over one block of 32 k added to sum, for G groups of 16 columns group_stride bytes apart:
 // the block's four chunks of 4-bit codes (k … k + 7, …, k + 24 … k + 31), with kFive each code's fifth bit from the 64
@@ -490,14 +519,13 @@ void panel_q4k(const KCall& c, int64_t m0, int64_t n0) {
     for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
 }
 
-// The types in sub-blocks of 16 (Q6_K, Q3_K, Q2_K): per sub-block each row's integer sum of (u − 32)·a, (u − 4)·a or
-// q·a, u the unsigned 6- or 3-bit code (the sums start at −32·Σa or −4·Σa of the half block), then a float step with
-// d·scale (Q2_K: d·sc, then its minimum's step with s·Σa of the half block, made here, one rounding); a block of 32
-// activations spans two sub-blocks, both steps taking its row scale.
-template <class V, int R, int G, int kBits>
-void panel_sub16(const KCall& c, int64_t m0, int64_t n0) {
+// Q6_K: per sub-block of 16 each row's integer sum of (u − 32)·a, u the unsigned 6-bit code (it starts at −32·Σa of
+// the half block), then one float step with d·scale; a block of 32 activations spans two sub-blocks, both steps
+// taking its row scale.
+template <class V, int R, int G>
+void panel_q6k(const KCall& c, int64_t m0, int64_t n0) {
   const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
-  const int64_t group_stride = halves * kSub16Chunk<kBits>, scales_stride = c.k / kSuper * kSub16Bytes<kBits>;
+  const int64_t group_stride = halves * kSixChunk, scales_stride = c.k / kSuper * kQ6KBytes;
   const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
   const uint8_t* scales = c.scales + n0 / kColumns * scales_stride;
   const uint8_t* codes = c.codes + m0 * c.k;
@@ -510,20 +538,13 @@ void panel_sub16(const KCall& c, int64_t m0, int64_t n0) {
     const int64_t k = h * kHalf;
     typename V::Int u[G][4], sum[G][R];
     for (int g = 0; g < G; ++g) {
-      const uint8_t* unit = packed + g * group_stride + h * kSub16Chunk<kBits>;
-      for (int64_t line = 0; line < kSub16Chunk<kBits>; line += 64)
+      const uint8_t* unit = packed + g * group_stride + h * kSixChunk;
+      for (int64_t line = 0; line < kSixChunk; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
-      if constexpr (kBits == 6) {
-        V::six_bits(unit, u[g]);
-      } else if constexpr (kBits == 3) {
-        V::nibbles(unit, u[g][0], u[g][1]);
-        V::nibbles(unit + kChunk, u[g][2], u[g][3]);
-      } else {
-        V::two_bits(unit, u[g]);
-      }
+      V::six_bits(unit, u[g]);
     }
     for (int r = 0; r < R; ++r) {
-      const typename V::Int start = V::splat(-kSub16Zero<kBits> * half_sums[r * halves + h]);
+      const typename V::Int start = V::splat(-32 * half_sums[r * halves + h]);
       for (int g = 0; g < G; ++g) sum[g][r] = start;
     }
     for (int i = 0; i < 4; ++i)
@@ -532,21 +553,81 @@ void panel_sub16(const KCall& c, int64_t m0, int64_t n0) {
         for (int g = 0; g < G; ++g) sum[g][r] = V::dot(sum[g][r], u[g][i], a);
       }
     for (int g = 0; g < G; ++g) {
-      const uint8_t* super = scales + g * scales_stride + h / kSubBlocks6 * kSub16Bytes<kBits>;
-      if constexpr (kBits == 2) {
-        const uint8_t* sub = super + 4 * kColumns + h % kSubBlocks6 * 2 * kColumns;
-        const typename V::Float scale = V::mul(V::load_half(super), V::widen_u8(sub));
-        const typename V::Float minimum =
-            V::mul(V::negate(V::load_half(super + 2 * kColumns)), V::widen_u8(sub + kColumns));
-        for (int r = 0; r < R; ++r) {
-          const float s = row_scales[r * blocks + h / 2];
-          acc[g][r] = V::step(acc[g][r], sum[g][r], s, scale);
-          acc[g][r] = V::fma(acc[g][r], s * static_cast<float>(half_sums[r * halves + h]), minimum);
+      const uint8_t* super = scales + g * scales_stride + h / kSubBlocks6 * kQ6KBytes;
+      const typename V::Float scale =
+          V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
+      for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + h / 2], scale);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) V::store(c.out + (m0 + r) * c.n + n0 + g * kColumns, acc[g][r]);
+}
+
+// Q3_K and Q2_K: their sub-block scales (and Q2_K's minima) are small integers, so a block of 32's two sub-blocks of
+// 16 are summed in integers, as llama.cpp sums them, and take one float step per block (a third of the float work
+// per weight of stepping each sub-block: their codes are few bits, and the steps would outweigh the dot products).
+// Per block each row's S = sc₀·Σ₀ + sc₁·Σ₁ (Q3_K: Σ (u − 4)·a, the sums starting at −4·Σa; Q2_K: Σ q·a) and Q2_K's
+// M = m₀·Σa₀ + m₁·Σa₁ (one vpmaddwd on 16-bit pairs), then acc = fma(float(S), s·d, acc) and Q2_K's
+// acc = fma(float(M), s·(−dmin), acc).
+template <class V, int R, int G, int kBits>
+void panel_small(const KCall& c, int64_t m0, int64_t n0) {
+  const int64_t blocks = c.k / kBlock, halves = c.k / kHalf;
+  const int64_t group_stride = halves * kSub16Chunk<kBits>, scales_stride = c.k / kSuper * kSub16Bytes<kBits>;
+  const uint8_t* packed = c.weights + n0 / kColumns * group_stride;
+  const uint8_t* scales = c.scales + n0 / kColumns * scales_stride;
+  const uint8_t* codes = c.codes + m0 * c.k;
+  const float* row_scales = c.row_scales + m0 * blocks;
+  const int32_t* half_sums = c.half_sums + m0 * halves;
+  typename V::Float acc[G][R];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = V::zero_float();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t sub0 = 2 * b % kSubBlocks6;  // the block's first sub-block in its super-block
+    typename V::Int total[G][R];
+    for (int64_t t = 0; t < 2; ++t) {
+      const int64_t h = 2 * b + t, k = h * kHalf;
+      typename V::Int u[G][4], sum[G][R], scale[G];
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* unit = packed + g * group_stride + h * kSub16Chunk<kBits>;
+        for (int64_t line = 0; line < kSub16Chunk<kBits>; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(unit + line + kPrefetchBytes), _MM_HINT_T1);
+        const uint8_t* super = scales + g * scales_stride + b / kSubBlocks4 * kSub16Bytes<kBits>;
+        if constexpr (kBits == 3) {
+          V::nibbles(unit, u[g][0], u[g][1]);
+          V::nibbles(unit + kChunk, u[g][2], u[g][3]);
+          scale[g] = V::widen_i8_int(super + 2 * kColumns + (sub0 + t) * kColumns);
+        } else {
+          V::two_bits(unit, u[g]);
+          scale[g] = V::widen_u8_int(super + 4 * kColumns + (sub0 + t) * 2 * kColumns);
         }
-      } else {
-        const typename V::Float scale =
-            V::mul(V::load_half(super), V::widen_i8(super + 2 * kColumns + h % kSubBlocks6 * kColumns));
-        for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], sum[g][r], row_scales[r * blocks + h / 2], scale);
+      }
+      for (int r = 0; r < R; ++r) {
+        const typename V::Int start = V::splat(-kSub16Zero<kBits> * half_sums[r * halves + h]);
+        for (int g = 0; g < G; ++g) sum[g][r] = start;
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int r = 0; r < R; ++r) {
+          const typename V::Int a = V::broadcast(codes + r * c.k + k + 4 * i);
+          for (int g = 0; g < G; ++g) sum[g][r] = V::dot(sum[g][r], u[g][i], a);
+        }
+      for (int g = 0; g < G; ++g)
+        for (int r = 0; r < R; ++r)
+          total[g][r] = t == 0 ? V::mullo(sum[g][r], scale[g]) : V::add(total[g][r], V::mullo(sum[g][r], scale[g]));
+    }
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* super = scales + g * scales_stride + b / kSubBlocks4 * kSub16Bytes<kBits>;
+      const typename V::Float d = V::load_half(super);
+      for (int r = 0; r < R; ++r) acc[g][r] = V::step(acc[g][r], total[g][r], row_scales[r * blocks + b], d);
+      if constexpr (kBits == 2) {
+        const uint8_t* minima = super + 4 * kColumns + sub0 * 2 * kColumns + kColumns;  // the block's m₀, then m₁
+        const typename V::Int pairs = V::pair16(V::widen_u8_int(minima), V::widen_u8_int(minima + 2 * kColumns));
+        const typename V::Float minimum = V::negate(V::load_half(super + 2 * kColumns));
+        for (int r = 0; r < R; ++r) {
+          const int32_t* sums = half_sums + r * halves + 2 * b;
+          const auto both =  // Σa₀ and Σa₁ (|Σa| ≤ 16 · 127) as a 16-bit pair
+              static_cast<int32_t>(static_cast<uint16_t>(sums[0]) | static_cast<uint32_t>(sums[1]) << 16);
+          acc[g][r] = V::step(acc[g][r], V::madd16(pairs, V::splat(both)), row_scales[r * blocks + b], minimum);
+        }
       }
     }
   }
@@ -557,8 +638,10 @@ void panel_sub16(const KCall& c, int64_t m0, int64_t n0) {
 // A K-quant type's panel over R rows and G groups
 template <int kBits, int R, int G>
 constexpr PanelOf<KCall> kpanel() {
-  if constexpr (kBits == 6 || kBits == 3 || kBits == 2) {
-    return panel_sub16<GroupLanes, R, G, kBits>;
+  if constexpr (kBits == 6) {
+    return panel_q6k<GroupLanes, R, G>;
+  } else if constexpr (kBits == 3 || kBits == 2) {
+    return panel_small<GroupLanes, R, G, kBits>;
   } else {
     return panel_q4k<GroupLanes, R, G, kBits == 5>;
   }
@@ -622,8 +705,9 @@ inline float half_at(const uint8_t* p) {
   return edgespec_vec::widen(h);
 }
 
-// Q2_K … Q6_K the same way: each sub-block's integer sum, its scale (and Q2_K's, Q4_K's and Q5_K's minimum) an exact
-// float product of the super-block's fp16 number and the sub-block's small integer, then the SIMD paths' float steps.
+// Q2_K … Q6_K the same way: each sub-block's (Q2_K's and Q3_K's: each block's) integer sums, its scale (and Q2_K's,
+// Q4_K's and Q5_K's minimum) an exact float product of the super-block's fp16 number and the sub-block's small
+// integer, or for Q2_K and Q3_K the fp16 number alone, then the SIMD paths' float steps.
 template <int kBits>
 void kquant_columns(const KCall& c, int64_t n0) {
   constexpr bool kSub16 = kBits == 6 || kBits == 3 || kBits == 2;
@@ -634,7 +718,7 @@ void kquant_columns(const KCall& c, int64_t n0) {
       float acc = 0.0f;
       if constexpr (kSub16) {
         const uint8_t* packed = c.weights + n0 / kColumns * halves * kSub16Chunk<kBits>;
-        for (int64_t h = 0; h < halves; ++h) {
+        const auto half_dot = [&](int64_t h) {  // Σ (u − zero)·a over sub-block h
           const uint8_t* unit = packed + h * kSub16Chunk<kBits>;
           int32_t dot = -kSub16Zero<kBits> * c.half_sums[m * halves + h];
           for (int64_t i = 0; i < kHalf; ++i) {
@@ -644,18 +728,31 @@ void kquant_columns(const KCall& c, int64_t n0) {
             const int32_t code = kBits == 2 ? two : code_at<false>(unit, j, i) | (kBits == 6 ? two << 4 : 0);
             dot += code * int32_t(static_cast<int8_t>(c.codes[m * c.k + h * kHalf + i]));
           }
-          const uint8_t* super = scales + h / kSubBlocks6 * kSub16Bytes<kBits>;
-          const float s = c.row_scales[m * blocks + h / 2];
-          if constexpr (kBits == 2) {
-            const uint8_t* sub = super + 4 * kColumns + h % kSubBlocks6 * 2 * kColumns;
-            const float scale = half_at(super + 2 * j) * static_cast<float>(sub[j]);
-            const float minimum = -half_at(super + 2 * kColumns + 2 * j) * static_cast<float>(sub[kColumns + j]);
-            acc = std::fma(static_cast<float>(dot), s * scale, acc);
-            acc = std::fma(s * static_cast<float>(c.half_sums[m * halves + h]), minimum, acc);
+          return dot;
+        };
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* super = scales + b / kSubBlocks4 * kSub16Bytes<kBits>;
+          const int64_t sub0 = 2 * b % kSubBlocks6;
+          const float s = c.row_scales[m * blocks + b];
+          if constexpr (kBits == 6) {
+            for (int64_t t = 0; t < 2; ++t) {
+              const auto sub_scale = static_cast<int8_t>(super[2 * kColumns + (sub0 + t) * kColumns + j]);
+              const float scale = half_at(super + 2 * j) * static_cast<float>(sub_scale);
+              acc = std::fma(static_cast<float>(half_dot(2 * b + t)), s * scale, acc);
+            }
           } else {
-            const auto sub_scale = static_cast<int8_t>(super[2 * kColumns + h % kSubBlocks6 * kColumns + j]);
-            const float scale = half_at(super + 2 * j) * static_cast<float>(sub_scale);
-            acc = std::fma(static_cast<float>(dot), s * scale, acc);
+            int32_t total = 0, minima = 0;
+            for (int64_t t = 0; t < 2; ++t) {
+              const int64_t sub = sub0 + t;
+              const int32_t scale = kBits == 3 ? static_cast<int8_t>(super[2 * kColumns + sub * kColumns + j])
+                                               : super[4 * kColumns + sub * 2 * kColumns + j];
+              total += scale * half_dot(2 * b + t);
+              if (kBits == 2)
+                minima += super[5 * kColumns + sub * 2 * kColumns + j] * c.half_sums[m * halves + 2 * b + t];
+            }
+            acc = std::fma(static_cast<float>(total), s * half_at(super + 2 * j), acc);
+            if (kBits == 2)
+              acc = std::fma(static_cast<float>(minima), s * -half_at(super + 2 * kColumns + 2 * j), acc);
           }
         }
       } else {
