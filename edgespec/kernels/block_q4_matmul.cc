@@ -35,8 +35,8 @@
 // 4j + i holds column j's fifth bits of k + 8c + i (bit 2c) and k + 8c + 4 + i (bit 2c + 1), c = 0 … 3, or'ed into
 // chunk c's two nibble vectors once per tile; scales as Q4_0's and Q4_1's.
 //
-// edgespec.BlockKQuantMatMul, the same loop on GGUF's K-quant super-blocks of 256 along K (what Q4_K_M and Q5_K_M
-// files hold):
+// edgespec.BlockKQuantMatMul, the same loop on GGUF's K-quant super-blocks of 256 along K (what Q2_K, Q3_K_M, Q4_K_M
+// and Q5_K_M files hold):
 //   Q4_K: 8 sub-blocks of 32, 4-bit codes q, 6-bit sc and m per sub-block, fp16 d and dmin per super-block; a
 //         weight is (d·sc)·q − dmin·m. Q5_K: the same with 5-bit codes.
 //   Q6_K: 16 sub-blocks of 16, 6-bit codes u (q = u − 32), an int8 scale per sub-block, fp16 d; (d·scale)·q.
@@ -48,10 +48,11 @@
 // ascending order, s the row's scale of the block of 32 that holds the sub-block:
 //   Q4_K, Q5_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(s·float(Σa), −(dmin·m), acc)
 //   Q6_K: acc = fma(float(Σ u·a − 32·Σa), s·(d·scale), acc)    (Σ over the sub-block's 16 k: two steps per s)
-//   Q3_K: acc = fma(float(Σ u·a − 4·Σa), s·(d·scale), acc)
-//   Q2_K: acc = fma(float(Σ q·a), s·(d·sc), acc); acc = fma(s·float(Σa), −(dmin·m), acc)   (Σ over 16 k)
 // (|Σ q·a| ≤ 32 · 31 · 127, |Σ (u − 32)·a| ≤ 16 · 32 · 127: exact in float; s·(…) and s·Σa one rounding, the fma
-// another.)
+// another.) Q3_K and Q2_K, whose codes are too few bits for a float step per sub-block to pay, sum a block of 32's two
+// sub-blocks in integers with their small sub-block numbers, S = sc₀·Σ₀ + sc₁·Σ₁ and M = m₀·Σa₀ + m₁·Σa₁, per block:
+//   Q3_K: acc = fma(float(S), s·d, acc)     (Σ = Σ (u − 4)·a, scale sc − 32: |S| ≤ 2 · 32 · 16 · 4 · 127 < 2²⁴)
+//   Q2_K: acc = fma(float(S), s·d, acc); acc = fma(float(M), s·(−dmin), acc)   (Σ = Σ q·a, |S| ≤ 2 · 15 · 16 · 3 · 127)
 // Q6_K's codes go into vpdpbusd unsigned (u ≤ 63: vpmaddubsw's pairs ≤ 2 · 63 · 127, no saturation), its sums
 // starting at −32·Σa of the half block, as Q4_0's start at −8·Σa. Not llama.cpp's Q8_K activations (one scale per 256)
 // and integer sums over the super-block: the per-32 scales are finer, and every step above is the same in any call.

@@ -22,8 +22,8 @@ MatMulNBits form, so an export that does not run edgespec's kernels dequantizes 
 
 ``d·sc``, ``dmin·m``, ``d·(sc − 32)`` (11 significant bits × at most 6) and ``d·scale`` (11 × 8) are exact in
 float32, so the op rounds nothing llama.cpp's own products would not: each activation row quantized per block of 32
-to int8, an exact integer sum per sub-block (or block), then a float step per sub-block (the kernel's comment has the
-rounding order).
+to int8, an exact integer sum per sub-block (or block), then a float step per sub-block (Q2_K, Q3_K: per block of
+two sub-blocks, summed in integers with their small scales; the kernel's comment has the rounding order).
 The packed numbers are the file's: the fp16 ``d`` / ``dmin`` / ``m`` bytes and the small integers, moved into the
 op's order.
 """
