@@ -10,10 +10,11 @@ A super-block holds 256 weights of one row, a block 32 (llama.cpp's ggml-common.
 - Q6_K (210 bytes): 128 bytes of the codes' low 4 bits, 64 of their high 2, 16 int8 scales for 16 sub-blocks of 16,
   fp16 ``d``; a weight is ``(d·scale)·(u − 32)``, u the 6-bit code.
 - Q2_K (84 bytes): 16 bytes of 4-bit scales ``sc`` and minima ``m`` (low and high nibble) for 16 sub-blocks of 16,
-  64 bytes of 2-bit codes q, fp16 ``d`` and ``dmin``; a weight is ``(d·sc)·q − dmin·m``.
+  64 bytes of 2-bit codes q, fp16 ``d`` and ``dmin``; a weight is ``(d·sc)·q − dmin·m``. Carried with its 2-bit
+  codes (3.1 bits a weight with the scales, against the file's 2.6).
 - Q3_K (110 bytes): 32 bytes of the codes' high bits, 64 of their low 2, 12 bytes of 6-bit scales ``sc`` for 16
-  sub-blocks of 16, fp16 ``d``; a weight is ``(d·(sc − 32))·(u − 4)``, u the 3-bit code. Carried as Q6_K's loop with
-  4-bit codes (no high bits; 4.6 bits a weight with the scales, against the file's 3.4).
+  sub-blocks of 16, fp16 ``d``; a weight is ``(d·(sc − 32))·(u − 4)``, u the 3-bit code. Carried with its codes in
+  nibbles (4.6 bits a weight with the scales, against the file's 3.4), its scales as Q6_K's.
 - Q5_0 (22 bytes): fp16 ``d``, 4 bytes of the codes' fifth bits, 16 of their low 4; a weight is ``(q − 16)·d``.
 - Q5_1 (24 bytes): fp16 ``d`` and ``m``, then Q5_0's codes; a weight is ``q·d + m``.
 
