@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3
 # loader on the tests' tiny models); the ONNX exporter reads these GGUFs itself (export/onnx/gguf_source.py)
 FROM_GGUF = {"llama": "llama", "qwen2": "qwen2", "phi3": "phi3", "gemma3": "gemma3_text"}
 DTYPES = ("float32", "float16", "bfloat16")
+SOURCE_RECORD = "edgespec-source.json"  # in each folder gguf_to_hf writes: the identity of the GGUF it was made from
 
 
 def resolve_source(src: str | os.PathLike[str]) -> Path:
@@ -123,6 +125,7 @@ def gguf_to_hf(gguf: Path, out: Path, dtype: str = "float32") -> Path:
         tokenizer.save_pretrained(tmp)
         _inline_chat_template(tmp, tokenizer.chat_template)
         _check_saved(tmp)
+        (tmp / SOURCE_RECORD).write_text(json.dumps(file_identity(gguf)), encoding="utf-8")
     return out
 
 
@@ -156,5 +159,21 @@ def hf_folder(src: str | os.PathLike[str], dtype: str = "float32") -> Path:
     out = home_dir("hf") / f"{path.stem}-{dtype}-{key}"
     if not (out / "config.json").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
+        drop_stale(out.parent)
         gguf_to_hf(path, out, dtype)
     return out
+
+
+def drop_stale(cache: Path) -> None:
+    """Remove the cached conversions whose GGUF is gone or was replaced under its path (a new download, a removed
+    checkout): nothing reads them again, and each holds the whole model in float32 or 16 bits (an 8B model: 32 GB).
+    A folder without its source record (one being written, or not gguf_to_hf's) is left alone."""
+    for record in cache.glob(f"*/{SOURCE_RECORD}"):
+        try:
+            made_from = json.loads(record.read_text(encoding="utf-8"))
+            source = Path(made_from["path"])
+            current = file_identity(source) if source.is_file() else None
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if current != made_from:
+            shutil.rmtree(record.parent, ignore_errors=True)

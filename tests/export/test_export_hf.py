@@ -4,18 +4,20 @@ GGUF (F16) → HF folder (export/gguf/hf.py) → GGUF (F16) must give the source
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from edgespec.export.gguf import ggufio
-from edgespec.export.gguf.hf import gguf_to_hf
+from edgespec.export.gguf.hf import SOURCE_RECORD, drop_stale, gguf_to_hf
 
 import edgespec
 from edgespec.catalog.models import families
 from edgespec.cli.main import main
 from edgespec.export import quality
+from edgespec.identity import file_identity
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +113,26 @@ def test_gemma3_hf_folder_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyP
     finally:
         src_engine.close()
         back_engine.close()
+
+
+def test_conversions_of_replaced_or_removed_ggufs_are_dropped(round_trip: tuple[Path, Path, Path],
+                                                              tmp_path: Path) -> None:
+    """The cache of conversions (hf_folder) drops those whose GGUF was replaced under its path or removed, each as
+    large as the model in float32 or 16 bits, and keeps current ones and folders it did not write."""
+    source, folder, _ = round_trip
+    assert json.loads((folder / SOURCE_RECORD).read_text()) == file_identity(source)
+    cache, ggufs = tmp_path / "hf", tmp_path / "ggufs"
+    ggufs.mkdir()
+    for name in ("kept", "replaced", "removed", "unrecorded"):
+        gguf = ggufs / f"{name}.gguf"
+        shutil.copyfile(source, gguf)
+        (cache / name).mkdir(parents=True)
+        shutil.copyfile(folder / "config.json", cache / name / "config.json")
+        if name != "unrecorded":
+            (cache / name / SOURCE_RECORD).write_text(json.dumps(file_identity(gguf)))
+    with (ggufs / "replaced.gguf").open("ab") as f:  # a new download under the same name
+        f.write(b"\0" * 32)
+    (ggufs / "removed.gguf").unlink()
+    drop_stale(cache)
+    assert sorted(p.name for p in cache.iterdir()) == ["kept", "unrecorded"]
+
