@@ -190,22 +190,18 @@ struct Lanes8 : edgespec_blocks::FloatLanes8 {
   static Float load_half(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static Float widen_u8(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static Float widen_i8(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
-  static Float negate(Float a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
-  // Q3_K's and Q2_K's integer side: small numbers per column widened to 32 bits, products and sums of 32-bit lanes, and
-  // (Q2_K's minima) 16-bit pairs multiplied and added lane by lane
   static Int widen_u8_int(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
   static Int widen_i8_int(const uint8_t* p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
+  static Float widen_u8(const uint8_t* p) { return _mm256_cvtepi32_ps(widen_u8_int(p)); }
+  static Float widen_i8(const uint8_t* p) { return _mm256_cvtepi32_ps(widen_i8_int(p)); }
+  static Float mul(Float a, Float b) { return _mm256_mul_ps(a, b); }
+  static Float negate(Float a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  // Q3_K's and Q2_K's integer side: products and sums of 32-bit lanes, and (Q2_K's minima) 16-bit pairs multiplied
+  // and added lane by lane
   static Int mullo(Int a, Int b) { return _mm256_mullo_epi32(a, b); }
   static Int add(Int a, Int b) { return _mm256_add_epi32(a, b); }
   static Int pair16(Int low, Int high) { return _mm256_or_si256(low, _mm256_slli_epi32(high, 16)); }
@@ -257,21 +253,17 @@ struct Lanes16 : edgespec_blocks::FloatLanes16 {
   static Float load_half(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static Float widen_u8(const uint8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static Float widen_i8(const uint8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
-  static Float negate(Float a) {
-    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
-  }
   static Int widen_u8_int(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static Int widen_i8_int(const uint8_t* p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Float widen_u8(const uint8_t* p) { return _mm512_cvtepi32_ps(widen_u8_int(p)); }
+  static Float widen_i8(const uint8_t* p) { return _mm512_cvtepi32_ps(widen_i8_int(p)); }
+  static Float mul(Float a, Float b) { return _mm512_mul_ps(a, b); }
+  static Float negate(Float a) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)));
   }
   static Int mullo(Int a, Int b) { return _mm512_mullo_epi32(a, b); }
   static Int add(Int a, Int b) { return _mm512_add_epi32(a, b); }
@@ -366,8 +358,8 @@ static_assert(GroupLanes::kWidth == kColumns, "a tile covers one packed group");
 // accumulators of 6 rows × 2 groups, the 4 nibble vectors and a broadcast fill AVX-512's 32 registers; Q6_K's 8 code
 // vectors leave room for 4, yet 5 rows (a few spilled) ran quicker; the 5-bit types' fifth bits leave no room, and 2
 // groups of 3 to 6 rows ran no quicker than one group's 8 (docs/kernels.md); Q3_K's and Q2_K's block sums hold a third
-// set of registers, and 3 rows ran quicker than 4 or than one group's 8. A verify batch keeps its one tile over one
-// group: every row then shares each weight load. The tile changes which products share a register, not any row's or
+// set of registers: 3 rows ran as quick as 4 (Q3_K) or quicker (Q2_K), and quicker than one group's 8. A verify batch
+// keeps its one tile over one group: every row then shares each weight load. The tile changes which products share a register, not any row's or
 // column's operations or their order.
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 template <int kBits>
@@ -812,6 +804,12 @@ struct BlockQ4MatMulKernel {
   }
 };
 
+// A K-quant type's call over its groups of 16 columns, each task holding groups_per_task of them.
+template <int kBits>
+void run_kquant(const edgespec_blocks::ProductCall& p, const KCall& call, int64_t groups) {
+  p.for_each_group<KCall, kquant_columns<kBits>>(call, groups, groups_per_task<kBits>(p.m));
+}
+
 struct BlockKQuantMatMulKernel {
   static constexpr const char* kName = "BlockKQuantMatMul";
   static constexpr ONNXTensorElementDataType kWeights = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
@@ -847,17 +845,13 @@ struct BlockKQuantMatMulKernel {
     const edgespec_blocks::QuantizedRows q = edgespec_blocks::quantize_rows(p, 0, true, sub16);
     KCall call{q.codes, q.scales, q.half_sums, q.scaled_sums, p.b.GetTensorData<uint8_t>(),
                p.s.GetTensorData<uint8_t>(), out, p.m, k, n};
-    const auto run = bits == 2   ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<2>>
-                     : bits == 3 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<3>>
-                     : bits == 4 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<4>>
-                     : bits == 5 ? &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<5>>
-                                 : &edgespec_blocks::ProductCall::for_each_group<KCall, kquant_columns<6>>;
-    const int64_t per_task = bits == 2   ? groups_per_task<2>(p.m)
-                             : bits == 3 ? groups_per_task<3>(p.m)
-                             : bits == 4 ? groups_per_task<4>(p.m)
-                             : bits == 5 ? groups_per_task<5>(p.m)
-                                         : groups_per_task<6>(p.m);
-    (p.*run)(call, b_shape[0], per_task);
+    switch (bits) {
+      case 2: return run_kquant<2>(p, call, b_shape[0]);
+      case 3: return run_kquant<3>(p, call, b_shape[0]);
+      case 4: return run_kquant<4>(p, call, b_shape[0]);
+      case 5: return run_kquant<5>(p, call, b_shape[0]);
+      default: return run_kquant<6>(p, call, b_shape[0]);
+    }
   }
 };
 

@@ -41,7 +41,6 @@ from .block_q4 import COLUMNS, block_scales, five_bits, nibbles
 
 SUPER = 256  # weights per super-block along K
 KINDS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
-SIGNED = ("Q3_K", "Q6_K")  # sub-blocks of 16, a signed scale each, no minimum
 SPAN = {"Q2_K": SUPER, "Q3_K": SUPER, "Q4_K": SUPER, "Q5_K": SUPER, "Q6_K": SUPER, "Q5_0": 32,
         "Q5_1": 32}  # weights per (super-)block along K
 BYTES = {"Q2_K": SUPER // 16 + SUPER // 4 + 2 + 2, "Q3_K": SUPER // 8 + SUPER // 4 + 12 + 2,
@@ -49,7 +48,7 @@ BYTES = {"Q2_K": SUPER // 16 + SUPER // 4 + 2 + 2, "Q3_K": SUPER // 8 + SUPER //
          "Q6_K": SUPER // 2 + SUPER // 4 + SUPER // 16 + 2, "Q5_0": 2 + 4 + 16, "Q5_1": 2 + 2 + 4 + 16}
 HALVES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,),
           "Q5_1": (0, 2)}  # where d (dmin, m) stand
-ZERO = {"Q3_K": 4, "Q6_K": 32}  # the signed kinds' code of 0
+ZERO = {"Q3_K": 4, "Q6_K": 32}  # the kinds with a signed scale per sub-block of 16 and no minimum: their code of 0
 OPS = {kind: custom_ops.KQUANT_PRODUCTS_OP if kind.endswith("_K") else custom_ops.Q4_PRODUCTS_OP for kind in KINDS}
 
 
@@ -238,10 +237,11 @@ def pack(weight: KQuantWeight) -> tuple[np.ndarray, np.ndarray]:
         return codes, block_scales([d] if m is None else [d, m], extra)
     if weight.kind in ("Q2_K", "Q4_K", "Q5_K"):
         d, dmin, sc, m, q = weight.minima_form()
-        q = q.reshape(n, k)
-        padded = np.pad(q, ((0, extra), (0, 0)))
-        codes = {"Q2_K": lambda: _two_bits(q, extra), "Q4_K": lambda: nibbles(padded),
-                 "Q5_K": lambda: five_bits(padded)}[weight.kind]()
+        if weight.kind == "Q2_K":
+            codes = _two_bits(q.reshape(n, k), extra)
+        else:
+            padded = np.pad(q.reshape(n, k), ((0, extra), (0, 0)))
+            codes = five_bits(padded) if weight.kind == "Q5_K" else nibbles(padded)
         subs = sc.shape[-1]  # sub-blocks per super-block: 16 (Q2_K) or 8
         small = np.stack([_columns(sc, extra), _columns(m, extra)], axis=3)  # [G, 16, S, 2, subs]
         small = small.transpose(0, 2, 4, 3, 1).reshape(groups, supers, subs * 2 * COLUMNS)
